@@ -1,0 +1,253 @@
+"""Tests for tunekit.envinfo that run without a GPU."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pynvml
+import pytest
+
+from tunekit import envinfo
+
+HAS_NVIDIA_SMI = shutil.which("nvidia-smi") is not None
+
+
+def _run_python(code: str) -> str:
+    """Run ``code`` in a fresh interpreter and return its stripped stdout."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+    )
+    return proc.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def snap() -> dict:
+    return envinfo.snapshot()
+
+
+def test_snapshot_is_json_serialisable(snap: dict) -> None:
+    assert json.loads(json.dumps(snap)) == snap
+
+
+def test_snapshot_has_expected_keys(snap: dict) -> None:
+    assert {
+        "python",
+        "platform",
+        "hostname",
+        "tunekit",
+        "date",
+        "packages",
+        "torch_cuda_build",
+        "cpu",
+        "memory",
+        "shm",
+        "nvml",
+        "gpus",
+    } <= snap.keys()
+    assert set(snap["packages"]) == {
+        "torch",
+        "torchvision",
+        "optuna",
+        "numpy",
+        "pillow",
+        "pandas",
+        "matplotlib",
+        "pynvml",
+    }
+    assert set(snap["cpu"]) == {"logical", "physical", "affinity", "model"}
+    assert set(snap["nvml"]) == {"available", "error", "driver_version", "cuda_driver_version"}
+    assert snap["date"].endswith("+00:00")
+
+
+def test_cpu_and_memory(snap: dict) -> None:
+    assert snap["cpu"]["logical"] == os.cpu_count()
+    if hasattr(os, "sched_getaffinity"):
+        assert snap["cpu"]["affinity"] == len(os.sched_getaffinity(0))
+    mem = snap["memory"]
+    assert 0 < mem["available_bytes"] <= mem["total_bytes"]
+    if os.path.exists("/dev/shm"):
+        assert snap["shm"]["path"] == "/dev/shm"
+        assert 0 <= snap["shm"]["free_bytes"] <= snap["shm"]["total_bytes"]
+
+
+def test_package_versions_match_metadata(snap: dict) -> None:
+    assert snap["packages"]["torch"] == importlib.metadata.version("torch")
+    assert snap["packages"]["pynvml"] == importlib.metadata.version("nvidia-ml-py")
+    from tunekit import __version__
+
+    assert snap["tunekit"] == __version__
+
+
+def test_torch_cuda_build_matches_torch(snap: dict) -> None:
+    expected = _run_python("import torch; print(torch.version.cuda)")
+    assert str(snap["torch_cuda_build"]) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("from typing import Optional\ncuda: Optional[str] = '13.0'\n", "13.0"),
+        ("cuda = '12.8'\ncudnn = '9'\n", "12.8"),
+        ("cuda: Optional[str] = None\n", None),
+        ("hip = '6.2'\n", None),
+    ],
+)
+def test_parse_cuda_line(text: str, expected: str | None) -> None:
+    assert envinfo._parse_cuda_line(text) == expected
+
+
+@pytest.mark.skipif(HAS_NVIDIA_SMI, reason="an NVIDIA driver is present on this host")
+def test_no_nvml_without_driver(snap: dict) -> None:
+    assert snap["nvml"]["available"] is False
+    assert snap["nvml"]["error"]
+    assert snap["gpus"] == []
+
+
+@pytest.mark.skipif(HAS_NVIDIA_SMI, reason="an NVIDIA driver is present on this host")
+def test_sampler_raises_clear_error_without_driver() -> None:
+    with pytest.raises(RuntimeError, match="NVML unavailable"):
+        envinfo.NvmlSampler(0)
+
+
+def test_snapshot_does_not_import_torch() -> None:
+    code = "import tunekit.envinfo, sys; tunekit.envinfo.snapshot(); print('torch' in sys.modules)"
+    assert _run_python(code) == "False"
+
+
+def test_format_text(snap: dict) -> None:
+    text = envinfo.format_text(snap)
+    assert isinstance(text, str)
+    assert f"{os.cpu_count()} logical" in text
+    assert "NVML" in text
+    if not snap["nvml"]["available"]:
+        assert f"NVML     : not available ({snap['nvml']['error']})" in text
+    assert 5 <= len(text.splitlines()) <= 25 + 10 * len(snap["gpus"])
+    json_round_trip = envinfo.format_text(json.loads(json.dumps(snap)))
+    assert json_round_trip == text
+
+
+def _fake_gpu() -> dict:
+    return {
+        "index": 0,
+        "name": "NVIDIA H200",
+        "uuid": "GPU-1234",
+        "memory": {"total_bytes": 150 * 1024**3, "used_bytes": 3 * 1024**3 // 2, "free_bytes": None},
+        "clocks": {"sm_mhz": 1980, "mem_mhz": 3201, "sm_max_mhz": 1980, "mem_max_mhz": 3201},
+        "temperature_c": 41,
+        "power": {"draw_w": 312.5, "limit_w": 700.0},
+        "utilization": {"gpu_pct": 97, "mem_pct": 40},
+        "throttle_reasons": ["sw_power_cap"],
+        "pcie": {"gen": 5, "gen_max": 5, "width": 16, "width_max": 16},
+        "processes": [{"pid": 4321, "name": "python", "used_bytes": 1024**3}],
+    }
+
+
+def test_format_text_gpu_block(snap: dict) -> None:
+    fake = dict(
+        snap,
+        nvml={"available": True, "error": None, "driver_version": "580.1", "cuda_driver_version": "13.0"},
+        gpus=[_fake_gpu()],
+    )
+    text = envinfo.format_text(fake)
+    assert "driver 580.1" in text
+    assert "GPU 0: NVIDIA H200 (GPU-1234)" in text
+    assert "1.5 GiB used of 150.0 GiB" in text
+    assert "sw_power_cap" in text
+    assert "4321 python 1.0 GiB" in text
+    assert len(text.splitlines()) <= 25
+
+
+def test_decode_reasons_synthetic_mask() -> None:
+    mask = (
+        pynvml.nvmlClocksEventReasonGpuIdle
+        | pynvml.nvmlClocksEventReasonSwPowerCap
+        | pynvml.nvmlClocksEventReasonHwThermalSlowdown
+        | pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+    )
+    assert envinfo._decode_reasons(mask, pynvml) == [
+        "gpu_idle",
+        "sw_power_cap",
+        "hw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+    ]
+
+
+def test_decode_reasons_all_named_bits() -> None:
+    mask = pynvml.nvmlClocksEventReasonAll
+    names = envinfo._decode_reasons(mask, pynvml)
+    assert names is not None
+    assert {
+        "gpu_idle",
+        "applications_clocks_setting",
+        "sw_power_cap",
+        "hw_slowdown",
+        "sync_boost",
+        "sw_thermal_slowdown",
+        "hw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+        "display_clock_setting",
+    } == set(names)
+    assert "user_defined_clocks" not in names  # deprecated alias of applications_clocks_setting
+
+
+def test_decode_reasons_edge_cases() -> None:
+    assert envinfo._decode_reasons(0, pynvml) == []
+    assert envinfo._decode_reasons(None, pynvml) is None
+    unknown = 1 << 40
+    assert envinfo._decode_reasons(unknown | pynvml.nvmlClocksEventReasonSyncBoost, pynvml) == [
+        "sync_boost",
+        f"unknown_{unknown:#x}",
+    ]
+
+
+def test_decode_reasons_throttle_only_bits() -> None:
+    board_limit = getattr(pynvml, "nvmlClocksThrottleReasonBoardLimit", None)
+    if board_limit is None:
+        pytest.skip("this pynvml has no nvmlClocksThrottleReasonBoardLimit")
+    assert envinfo._decode_reasons(board_limit, pynvml) == ["board_limit"]
+
+
+def test_format_cuda_driver() -> None:
+    assert envinfo._format_cuda_driver(13000) == "13.0"
+    assert envinfo._format_cuda_driver(12080) == "12.8"
+    assert envinfo._format_cuda_driver(None) is None
+
+
+class _FakeNvmlError(Exception):
+    pass
+
+
+class _FakeNvml:
+    """Stands in for pynvml: one query fails, one is missing, the rest answer."""
+
+    NVMLError = _FakeNvmlError
+
+    @staticmethod
+    def nvmlDeviceGetName(handle: object) -> bytes:
+        return b"Fake GPU"
+
+    @staticmethod
+    def nvmlDeviceGetPowerUsage(handle: object) -> int:
+        raise _FakeNvmlError("Not Supported")
+
+    @staticmethod
+    def nvmlDeviceGetCurrentClocksThrottleReasons(handle: object) -> int:
+        return 0x4
+
+
+def test_guarded_calls_with_fake_nvml() -> None:
+    nv = _FakeNvml()
+    assert envinfo._text(envinfo._call(nv, "nvmlDeviceGetName", None)) == "Fake GPU"
+    assert envinfo._call(nv, "nvmlDeviceGetPowerUsage", None) is None
+    assert envinfo._call(nv, "nvmlDeviceGetUUID", None) is None
+    assert envinfo._power(nv, None) == {"draw_w": None, "limit_w": None}
+    # Falls back to the older function name when the newer one is missing.
+    mask = envinfo._call(
+        nv, ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"), None
+    )
+    assert mask == 0x4

@@ -1,0 +1,369 @@
+"""Strict loading of a sweep config (YAML) into typed, keyword-only dataclasses.
+
+Every problem in a file is collected and reported at once, one line each, naming the file, the key path and what
+is allowed. Nothing here imports torch: the driver loads configs, and import paths are checked in a subprocess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from tunekit.errors import ConfigError
+
+__all__ = [
+    "Config",
+    "Workload",
+    "Search",
+    "TrialSettings",
+    "Selection",
+    "Budget",
+    "COMPILE_MODES",
+    "load",
+    "from_dict",
+    "auto_workers",
+    "cpu_count",
+]
+
+Precision = Literal["fp32", "bf16", "fp16"]
+CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+COMPILE_MODES: tuple[str, ...] = typing.get_args(CompileMode)
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+
+
+def _meta(**kw: Any) -> dict[str, Any]:
+    return {"check": kw}
+
+
+@dataclass(kw_only=True)
+class Workload:
+    """What a trial trains. Every callable is a ``module:attr`` import path."""
+
+    model: str
+    """Callable returning an ``nn.Module``, e.g. ``torchvision.models:resnet50``."""
+    model_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for ``model``."""
+    dataset: str
+    """Callable returning a map-style Dataset of ``(input, target)`` samples."""
+    dataset_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for ``dataset``."""
+    loss: str | None = "torch.nn:CrossEntropyLoss"
+    """Callable returning the loss module; null means the model's output is the loss."""
+    loss_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for ``loss``."""
+    optimizer: str = "torch.optim:SGD"
+    """Optimizer class, called as ``optimizer(model.parameters(), **optimizer_args)``."""
+    optimizer_args: dict[str, Any] = field(default_factory=lambda: {"lr": 0.01})
+    """Keyword arguments for ``optimizer``."""
+    precision: Precision = "fp32"
+    """Autocast precision: fp32 (none), bf16, or fp16 (with a gradient scaler)."""
+    channels_last: bool = False
+    """Use channels-last memory format for the model and for 4-D inputs."""
+    step: str | None = None
+    """Optional custom ``step(model, batch, ctx) -> loss``; the batch arrives already on the device."""
+
+
+@dataclass(kw_only=True)
+class Search:
+    """The knobs a sweep varies. Lists are deduplicated; numeric lists are sorted."""
+
+    num_workers: list[int] = field(default_factory=lambda: [0, 2, 4], metadata=_meta(min=0))
+    """DataLoader worker counts, or ``auto`` for 0 ... 2x the usable CPU count."""
+    prefetch_factor: list[int] = field(default_factory=lambda: [2], metadata=_meta(min=1))
+    """Batches prefetched per worker (only with num_workers > 0)."""
+    pin_memory: list[bool] = field(default_factory=lambda: [False, True])
+    """Pinned host memory, always paired with ``non_blocking`` copies."""
+    batch_size: list[int] = field(default_factory=lambda: [32], metadata=_meta(min=1))
+    """Micro-batch sizes."""
+    grad_accum: list[int] = field(default_factory=lambda: [1], metadata=_meta(min=1))
+    """Gradient accumulation steps per optimizer step."""
+    target_effective_batch: int | None = field(default=None, metadata=_meta(min=1))
+    """Effective batch to reach with micro-batch x accumulation steps; null to skip that stage."""
+    compile: list[CompileMode] = field(default_factory=lambda: ["none"])
+    """torch.compile modes; ``none`` runs eagerly."""
+
+
+@dataclass(kw_only=True)
+class TrialSettings:
+    """How long and how carefully each trial measures."""
+
+    warmup_steps: int = field(default=10, metadata=_meta(min=0))
+    """Steps run before timing, on top of the pipeline fill (num_workers x prefetch_factor batches)."""
+    measure_windows: int = field(default=3, metadata=_meta(min=1))
+    """Timed windows; samples/s is their median and the noise their spread."""
+    window_s: float = field(default=3.0, metadata=_meta(gt=0))
+    """Length of one timed window in seconds."""
+    timeout_s: float = field(default=300.0, metadata=_meta(gt=0))
+    """Wall-clock limit for one trial, start-up and warm-up included."""
+
+
+@dataclass(kw_only=True)
+class Selection:
+    """How the knee is chosen."""
+
+    tolerance: float = field(default=0.03, metadata=_meta(min=0, lt=1))
+    """Relative throughput loss accepted for a cheaper config (raised to the measured noise)."""
+    min_headroom: float = field(default=0.10, metadata=_meta(min=0, lt=1))
+    """Smallest share of device memory that must stay free at the peak."""
+
+
+@dataclass(kw_only=True)
+class Budget:
+    """When a sweep stops starting trials."""
+
+    minutes: float = field(default=15.0, metadata=_meta(gt=0))
+    """Wall-clock budget for the whole sweep."""
+    max_trials: int = field(default=60, metadata=_meta(min=1))
+    """Most trials a sweep runs."""
+
+
+@dataclass(kw_only=True)
+class Config:
+    """A whole sweep config, as loaded from YAML."""
+
+    name: str
+    """Run name; the default output folder is results/<name>."""
+    device: str = field(default="auto", metadata=_meta(pattern=_DEVICE, allowed="auto, cpu, cuda, cuda:N"))
+    """auto (cuda when available), cpu, cuda or cuda:N."""
+    workload: Workload
+    """What to train."""
+    search: Search = field(default_factory=Search)
+    """The knobs to sweep."""
+    trial: TrialSettings = field(default_factory=TrialSettings)
+    """Per-trial measurement settings."""
+    selection: Selection = field(default_factory=Selection)
+    """Knee selection settings."""
+    budget: Budget = field(default_factory=Budget)
+    """Sweep budget."""
+    strategy: Literal["staged", "grid"] = "staged"
+    """staged (ceilings, then end to end, then refinements) or grid (every combination)."""
+    source: str = field(default="<dict>", metadata={"internal": True})
+    """The file this config came from (not a YAML key)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config as plain data (what config.resolved.yaml holds)."""
+        data = dataclasses.asdict(self)
+        data.pop("source")
+        return data
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (affinity and container limits respected)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def auto_workers(cpus: int | None = None) -> list[int]:
+    """Worker counts from 0 to 2x the CPU count, denser at the low end where the knee usually is."""
+    top = 2 * (cpus or cpu_count())
+    values = {0, 1, 2, top, top // 2}
+    p = 2
+    while p <= top:
+        values.update({p, p * 3 // 2})
+        p *= 2
+    return sorted(v for v in values if v <= top)
+
+
+def load(path: str | os.PathLike[str], *, check_imports: bool = True) -> Config:
+    """Load and validate a config file.
+
+    Args:
+        path: the YAML file.
+        check_imports: also resolve every import path (in a subprocess, so this process never imports torch).
+
+    Raises:
+        ConfigError: listing every problem found, one line each.
+    """
+    label = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError([f"{label}: cannot read config: {exc.strerror or exc}"]) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError([f"{label}: {where}invalid YAML: {problem}"]) from None
+    return from_dict(raw, source=label, check_imports=check_imports, default_name=Path(path).stem)
+
+
+def from_dict(
+    raw: Any, *, source: str = "<dict>", check_imports: bool = False, default_name: str = "run"
+) -> Config:
+    """Validate already-parsed data (see :func:`load`)."""
+    errors: list[str] = []
+    if not isinstance(raw, dict):
+        raise ConfigError([f"{source}: the top level must be a mapping of keys, got {_kind(raw)}"])
+    raw = dict(raw)
+    raw.setdefault("name", default_name)
+    cfg = _load_dataclass(Config, raw, "", source, errors)
+    if cfg is not None:
+        cfg.source = source
+        _cross_checks(cfg, source, errors)
+        if check_imports and not errors:
+            errors.extend(_check_import_paths(cfg, source))
+    if errors:
+        raise ConfigError(errors)
+    assert cfg is not None
+    return cfg
+
+
+# --- validation engine -------------------------------------------------------------------------------------
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a mapping"}.get(type(value), type(value).__name__)
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _load_dataclass(cls: type, raw: Any, path: str, source: str, errors: list[str]) -> Any:
+    where = path or "top level"
+    if not isinstance(raw, dict):
+        errors.append(f"{source}: {where}: expected a mapping, got {_kind(raw)}")
+        return None
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    for key in raw:
+        if key not in fields:
+            hint = difflib.get_close_matches(str(key), fields, n=1)
+            maybe = f" (did you mean '{hint[0]}'?)" if hint else ""
+            errors.append(
+                f"{source}: {_join(path, key)}: unknown key{maybe}; allowed keys: {', '.join(fields)}"
+            )
+    values: dict[str, Any] = {}
+    ok = True
+    for name, f in fields.items():
+        key_path = _join(path, name)
+        if name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                errors.append(f"{source}: {key_path}: required key is missing")
+                ok = False
+            continue
+        value = raw[name]
+        if cls is Search and name == "num_workers" and value == "auto":
+            values[name] = auto_workers()
+            continue
+        before = len(errors)
+        values[name] = _coerce(value, hints[name], key_path, f.metadata.get("check", {}), source, errors)
+        ok = ok and len(errors) == before
+    return cls(**values) if ok else None
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _coerce(value: Any, tp: Any, path: str, check: dict[str, Any], source: str, errors: list[str]) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _load_dataclass(tp, value, path, source, errors)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], path, check, source, errors)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            errors.append(f"{source}: {path}: must list at least one value")
+            return []
+        out = [_coerce(v, item_tp, f"{path}[{i}]", check, source, errors) for i, v in enumerate(items)]
+        out = list(dict.fromkeys(out))
+        return sorted(out) if item_tp in (int, float) else out
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            errors.append(f"{source}: {path}: expected a mapping of keyword arguments, got {_kind(value)}")
+        return dict(value) if isinstance(value, dict) else {}
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            errors.append(f"{source}: {path}: {_show(value)} is not allowed; choose one of: {', '.join(allowed)}")
+        return value
+    return _scalar(value, tp, path, check, source, errors)
+
+
+def _scalar(value: Any, tp: Any, path: str, check: dict[str, Any], source: str, errors: list[str]) -> Any:
+    expected = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[tp]
+    good = (
+        (tp is bool and isinstance(value, bool))
+        or (tp is int and isinstance(value, int) and not isinstance(value, bool))
+        or (tp is float and isinstance(value, (int, float)) and not isinstance(value, bool))
+        or (tp is str and isinstance(value, str))
+    )
+    if not good:
+        errors.append(f"{source}: {path}: expected {expected}, got {_kind(value)} {_show(value)}")
+        return value
+    if tp is float:
+        value = float(value)
+    bounds = [
+        ("min", lambda v, b: v >= b, "at least"),
+        ("gt", lambda v, b: v > b, "greater than"),
+        ("lt", lambda v, b: v < b, "less than"),
+    ]
+    for key, ok, words in bounds:
+        if key in check and not ok(value, check[key]):
+            errors.append(f"{source}: {path}: {_show(value)} is out of range; must be {words} {check[key]}")
+    if "pattern" in check and not check["pattern"].match(value):
+        errors.append(f"{source}: {path}: {_show(value)} is not allowed; choose one of: {check['allowed']}")
+    return value
+
+
+def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
+    wl, search = cfg.workload, cfg.search
+    for key in ("model", "dataset", "loss", "optimizer", "step"):
+        value = getattr(wl, key)
+        if value is not None and not _IMPORT_PATH.match(value):
+            errors.append(
+                f"{source}: workload.{key}: {_show(value)} is not an import path; write it as 'module:attr', "
+                "e.g. 'torchvision.models:resnet50'"
+            )
+    if search.target_effective_batch is not None:
+        if search.grad_accum != [1]:
+            errors.append(
+                f"{source}: search.grad_accum: set either search.grad_accum or search.target_effective_batch, "
+                "not both"
+            )
+        elif not any(search.target_effective_batch % b == 0 for b in search.batch_size):
+            errors.append(
+                f"{source}: search.target_effective_batch: {search.target_effective_batch} is not a multiple "
+                f"of any search.batch_size ({', '.join(map(str, search.batch_size))})"
+            )
+
+
+def _check_import_paths(cfg: Config, source: str) -> list[str]:
+    paths = {
+        f"workload.{key}": getattr(cfg.workload, key)
+        for key in ("model", "dataset", "loss", "optimizer", "step")
+        if getattr(cfg.workload, key) is not None
+    }
+    cmd = [sys.executable, "-m", "tunekit.workloads.resolve", json.dumps(paths)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return [f"{source}: workload: could not check import paths: {tail}"]
+    problems = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [f"{source}: {key}: {_show(paths[key])} {msg}" for key, msg in problems.items() if msg]

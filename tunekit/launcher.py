@@ -1,0 +1,163 @@
+"""Run one trial in its own subprocess and session, and turn however it ended into a measurement.
+
+The worker writes measurement.json itself when it can. What it cannot report — a timeout, a signal, a missing or
+malformed file — the launcher classifies here. On timeout (or when the caller is interrupted) the launcher
+terminates the trial's whole process group, then kills it, so no DataLoader worker outlives its trial.
+This module never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import tunekit
+from tunekit.contract import STATUSES, TrialSpec, failed_measurement, read_json, write_json_atomic
+from tunekit.outcome import classify_error
+
+__all__ = ["run_trial", "REQUIRED_FIELDS"]
+
+REQUIRED_FIELDS = ("samples_per_s", "samples_per_s_windows", "noise_cv", "step_time_s", "data_wait_frac",
+                   "headroom", "warmup_s")
+_TERM_GRACE_S = 5.0
+
+
+def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: float) -> dict[str, Any]:
+    """Run ``spec`` in a fresh subprocess and return its measurement, also written to trial_dir/measurement.json.
+
+    Never raises for a failed trial: the status and reason say what happened. KeyboardInterrupt (or any other
+    exception in the caller while waiting) kills the trial's process tree before propagating.
+    """
+    trial_dir = Path(trial_dir)
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    spec_path, out_path = trial_dir / "spec.json", trial_dir / "measurement.json"
+    write_json_atomic(spec_path, spec.to_dict())
+    out_path.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    with open(trial_dir / "worker.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tunekit.worker", str(spec_path), str(out_path)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=_child_env(),
+        )
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        except BaseException:
+            _kill_tree(proc)
+            raise
+        finally:
+            _kill_tree(proc)
+    wall = time.perf_counter() - t0
+    result = _outcome(spec, proc.returncode, timed_out, timeout_s, out_path, trial_dir / "worker.log")
+    result.update(returncode=proc.returncode, launcher_wall_s=wall, pid=proc.pid)
+    write_json_atomic(out_path, result)
+    return result
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # The worker must import this tunekit and the user's own modules (relative to where they ran us).
+    roots = [str(Path(tunekit.__file__).resolve().parent.parent), os.getcwd()]
+    if env.get("PYTHONPATH"):
+        roots.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(roots)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - a reused id we do not own
+        return False
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate the trial's process group, wait a grace period, then kill what is left and reap the leader."""
+    pgid = proc.pid  # start_new_session: the worker leads its own group
+    if proc.poll() is None:
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=_TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+    _signal_group(pgid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + _TERM_GRACE_S
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        _signal_group(pgid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: Path, limit: int = 20_000) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - limit))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _outcome(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float, out_path: Path,
+             log_path: Path) -> dict[str, Any]:
+    if timed_out:
+        return failed_measurement(
+            spec, "timeout", f"no result within trial.timeout_s = {timeout_s:g} s; its process tree was killed"
+        )
+    if out_path.exists():
+        try:
+            data = read_json(out_path)
+        except (OSError, ValueError) as exc:
+            return failed_measurement(spec, "bad_output", f"measurement.json is not valid JSON: {exc}")
+        problem = _check_measurement(data)
+        if problem:
+            return failed_measurement(spec, "bad_output", problem)
+        return data
+    log = _tail(log_path)
+    if rc is not None and rc < 0:
+        name = signal.Signals(-rc).name if -rc in signal.valid_signals() else str(-rc)
+        status, reason = classify_error(log) if log.strip() else ("crashed", "")
+        if status == "crashed":
+            hint = " (not sent by tunekit; the kernel's OOM killer is the usual sender)" if name == "SIGKILL" else ""
+            reason = f"the trial process was killed by {name}{hint}"
+        return failed_measurement(spec, status, reason)
+    if rc == 0:
+        return failed_measurement(spec, "bad_output", "the worker exited 0 but wrote no measurement.json")
+    status, reason = classify_error(log)
+    return failed_measurement(spec, status, f"exit code {rc}: {reason}")
+
+
+def _check_measurement(data: Any) -> str | None:
+    if not isinstance(data, dict) or data.get("status") not in STATUSES:
+        return "measurement.json has no valid status"
+    if data["status"] != "ok":
+        return None if data.get("reason") else "a failed measurement without a reason"
+    for key in REQUIRED_FIELDS:
+        value = data.get(key)
+        if value is None:
+            return f"measurement.json lacks {key}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"measurement.json has a non-finite {key}: {value}"
+    if data["samples_per_s"] <= 0:
+        return f"measurement.json reports samples_per_s = {data['samples_per_s']}"
+    return None

@@ -1,0 +1,60 @@
+"""Classify how a trial ended from the error text it left. Pure text: used by the worker and the launcher."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["classify_error", "first_line"]
+
+# Real messages from torch, CUDA and the C allocator; each maps a failure to a status.
+_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+    ("illegal_access", re.compile(r"illegal memory access|illegal instruction was encountered|"
+                                  r"misaligned address|CUDA_ERROR_ILLEGAL_ADDRESS", re.I)),
+    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
+                       r"CUDNN_STATUS_(?:ALLOC_FAILED|NOT_ENOUGH_WORKSPACE)|CUDA error: out of memory|"
+                       r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory)|"
+                       r"\bMemoryError\b|Cannot allocate memory|"
+                       r"HIP out of memory|out of memory on device", re.I)),
+]
+
+_LOADER_DIED = re.compile(r"DataLoader worker \(pids?\s*\(?[\d, ]+\)?\) (?:is killed by signal: [\w ]+|"
+                          r"exited unexpectedly[^\n]*)", re.I)
+
+
+def classify_error(text: str) -> tuple[str, str]:
+    """Return ``(status, reason)`` for a failed trial's error text (an exception message or a log tail).
+
+    Status is one of oom, illegal_access or crashed; the reason is one line a user can act on.
+    """
+    for status, pattern in _PATTERNS:
+        match = pattern.search(text)
+        if match:
+            return status, _line_around(text, match.start())
+    loader = _LOADER_DIED.search(text)
+    if loader:
+        return "crashed", f"a DataLoader worker died: {loader.group(0).rstrip('. ')}"
+    caught = re.search(r"Caught (\w+) in DataLoader worker process (\d+)", text)
+    if caught:
+        detail = _last_exception_line(text)
+        return "crashed", f"the dataset raised in DataLoader worker {caught.group(2)}: {detail}"
+    return "crashed", _last_exception_line(text) or "the trial failed without a message"
+
+
+def first_line(text: str, limit: int = 300) -> str:
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line[:limit]
+
+
+def _line_around(text: str, pos: int, limit: int = 300) -> str:
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    return text[start : end if end != -1 else len(text)].strip()[:limit]
+
+
+def _last_exception_line(text: str, limit: int = 300) -> str:
+    """The last line that looks like ``SomeError: message`` (what a traceback ends with)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", line):
+            return line[:limit]
+    return lines[-1][:limit] if lines else ""

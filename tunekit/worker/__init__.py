@@ -1,0 +1,39 @@
+"""The trial worker: runs inside the trial's own subprocess, measures, and writes measurement.json.
+
+``python -m tunekit.worker SPEC_JSON MEASUREMENT_JSON``. Every outcome leaves a measurement file: numbers with
+status ok, or a status (oom, illegal_access, crashed) and a one-line reason. The launcher handles what the worker
+cannot report itself (timeouts, signals, a missing or malformed file).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+from tunekit.contract import TrialSpec, failed_measurement, read_json, write_json_atomic
+from tunekit.outcome import classify_error
+
+__all__ = ["main", "EXIT_FAILED"]
+
+EXIT_FAILED = 3
+"""Exit code of a worker that classified its own failure and wrote measurement.json."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    spec_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
+    spec = TrialSpec.from_dict(read_json(spec_path))
+    try:
+        from tunekit.worker._measure import measure
+
+        result = measure(spec)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes data
+        text = "".join(traceback.format_exception(exc))
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        status, reason = classify_error(f"{type(exc).__name__}: {exc}\n{text}")
+        write_json_atomic(out_path, failed_measurement(spec, status, reason, exception=type(exc).__name__))
+        return EXIT_FAILED
+    write_json_atomic(out_path, result)
+    sys.stderr.write(f"trial {spec.number}: {result['samples_per_s']:.1f} samples/s -> {Path(out_path)}\n")
+    return 0

@@ -1,0 +1,313 @@
+"""The measured loop of one trial, following DESIGN.md's fidelity rules.
+
+* Warm-up consumes the first batch, then the pipeline fill (num_workers x prefetch_factor batches), then the
+  configured warm-up steps, so batches prepared during start-up or compilation are never counted as throughput.
+* The first step's time is reported as compile_s when torch.compile is on, never mixed into samples/s.
+* Windows are timed on the host clock with the device synchronised at their edges only; GPU busy time comes
+  from CUDA events around each step.
+* Device peak memory counters are reset after warm-up; peaks, not means, are reported.
+* The sampler draws from one endless epoch, so no epoch boundary (worker restart) falls inside the trial.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import psutil
+import torch
+
+from tunekit import __version__
+from tunekit.config import Config, from_dict
+from tunekit.contract import TrialSpec
+from tunekit.worker._build import Built, build, make_loader, pick_device, to_device
+from tunekit.worker._monitor import Monitor, TreeCpu
+
+__all__ = ["measure"]
+
+
+@dataclass
+class _Window:
+    wall_s: float
+    steps: int
+    samples: int
+    data_wait_s: float
+    busy_s: float | None
+    cpu_s: float
+    system_cpu_pct: float
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s
+
+
+@dataclass
+class _Loop:
+    """One step of the trial's mode: fetch a batch (timed as data wait), then do the work on it."""
+
+    fetch: Callable[[], Any]
+    work: Callable[[Any], None]
+    events: list[tuple[Any, Any]] = field(default_factory=list)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _nvml_sampler(device: torch.device) -> Any | None:
+    if device.type != "cuda":
+        return None
+    try:
+        from tunekit.envinfo import NvmlSampler
+
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        return NvmlSampler.for_uuid(uuid, fallback_index=device.index or 0)
+    except Exception:  # noqa: BLE001 - NVML missing means no NVML figures, not a failed trial
+        return None
+
+
+def _train_loop(built: Built, spec: TrialSpec, loader_iter: Any) -> _Loop:
+    knobs, ctx = spec.knobs, built.ctx
+    model, optimizer, scaler = built.model, built.optimizer, built.scaler
+    staged: list[Any] = []
+
+    if spec.mode == "compute":
+        batch = next(loader_iter)
+        staged.append(to_device(batch, ctx, non_blocking=False))
+        _sync(ctx.device)
+
+        def fetch() -> Any:
+            return staged[0]
+    else:
+
+        def fetch() -> Any:
+            return next(loader_iter)
+
+    def train(batch: Any) -> None:
+        if spec.mode != "compute":
+            batch = to_device(batch, ctx, non_blocking=knobs.non_blocking)
+        with built.autocast():
+            loss = built.step_fn(model, batch, ctx)
+        loss = loss / knobs.grad_accum
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        loop.micro += 1
+        if loop.micro % knobs.grad_accum == 0:
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    def copy_only(batch: Any) -> None:
+        to_device(batch, ctx, non_blocking=knobs.non_blocking)
+
+    loop = _Loop(fetch=fetch, work=copy_only if spec.mode == "loader" else train)
+    loop.micro = 0  # type: ignore[attr-defined]
+    return loop
+
+
+def _run_window(loop: _Loop, device: torch.device, window_s: float, batch: int, accum: int,
+                cpu: TreeCpu) -> _Window:
+    cuda = device.type == "cuda"
+    events: list[tuple[Any, Any]] = []
+    cpu.begin()
+    _sync(device)
+    t0 = time.perf_counter()
+    wait = 0.0
+    steps = 0
+    while True:
+        for _ in range(accum):
+            tw = time.perf_counter()
+            item = loop.fetch()
+            wait += time.perf_counter() - tw
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                loop.work(item)
+                end.record()
+                events.append((start, end))
+            else:
+                loop.work(item)
+        steps += 1
+        if time.perf_counter() - t0 >= window_s:
+            break
+    _sync(device)
+    wall = time.perf_counter() - t0
+    cpu_s, system_pct = cpu.end()
+    busy = sum(s.elapsed_time(e) for s, e in events) / 1000.0 if cuda else None
+    return _Window(wall, steps, steps * accum * batch, wait, busy, cpu_s, system_pct)
+
+
+def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) -> dict[str, Any]:
+    """Consume the first batch, the pipeline fill and the warm-up steps; time the first step separately."""
+    knobs = spec.knobs
+    fill = knobs.num_workers * (knobs.prefetch_factor or 2) if spec.mode != "compute" else 0
+    micro_batches = 1 + fill + cfg.trial.warmup_steps * knobs.grad_accum
+    micro_batches = math.ceil(micro_batches / knobs.grad_accum) * knobs.grad_accum  # whole optimizer steps
+    t0 = time.perf_counter()
+    first = loop.fetch()
+    first_wait = time.perf_counter() - t0
+    loop.work(first)
+    _sync(device)
+    first_step_s = time.perf_counter() - t0
+    for _ in range(micro_batches - 1):
+        loop.work(loop.fetch())
+    _sync(device)
+    return {
+        "warmup_s": time.perf_counter() - t0,
+        "warmup_batches": micro_batches,
+        "first_batch_wait_s": first_wait,
+        "first_step_s": first_step_s,
+        "compile_s": (first_step_s - first_wait) if knobs.compile != "none" else 0.0,
+    }
+
+
+def _device_memory(device: torch.device) -> dict[str, Any]:
+    if device.type != "cuda":
+        return {}
+    free, total = torch.cuda.mem_get_info(device)
+    return {
+        "device_mem_total_bytes": total,
+        "device_mem_peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
+        "device_mem_peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
+    }
+
+
+def _versions() -> dict[str, Any]:
+    import torchvision
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "tunekit": __version__,
+    }
+
+
+def _summarise(windows: list[_Window], spec: TrialSpec, device: torch.device, cpus: int) -> dict[str, Any]:
+    rates = [w.samples_per_s for w in windows]
+    median = statistics.median(rates)
+    mean = statistics.fmean(rates)
+    cv = statistics.stdev(rates) / mean if len(rates) > 1 and mean > 0 else 0.0
+    wall = sum(w.wall_s for w in windows)
+    steps = sum(w.steps for w in windows)
+    cpu_s = sum(w.cpu_s for w in windows)
+    busy = None if windows[0].busy_s is None else sum(w.busy_s or 0.0 for w in windows) / wall
+    return {
+        "samples_per_s": median,
+        "samples_per_s_windows": rates,
+        "noise_cv": cv,
+        "noise_range": (max(rates) - min(rates)) / median if median else 0.0,
+        "step_time_s": wall / steps,
+        "sample_time_s": wall / sum(w.samples for w in windows),
+        "measured_s": wall,
+        "measured_steps": steps,
+        "measured_samples": sum(w.samples for w in windows),
+        "data_wait_frac": sum(w.data_wait_s for w in windows) / wall,
+        "gpu_busy_frac": None if busy is None else min(1.0, busy),
+        "cpu_util_cores": cpu_s / wall,
+        "cpu_util_frac": cpu_s / wall / cpus,
+        "system_cpu_pct": statistics.fmean(w.system_cpu_pct for w in windows),
+    }
+
+
+def measure(spec: TrialSpec) -> dict[str, Any]:
+    """Run one trial in this process and return its measurement (status ok). Errors propagate to the caller."""
+    t_start = time.perf_counter()
+    cfg = from_dict(spec.config, check_imports=False)
+    torch.manual_seed(0)
+    device = pick_device(cfg.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    built = build(cfg, spec.knobs, device)
+    # The compute ceiling stages one batch on the device: no loader workers may compete with the model.
+    knobs = replace(spec.knobs, num_workers=0) if spec.mode == "compute" else spec.knobs
+    loader = make_loader(built.dataset, knobs, device)
+    monitor = Monitor(_nvml_sampler(device)).start()
+    cpu = TreeCpu()
+    loader_iter = iter(loader)
+    try:
+        loop = _train_loop(built, spec, loader_iter)
+        warm = _warm_up(loop, spec, cfg, device)
+        warmup_peak = _device_memory(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        monitor.sample_now()
+        monitor.measuring = True
+        windows = [
+            _run_window(loop, device, cfg.trial.window_s, spec.knobs.batch_size, spec.knobs.grad_accum, cpu)
+            for _ in range(cfg.trial.measure_windows)
+        ]
+        monitor.sample_now()
+        monitor.measuring = False
+        memory = _device_memory(device)
+    finally:
+        monitor.stop()
+        # Stop the loader workers now: the closures in `loop` (and a traceback) would keep them alive.
+        getattr(loader_iter, "_shutdown_workers", lambda: None)()
+    cpus = len(psutil.Process().cpu_affinity() or []) or (psutil.cpu_count() or 1)
+    result = _summarise(windows, spec, device, cpus)
+    consumed = warm["warmup_batches"] + result["measured_steps"] * spec.knobs.grad_accum
+    host_total = psutil.virtual_memory().total
+    out: dict[str, Any] = {
+        "status": "ok",
+        "reason": "",
+        "number": spec.number,
+        "stage": spec.stage,
+        "mode": spec.mode,
+        "params": {**spec.knobs.to_dict(), "non_blocking": spec.knobs.non_blocking},
+        **result,
+        **warm,
+        "build_s": built.build_s,
+        "trial_s": time.perf_counter() - t_start,
+        "epoch_boundary_in_trial": False,
+        "dataset_len": len(built.dataset),
+        "dataset_passes": (consumed if spec.mode != "compute" else 1) * spec.knobs.batch_size
+        / len(built.dataset),
+        "host_mem_peak_bytes": monitor.host_pss_peak_measured or monitor.host_pss_peak,
+        "host_mem_peak_trial_bytes": monitor.host_pss_peak,
+        "host_mem_rss_sum_peak_bytes": monitor.host_rss_peak,
+        "host_mem_total_bytes": host_total,
+        "host_processes": monitor.max_processes,
+        "cpu_count": cpus,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+        or platform.machine(),
+        "versions": _versions(),
+    }
+    out.update(_memory_fields(memory, warmup_peak, out))
+    nvml = monitor.nvml_summary()
+    out["nvml"] = nvml
+    out["nvml_util_gpu_pct"] = (nvml or {}).get("utilization_gpu_pct", {}).get("mean") if nvml else None
+    out["nvml_mem_used_peak_bytes"] = (nvml or {}).get("memory_used_bytes", {}).get("max") if nvml else None
+    return out
+
+
+def _memory_fields(memory: dict[str, Any], warmup: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    if not memory:  # CPU: the memory that can run out is the host's
+        return {
+            "device_mem_total_bytes": None,
+            "device_mem_peak_allocated_bytes": None,
+            "device_mem_peak_reserved_bytes": None,
+            "device_mem_warmup_peak_reserved_bytes": None,
+            "headroom": 1.0 - out["host_mem_peak_bytes"] / out["host_mem_total_bytes"],
+            "headroom_basis": "host",
+        }
+    return {
+        **memory,
+        "device_mem_warmup_peak_reserved_bytes": warmup["device_mem_peak_reserved_bytes"],
+        "headroom": 1.0 - memory["device_mem_peak_reserved_bytes"] / memory["device_mem_total_bytes"],
+        "headroom_basis": "device",
+    }

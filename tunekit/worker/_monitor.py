@@ -1,0 +1,160 @@
+"""Background sampling inside a trial: host memory of the whole process tree, and NVML on CUDA devices.
+
+One daemon thread samples; the training loop only flips the phase at window edges. Host memory is read as PSS
+(proportional set size) so that pages shared between the main process and forked loader workers count once.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+__all__ = ["Monitor", "TreeCpu"]
+
+
+def _tree(root: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return [root]
+
+
+def _tree_memory(root: psutil.Process) -> tuple[int, int, int]:
+    """(pss, rss, process count) summed over the process and all its descendants."""
+    pss = rss = n = 0
+    for proc in _tree(root):
+        try:
+            info = proc.memory_full_info()
+        except (psutil.Error, OSError):
+            continue
+        rss += info.rss
+        pss += getattr(info, "pss", info.rss)
+        n += 1
+    return pss, rss, n
+
+
+@dataclass
+class _Series:
+    values: list[float] = field(default_factory=list)
+
+    def add(self, value: float | None) -> None:
+        if value is not None:
+            self.values.append(float(value))
+
+    def summary(self) -> dict[str, float | None]:
+        if not self.values:
+            return {"mean": None, "max": None, "min": None}
+        return {"mean": statistics.fmean(self.values), "max": max(self.values), "min": min(self.values)}
+
+
+class Monitor:
+    """Samples host memory (every ``host_period_s``) and NVML (every ``nvml_period_s``) in a daemon thread.
+
+    Only samples taken while :attr:`measuring` is True count for the measured figures; host memory peaks are also
+    kept over the whole trial.
+    """
+
+    def __init__(self, nvml: Any | None, host_period_s: float = 0.5, nvml_period_s: float = 0.2):
+        self._nvml = nvml
+        self._host_period_s = host_period_s
+        self._nvml_period_s = nvml_period_s if nvml is not None else host_period_s
+        self._root = psutil.Process(os.getpid())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tunekit-monitor", daemon=True)
+        self.measuring = False
+        self.host_pss_peak = 0
+        self.host_rss_peak = 0
+        self.host_pss_peak_measured = 0
+        self.max_processes = 0
+        self._nvml_series: dict[str, _Series] = {}
+        self.throttle_reasons: set[str] = set()
+        self.nvml_samples = 0
+
+    def start(self) -> Monitor:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if self._nvml is not None:
+            self._nvml.close()
+
+    def _run(self) -> None:
+        next_host = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_host:
+                self._sample_host()
+                next_host = now + self._host_period_s
+            if self._nvml is not None and self.measuring:
+                self._sample_nvml()
+            self._stop.wait(self._nvml_period_s)
+
+    def _sample_host(self) -> None:
+        pss, rss, n = _tree_memory(self._root)
+        self.host_pss_peak = max(self.host_pss_peak, pss)
+        self.host_rss_peak = max(self.host_rss_peak, rss)
+        self.max_processes = max(self.max_processes, n)
+        if self.measuring:
+            self.host_pss_peak_measured = max(self.host_pss_peak_measured, pss)
+
+    def _sample_nvml(self) -> None:
+        try:
+            sample = self._nvml.sample()
+        except Exception:  # noqa: BLE001 - a failed sample is a missing point, not a failed trial
+            return
+        self.nvml_samples += 1
+        for key, value in sample.items():
+            if key == "throttle_reasons":
+                self.throttle_reasons.update(value or [])
+            elif isinstance(value, (int, float)) or value is None:
+                self._nvml_series.setdefault(key, _Series()).add(value)
+
+    def sample_now(self) -> None:
+        """Take a host sample immediately (at a window edge), so short trials still get one."""
+        self._sample_host()
+
+    def nvml_summary(self) -> dict[str, Any] | None:
+        if self._nvml is None:
+            return None
+        out: dict[str, Any] = {"samples": self.nvml_samples, "throttle_reasons": sorted(self.throttle_reasons)}
+        for key, series in self._nvml_series.items():
+            out[key] = series.summary()
+        return out
+
+
+class TreeCpu:
+    """CPU seconds used by a process tree between two calls, read at window edges only."""
+
+    def __init__(self) -> None:
+        self._root = psutil.Process(os.getpid())
+        self._start: dict[int, float] = {}
+        psutil.cpu_percent(interval=None)
+
+    def _times(self) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for proc in _tree(self._root):
+            try:
+                t = proc.cpu_times()
+                out[proc.pid] = t.user + t.system
+            except psutil.Error:
+                continue
+        return out
+
+    def begin(self) -> None:
+        self._start = self._times()
+        psutil.cpu_percent(interval=None)
+
+    def end(self) -> tuple[float, float]:
+        """(CPU seconds used by the tree since :meth:`begin`, system-wide CPU utilisation in percent)."""
+        system = psutil.cpu_percent(interval=None)
+        now = self._times()
+        used = sum(max(0.0, now[pid] - self._start.get(pid, 0.0)) for pid in now)
+        return used, system
