@@ -197,7 +197,8 @@ def _summary(m: dict[str, Any]) -> str:
         f"samples/s: {m['samples_per_s']:.1f} (windows {', '.join(f'{r:.1f}' for r in m['samples_per_s_windows'])};"
         f" noise cv {m['noise_cv'] * 100:.1f} %)",
         f"step time: {_fmt(m['step_time_s'], '.4f', unit=' s')}; data wait {_fmt(m['data_wait_frac'], '.1%')};"
-        f" gpu busy {_fmt(m.get('gpu_busy_frac'), '.1%')}; nvml util {_fmt(m.get('nvml_util_gpu_pct'), '.0f', unit=' %')}",
+        f" gpu busy {_fmt(m.get('gpu_busy_frac'), '.1%')};"
+        f" nvml util {_fmt(m.get('nvml_util_gpu_pct'), '.0f', unit=' %')}",
         f"device memory peak: {_fmt(m.get('device_mem_peak_reserved_bytes'), '.2f', gib, ' GiB')} reserved of "
         f"{_fmt(m.get('device_mem_total_bytes'), '.1f', gib, ' GiB')}; headroom {m['headroom']:.1%} "
         f"({m.get('headroom_basis')})",

@@ -52,19 +52,19 @@ def _meta(**kw: Any) -> dict[str, Any]:
 class Workload:
     """What a trial trains. Every callable is a ``module:attr`` import path."""
 
-    model: str
+    model: str = field(metadata=_meta(import_path=True))
     """Callable returning an ``nn.Module``, e.g. ``torchvision.models:resnet50``."""
     model_args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for ``model``."""
-    dataset: str
+    dataset: str = field(metadata=_meta(import_path=True))
     """Callable returning a map-style Dataset of ``(input, target)`` samples."""
     dataset_args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for ``dataset``."""
-    loss: str | None = "torch.nn:CrossEntropyLoss"
+    loss: str | None = field(default="torch.nn:CrossEntropyLoss", metadata=_meta(import_path=True))
     """Callable returning the loss module; null means the model's output is the loss."""
     loss_args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for ``loss``."""
-    optimizer: str = "torch.optim:SGD"
+    optimizer: str = field(default="torch.optim:SGD", metadata=_meta(import_path=True))
     """Optimizer class, called as ``optimizer(model.parameters(), **optimizer_args)``."""
     optimizer_args: dict[str, Any] = field(default_factory=lambda: {"lr": 0.01})
     """Keyword arguments for ``optimizer``."""
@@ -72,7 +72,7 @@ class Workload:
     """Autocast precision: fp32 (none), bf16, or fp16 (with a gradient scaler)."""
     channels_last: bool = False
     """Use channels-last memory format for the model and for 4-D inputs."""
-    step: str | None = None
+    step: str | None = field(default=None, metadata=_meta(import_path=True))
     """Optional custom ``step(model, batch, ctx) -> loss``; the batch arrives already on the device."""
 
 
@@ -291,7 +291,10 @@ def _coerce(value: Any, tp: Any, path: str, check: dict[str, Any], source: str, 
         if not items:
             errors.append(f"{source}: {path}: must list at least one value")
             return []
+        before = len(errors)
         out = [_coerce(v, item_tp, f"{path}[{i}]", check, source, errors) for i, v in enumerate(items)]
+        if len(errors) > before:
+            return out
         out = list(dict.fromkeys(out))
         return sorted(out) if item_tp in (int, float) else out
     if origin is dict:
@@ -327,20 +330,18 @@ def _scalar(value: Any, tp: Any, path: str, check: dict[str, Any], source: str, 
     for key, ok, words in bounds:
         if key in check and not ok(value, check[key]):
             errors.append(f"{source}: {path}: {_show(value)} is out of range; must be {words} {check[key]}")
+    if check.get("import_path") and not _IMPORT_PATH.match(value):
+        errors.append(
+            f"{source}: {path}: {_show(value)} is not an import path; write it as 'module:attr', "
+            "e.g. 'torchvision.models:resnet50'"
+        )
     if "pattern" in check and not check["pattern"].match(value):
         errors.append(f"{source}: {path}: {_show(value)} is not allowed; choose one of: {check['allowed']}")
     return value
 
 
 def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
-    wl, search = cfg.workload, cfg.search
-    for key in ("model", "dataset", "loss", "optimizer", "step"):
-        value = getattr(wl, key)
-        if value is not None and not _IMPORT_PATH.match(value):
-            errors.append(
-                f"{source}: workload.{key}: {_show(value)} is not an import path; write it as 'module:attr', "
-                "e.g. 'torchvision.models:resnet50'"
-            )
+    search = cfg.search
     if search.target_effective_batch is not None:
         if search.grad_accum != [1]:
             errors.append(

@@ -152,20 +152,41 @@ def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) ->
     """Consume the first batch, the pipeline fill and the warm-up steps; time the first step separately."""
     knobs = spec.knobs
     fill = knobs.num_workers * (knobs.prefetch_factor or 2) if spec.mode != "compute" else 0
-    micro_batches = 1 + fill + cfg.trial.warmup_steps * knobs.grad_accum
-    micro_batches = math.ceil(micro_batches / knobs.grad_accum) * knobs.grad_accum  # whole optimizer steps
     t0 = time.perf_counter()
     first = loop.fetch()
     first_wait = time.perf_counter() - t0
     loop.work(first)
     _sync(device)
     first_step_s = time.perf_counter() - t0
-    for _ in range(micro_batches - 1):
+    consumed = 1
+    # 1. The fill: batches the workers prepared while start-up and the first step ran.
+    waits = []
+    for _ in range(fill):
+        tw = time.perf_counter()
+        item = loop.fetch()
+        waits.append(time.perf_counter() - tw)
+        loop.work(item)
+    consumed += fill
+    # 2. What the workers made while the fill was eaten: drain until a fetch blocks on an empty queue (steady
+    #    state when the loader is the bound), at most another fill's worth (a compute-bound queue stays full).
+    blocked = max(0.002, 3 * statistics.median(waits)) if waits else 0.0
+    for _ in range(fill):
+        tw = time.perf_counter()
+        item = loop.fetch()
+        waited = time.perf_counter() - tw
+        loop.work(item)
+        consumed += 1
+        if waited > blocked:
+            break
+    # 3. The configured warm-up steps, rounded up to whole optimizer steps.
+    total = consumed + cfg.trial.warmup_steps * knobs.grad_accum
+    total = math.ceil(total / knobs.grad_accum) * knobs.grad_accum
+    for _ in range(total - consumed):
         loop.work(loop.fetch())
     _sync(device)
     return {
         "warmup_s": time.perf_counter() - t0,
-        "warmup_batches": micro_batches,
+        "warmup_batches": total,
         "first_batch_wait_s": first_wait,
         "first_step_s": first_step_s,
         "compile_s": (first_step_s - first_wait) if knobs.compile != "none" else 0.0,

@@ -107,7 +107,12 @@ def sleepy_model(
     step_wait_s: float = 0.02, first_step_wait_s: float = 0.0, in_features: int = 192, num_classes: int = 10
 ) -> nn.Module:
     """A linear model whose forward pass costs ``step_wait_s`` of wall time (``first_step_wait_s`` the first time,
-    like a compiling first step)."""
+    like a compiling first step).
+
+    Sets torch to one intra-op thread: the model does no real arithmetic, and an idle OpenMP pool between tiny ops
+    costs ~10 ms of CPU per step on a 2-core machine, which would blur the known answer.
+    """
+    torch.set_num_threads(1)
     return _SleepyModel(step_wait_s, first_step_wait_s, in_features, num_classes)
 
 

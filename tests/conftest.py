@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def sleepy_config(**overrides: Any) -> dict[str, Any]:
+    """A config of the known-answer workload (sleepy dataset + sleepy model) on the CPU."""
+    cfg: dict[str, Any] = {
+        "name": "sleepy",
+        "device": "cpu",
+        "workload": {
+            "model": "tunekit.workloads.synthetic:sleepy_model",
+            "model_args": {"step_wait_s": 0.02},
+            "dataset": "tunekit.workloads.synthetic:sleepy_dataset",
+            "dataset_args": {"sample_wait_s": 0.005},
+        },
+        "search": {"num_workers": [0, 2], "batch_size": [8], "pin_memory": [False], "prefetch_factor": [2]},
+        "trial": {"warmup_steps": 2, "measure_windows": 2, "window_s": 1.0, "timeout_s": 60},
+    }
+    for key, value in overrides.items():
+        node = cfg
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return cfg
+
+
+@pytest.fixture
+def write_config(tmp_path: Path):
+    def write(data: Any, name: str = "cfg.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    return write
+
+
+@pytest.fixture(autouse=True)
+def _run_from_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Trial workers import test helpers (tests._workloads) relative to the working directory.
+    monkeypatch.chdir(REPO)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:  # pragma: no cover
+        has_cuda = False
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip)

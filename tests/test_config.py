@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, sleepy_config
+from tunekit import config
+from tunekit.errors import ConfigError
+
+
+def _problems(write_config, data) -> list[str]:
+    path = write_config(data)
+    with pytest.raises(ConfigError) as info:
+        config.load(path)
+    return info.value.problems
+
+
+def test_shipped_configs_load():
+    for name in ("quickstart", "resnet"):
+        cfg = config.load(REPO / "configs" / f"{name}.yaml")
+        assert cfg.workload.model and cfg.search.batch_size
+    resnet = config.load(REPO / "configs" / "resnet.yaml", check_imports=False)
+    assert resnet.workload.precision == "bf16" and resnet.workload.channels_last
+    assert resnet.search.compile == ["none", "default"]
+
+
+def test_defaults_and_normalisation(write_config):
+    data = sleepy_config(**{"search.num_workers": [4, 0, 4, 2], "search.batch_size": 16})
+    cfg = config.load(write_config(data))
+    assert cfg.search.num_workers == [0, 2, 4]  # deduplicated and sorted
+    assert cfg.search.batch_size == [16]  # a scalar is a one-element list
+    assert cfg.selection.tolerance == 0.03 and cfg.budget.max_trials == 60 and cfg.strategy == "staged"
+    assert cfg.to_dict()["workload"]["model"] == "tunekit.workloads.synthetic:sleepy_model"
+    assert "source" not in cfg.to_dict()
+
+
+def test_auto_workers_spans_zero_to_twice_the_cpus(write_config):
+    cfg = config.load(write_config(sleepy_config(**{"search.num_workers": "auto"})))
+    cpus = config.cpu_count()
+    assert cfg.search.num_workers[0] == 0 and cfg.search.num_workers[-1] == 2 * cpus
+    assert config.auto_workers(16) == [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
+    assert config.auto_workers(2) == [0, 1, 2, 3, 4]
+
+
+def test_every_problem_is_reported_at_once(write_config):
+    data = sleepy_config(**{
+        "device": "gpu",
+        "strategy": "random",
+        "colour": "blue",
+        "search.num_wokers": [1],
+        "search.batch_size": [8, "big"],
+        "search.prefetch_factor": [0],
+        "search.compile": ["fast"],
+        "search.pin_memory": ["yes"],
+        "trial.window_s": -1,
+        "selection.tolerance": 1.5,
+        "workload.precision": "fp8",
+        "workload.model": "not an import path",
+    })
+    problems = _problems(write_config, data)
+    text = "\n".join(problems)
+    assert len(problems) == 12, text
+    assert all(p.startswith(str(write_config(data))) for p in problems)
+    expected = [
+        "device: \"gpu\" is not allowed; choose one of: auto, cpu, cuda, cuda:N",
+        "strategy: \"random\" is not allowed; choose one of: staged, grid",
+        "colour: unknown key",
+        "search.num_wokers: unknown key (did you mean 'num_workers'?)",
+        "search.batch_size[1]: expected an integer, got a string \"big\"",
+        "search.prefetch_factor[0]: 0 is out of range; must be at least 1",
+        "search.compile[0]: \"fast\" is not allowed; choose one of: none, default, reduce-overhead",
+        "search.pin_memory[0]: expected true or false",
+        "trial.window_s: -1.0 is out of range; must be greater than 0",
+        "selection.tolerance: 1.5 is out of range; must be less than 1",
+        "workload.precision: \"fp8\" is not allowed; choose one of: fp32, bf16, fp16",
+        "workload.model: \"not an import path\" is not an import path",
+    ]
+    for fragment in expected:
+        assert fragment in text
+
+
+def test_missing_required_keys(write_config):
+    problems = _problems(write_config, {"workload": {"optimizer": "torch.optim:SGD"}})
+    assert any("workload.model: required key is missing" in p for p in problems)
+    assert any("workload.dataset: required key is missing" in p for p in problems)
+
+
+def test_malformed_yaml_names_line(write_config):
+    problems = _problems(write_config, "name: x\nsearch:\n  num_workers: [0, 2\n  batch_size: 8\n")
+    assert len(problems) == 1 and "invalid YAML" in problems[0] and "line " in problems[0]
+
+
+def test_top_level_must_be_mapping(write_config):
+    assert "top level must be a mapping" in _problems(write_config, "- a\n- b\n")[0]
+
+
+def test_unresolvable_import_paths(write_config):
+    data = sleepy_config(**{
+        "workload.dataset": "tunekit.workloads.synthetic:no_such_dataset",
+        "workload.loss": "torch.nn:Nonexistent",
+        "workload.optimizer": "no_such_module_xyz:SGD",
+        "workload.step": "tunekit.workloads.synthetic:__doc__",
+    })
+    problems = _problems(write_config, data)
+    text = "\n".join(problems)
+    assert len(problems) == 4, text
+    assert "workload.dataset" in text and "has no attribute 'no_such_dataset'" in text
+    assert "workload.optimizer" in text and "no module named 'no_such_module_xyz'" in text
+    assert "workload.step" in text and "not a callable" in text
+
+
+def test_target_effective_batch_checks(write_config):
+    problems = _problems(write_config, sleepy_config(**{"search.target_effective_batch": 12,
+                                                        "search.batch_size": [8, 16]}))
+    assert "not a multiple of any search.batch_size" in problems[0]
+    problems = _problems(write_config, sleepy_config(**{"search.target_effective_batch": 16,
+                                                        "search.grad_accum": [1, 2]}))
+    assert "not both" in problems[0]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tunekit", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_validate_cli_exit_codes(write_config):
+    good = _cli("validate", str(write_config(sleepy_config())))
+    assert good.returncode == 0 and ": ok" in good.stdout
+    bad_path = write_config(sleepy_config(**{"device": "tpu", "trial.timeout_s": "long"}), "bad.yaml")
+    bad = _cli("validate", str(bad_path))
+    assert bad.returncode == 2
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith(f"tunekit: error: {bad_path}: ") for line in lines)
+    assert "Traceback" not in bad.stderr
+    debug = _cli("--debug", "validate", str(bad_path))
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+    missing = _cli("validate", "does/not/exist.yaml")
+    assert missing.returncode == 2 and "does/not/exist.yaml: cannot read config" in missing.stderr
+
+
+def test_trial_cli_usage_errors(write_config):
+    path = str(write_config(sleepy_config()))
+    unknown = _cli("trial", path, "--set", "workers=4")
+    assert unknown.returncode == 2 and "--set workers: unknown knob; allowed: num_workers" in unknown.stderr
+    bad_value = _cli("trial", path, "--set", "pin_memory=maybe")
+    assert bad_value.returncode == 2 and "pin_memory=maybe: expected true or false" in bad_value.stderr
+    bad_compile = _cli("trial", path, "--set", "compile=turbo")
+    assert bad_compile.returncode == 2 and "choose one of: none, default" in bad_compile.stderr
+
+
+def test_config_loading_never_imports_torch(write_config):
+    path = write_config(sleepy_config())
+    code = f"import sys, tunekit.config as c; c.load({str(path)!r}); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr

@@ -1,0 +1,194 @@
+"""Real trials: subprocesses, DataLoader workers and torch on the CPU, against workloads with known answers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+
+from tests.conftest import sleepy_config
+from tunekit import config
+from tunekit.contract import Knobs, TrialSpec
+from tunekit.launcher import run_trial
+from tunekit.workloads.synthetic import expected_samples_per_s, sleepy_dataset, sleepy_model
+
+
+def _spec(cfg: dict, number: int = 0, mode: str = "train", **knobs) -> TrialSpec:
+    resolved = config.from_dict(cfg).to_dict()
+    return TrialSpec(number=number, stage="test", mode=mode, knobs=Knobs(**knobs), config=resolved)
+
+
+def _plain_loop_rate(num_workers: int, prefetch: int, batch: int, sample_wait: float, step_wait: float,
+                     first_step_wait: float = 0.0, seconds: float = 2.0) -> float:
+    """Reference: a plain training loop, timed after the pipeline has drained and refilled at steady state."""
+    ds = sleepy_dataset(sample_wait_s=sample_wait)
+    model = sleepy_model(step_wait_s=step_wait, first_step_wait_s=first_step_wait)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    loader = DataLoader(ds, batch_size=batch, sampler=RandomSampler(ds, num_samples=1 << 30),
+                        num_workers=num_workers, prefetch_factor=prefetch if num_workers else None)
+    it = iter(loader)
+
+    def step() -> None:
+        x, y = next(it)
+        loss_fn(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(1 + num_workers * prefetch + 5):
+        step()
+    t0, n = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        step()
+        n += batch
+    return n / (time.perf_counter() - t0)
+
+
+def test_tiny_trial_reports_the_contract(tmp_path: Path):
+    cfg = sleepy_config()
+    m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=8), tmp_path / "t", 60)
+    assert m["status"] == "ok", m
+    on_disk = json.loads((tmp_path / "t" / "measurement.json").read_text())
+    assert on_disk["samples_per_s"] == m["samples_per_s"]
+    for key in ("samples_per_s", "samples_per_s_windows", "noise_cv", "step_time_s", "data_wait_frac",
+                "gpu_busy_frac", "nvml", "device_mem_peak_reserved_bytes", "headroom", "host_mem_peak_bytes",
+                "cpu_util_cores", "warmup_s", "compile_s", "device_name", "versions", "params"):
+        assert key in m, key
+    assert len(m["samples_per_s_windows"]) == 2
+    assert m["gpu_busy_frac"] is None and m["nvml"] is None  # CPU: no GPU figures, not zeros
+    assert m["params"]["num_workers"] == 2 and m["params"]["prefetch_factor"] == 2
+    assert m["host_processes"] >= 3  # the main process and two loader workers were measured
+    assert m["warmup_batches"] >= 1 + 2 * 2 + 2  # first batch + pipeline fill + warm-up steps
+    assert 0 < m["headroom"] < 1 and m["headroom_basis"] == "host"
+    assert m["epoch_boundary_in_trial"] is False
+    assert (tmp_path / "t" / "spec.json").exists() and (tmp_path / "t" / "worker.log").exists()
+
+
+@pytest.mark.parametrize("workers,sample_wait,step_wait", [(0, 0.005, 0.02), (2, 0.01, 0.01)])
+def test_fidelity_against_plain_loop_and_analytic(tmp_path: Path, workers: int, sample_wait: float,
+                                                  step_wait: float):
+    batch = 8
+    cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": step_wait},
+                           "workload.dataset_args": {"sample_wait_s": sample_wait}})
+    m = run_trial(_spec(cfg, num_workers=workers, prefetch_factor=2, batch_size=batch), tmp_path / "t", 60)
+    assert m["status"] == "ok", m
+    reference = _plain_loop_rate(workers, 2, batch, sample_wait, step_wait)
+    analytic = expected_samples_per_s(workers, batch, sample_wait, step_wait)
+    assert m["samples_per_s"] == pytest.approx(reference, rel=0.15)
+    assert m["samples_per_s"] == pytest.approx(analytic, rel=0.30)
+    assert m["samples_per_s"] <= analytic * 1.03  # sleeps can only make it slower, never faster
+    if workers == 0:
+        assert m["data_wait_frac"] > 0.5  # 40 ms of loading per 60 ms step, in the main process
+
+
+def test_slow_first_step_and_deep_prefetch_are_not_counted(tmp_path: Path):
+    """While a 2 s first step runs, 2 workers x prefetch 8 prepare 16 batches. Counting them would inflate the
+    first window by ~60 %: warm-up must drain the pipeline fill before timing."""
+    batch, sample_wait, step_wait = 8, 0.01, 0.005
+    cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": step_wait, "first_step_wait_s": 2.0},
+                           "workload.dataset_args": {"sample_wait_s": sample_wait},
+                           "trial.warmup_steps": 0, "trial.measure_windows": 2})
+    m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=8, batch_size=batch), tmp_path / "t", 60)
+    assert m["status"] == "ok", m
+    analytic = expected_samples_per_s(2, batch, sample_wait, step_wait)  # 200/s, loader-bound
+    reference = _plain_loop_rate(2, 8, batch, sample_wait, step_wait, first_step_wait=2.0)
+    assert m["samples_per_s"] == pytest.approx(reference, rel=0.15)
+    assert max(m["samples_per_s_windows"]) <= analytic * 1.05
+    assert m["first_step_s"] >= 2.0 and m["warmup_batches"] >= 1 + 16
+
+
+def test_compute_and_loader_modes(tmp_path: Path):
+    cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": 0.02},
+                           "workload.dataset_args": {"sample_wait_s": 0.01}})
+    compute = run_trial(_spec(cfg, mode="compute", num_workers=2, batch_size=8), tmp_path / "c", 60)
+    loader = run_trial(_spec(cfg, mode="loader", num_workers=2, prefetch_factor=2, batch_size=8),
+                       tmp_path / "l", 60)
+    assert compute["status"] == loader["status"] == "ok"
+    # compute: the model alone on a staged batch, 8 samples / 20 ms; loader: 2 workers / 10 ms per sample
+    assert compute["samples_per_s"] == pytest.approx(400, rel=0.15)
+    assert compute["data_wait_frac"] < 0.01 and compute["host_processes"] == 1
+    assert loader["samples_per_s"] == pytest.approx(200, rel=0.15)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_hung_loader_times_out_and_leaves_no_process(tmp_path: Path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    cfg = sleepy_config(**{"workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "hang_at": 3,
+                                                     "pid_dir": str(pids)}})
+    t0 = time.monotonic()
+    m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4), tmp_path / "t", 8)
+    assert m["status"] == "timeout" and "timeout_s = 8" in m["reason"]
+    assert time.monotonic() - t0 < 30
+    loader_pids = [int(p.name) for p in pids.iterdir()]
+    assert len(loader_pids) == 2 and m["pid"] not in loader_pids  # the workers served samples
+    assert not [pid for pid in [m["pid"], *loader_pids] if _alive(pid)]
+    saved = json.loads((tmp_path / "t" / "measurement.json").read_text())
+    assert saved["status"] == "timeout" and saved["reason"]
+
+
+def test_dying_loader_worker_is_crashed_with_reason(tmp_path: Path):
+    cfg = sleepy_config(**{"workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "kill_at": 5}})
+    m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4), tmp_path / "t", 60)
+    assert m["status"] == "crashed"
+    assert "DataLoader worker" in m["reason"] and "killed by signal" in m["reason"]
+
+
+def test_exception_in_dataset_is_crashed_with_its_message(tmp_path: Path):
+    cfg = sleepy_config(**{"workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "raise_at": 7}})
+    m = run_trial(_spec(cfg, num_workers=1, prefetch_factor=2, batch_size=4), tmp_path / "t", 60)
+    assert m["status"] == "crashed"
+    assert "sample 7 is corrupt" in m["reason"] and "DataLoader worker 0" in m["reason"]
+    assert "Traceback" in (tmp_path / "t" / "worker.log").read_text()
+
+
+def test_host_oom_is_classified_oom(tmp_path: Path):
+    cfg = sleepy_config(**{"workload.step": "tests._workloads:huge_alloc_step"})
+    m = run_trial(_spec(cfg, num_workers=0, batch_size=4), tmp_path / "t", 60)
+    assert m["status"] == "oom", m
+    assert "allocate" in m["reason"]
+
+
+def test_killed_worker_process_is_crashed_with_signal(tmp_path: Path):
+    cfg = sleepy_config(**{"workload.step": "tests._workloads:self_kill_step"})
+    m = run_trial(_spec(cfg, num_workers=0, batch_size=4), tmp_path / "t", 60)
+    assert m["status"] == "crashed" and "SIGKILL" in m["reason"] and m["returncode"] == -9
+
+
+def test_bad_output_is_detected(tmp_path: Path):
+    from tunekit.launcher import _outcome
+
+    spec = _spec(sleepy_config(), num_workers=0)
+    out = tmp_path / "measurement.json"
+    out.write_text("{not json")
+    assert _outcome(spec, 0, False, 60, out, tmp_path / "log")["status"] == "bad_output"
+    out.write_text(json.dumps({"status": "ok", "samples_per_s": float("nan")}))
+    assert _outcome(spec, 0, False, 60, out, tmp_path / "log")["status"] == "bad_output"
+    out.unlink()
+    assert _outcome(spec, 0, False, 60, out, tmp_path / "log")["status"] == "bad_output"
+
+
+def test_trial_cli_writes_measurement(write_config, tmp_path: Path):
+    path = write_config(sleepy_config())
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "tunekit", "trial", str(path), "--set", "num_workers=2",
+                           "--set", "batch_size=8", "--set", "trial.window_s=0.5", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    m = json.loads((out / "trials" / "0" / "measurement.json").read_text())
+    assert m["status"] == "ok" and m["params"]["num_workers"] == 2 and m["params"]["batch_size"] == 8
+    assert "samples/s:" in proc.stdout
+    assert (out / "config.resolved.yaml").exists()

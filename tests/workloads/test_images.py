@@ -1,0 +1,200 @@
+"""Tests for tunekit.workloads.images: synthetic JPEG cache, dataset semantics and image_folder."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from tunekit.workloads.images import image_folder, synthetic_jpeg, train_transform
+
+SMALL = {"width": 96, "height": 72}
+MARKER = "DONE.json"
+
+
+def _jpegs(folder: str | Path) -> list[Path]:
+    return sorted(Path(folder).glob("*.jpg"))
+
+
+def _mtimes(folder: str | Path) -> dict[str, int]:
+    return {entry.name: entry.stat().st_mtime_ns for entry in Path(folder).iterdir()}
+
+
+def test_default_images_compress_like_photographs(tmp_path: Path) -> None:
+    ds = synthetic_jpeg(num_images=16, cache_dir=str(tmp_path))
+    files = _jpegs(ds.root)
+    assert len(files) == 16
+    sizes = [f.stat().st_size for f in files]
+    mean_kb = sum(sizes) / len(sizes) / 1024
+    assert 60 <= mean_kb <= 110, f"mean JPEG size {mean_kb:.1f} KB outside 60-110 KB"
+    assert len(set(sizes)) > 1
+    for f in files:
+        with Image.open(f) as image:
+            assert image.format == "JPEG"
+            assert image.size == (500, 375)
+            assert image.mode == "RGB"
+            image.load()
+
+
+def test_dataset_items(tmp_path: Path) -> None:
+    ds = synthetic_jpeg(num_images=8, crop=32, num_classes=3, cache_dir=str(tmp_path), **SMALL)
+    assert len(ds) == 8
+    xs = []
+    for i in range(len(ds)):
+        x, label = ds[i]
+        assert isinstance(label, int) and label == i % 3
+        assert x.shape == (3, 32, 32) and x.dtype == torch.float32
+        xs.append(x)
+    batch = torch.stack(xs)
+    # ImageNet normalisation maps [0, 1] into roughly [-2.12, 2.64]; without it everything would be >= 0.
+    assert batch.min() >= -2.2 and batch.max() <= 2.7
+    assert batch.min() < 0 < batch.max()
+    assert abs(batch.mean().item()) < 1.0
+    assert batch.std().item() > 0.1
+    assert ds[-1][1] == 7 % 3
+    with pytest.raises(IndexError):
+        ds[8]
+
+
+def test_decodes_on_every_access(tmp_path: Path) -> None:
+    ds = synthetic_jpeg(num_images=2, crop=32, cache_dir=str(tmp_path), **SMALL)
+    x0, _ = ds[0]
+    (Path(ds.root) / "000000.jpg").write_bytes((Path(ds.root) / "000001.jpg").read_bytes())
+    torch.manual_seed(0)
+    swapped, _ = ds[0]
+    torch.manual_seed(0)
+    reference, _ = ds[1]
+    assert torch.equal(swapped, reference)
+
+
+def test_deterministic_given_seed(tmp_path: Path) -> None:
+    a = synthetic_jpeg(num_images=2, seed=5, cache_dir=str(tmp_path / "a"), **SMALL)
+    b = synthetic_jpeg(num_images=2, seed=5, cache_dir=str(tmp_path / "b"), **SMALL)
+    c = synthetic_jpeg(num_images=2, seed=6, cache_dir=str(tmp_path / "c"), **SMALL)
+    first = [(Path(ds.root) / "000000.jpg").read_bytes() for ds in (a, b, c)]
+    assert first[0] == first[1]
+    assert first[0] != first[2]
+    assert (Path(a.root) / "000000.jpg").read_bytes() != (Path(a.root) / "000001.jpg").read_bytes()
+
+
+def test_cache_reused_and_untrusted_folder_regenerated(tmp_path: Path) -> None:
+    ds = synthetic_jpeg(num_images=6, cache_dir=str(tmp_path), **SMALL)
+    root = Path(ds.root)
+    assert root.parent == tmp_path / "synthetic_jpeg"
+    assert (root / MARKER).is_file()
+    before = _mtimes(root)
+    original = (root / "000003.jpg").read_bytes()
+
+    again = synthetic_jpeg(num_images=6, crop=64, num_classes=2, cache_dir=str(tmp_path), **SMALL)
+    assert again.root == ds.root
+    assert _mtimes(root) == before
+
+    # Without the marker the folder is not trusted, even though the image files are there.
+    (root / MARKER).unlink()
+    (root / "000003.jpg").write_bytes(b"not a jpeg")
+    synthetic_jpeg(num_images=6, cache_dir=str(tmp_path), **SMALL)
+    assert (root / MARKER).is_file()
+    assert (root / "000003.jpg").read_bytes() == original
+
+    # A folder with its marker but missing an image is not trusted either.
+    (root / "000001.jpg").unlink()
+    synthetic_jpeg(num_images=6, cache_dir=str(tmp_path), **SMALL)
+    assert len(_jpegs(root)) == 6
+    assert os.listdir(tmp_path / "synthetic_jpeg") == [root.name]
+
+
+def test_cache_dir_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNEKIT_CACHE", str(tmp_path / "env"))
+    ds = synthetic_jpeg(num_images=1, **SMALL)
+    assert Path(ds.root).parent == tmp_path / "env" / "synthetic_jpeg"
+
+
+def test_dataset_is_picklable(tmp_path: Path) -> None:
+    ds = synthetic_jpeg(num_images=3, crop=32, num_classes=2, cache_dir=str(tmp_path), **SMALL)
+    clone = pickle.loads(pickle.dumps(ds))
+    assert len(clone) == 3 and clone.root == ds.root
+    x, label = clone[2]
+    assert x.shape == (3, 32, 32) and label == 0
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_in_dataloader_workers(tmp_path: Path, context: str) -> None:
+    ds = synthetic_jpeg(num_images=8, crop=32, num_classes=5, cache_dir=str(tmp_path), **SMALL)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=context)
+    x, y = next(iter(loader))
+    assert x.shape == (4, 3, 32, 32) and x.dtype == torch.float32
+    assert y.tolist() == [0, 1, 2, 3]
+
+
+def test_pool_generation(tmp_path: Path) -> None:
+    ds = synthetic_jpeg(num_images=64, width=48, height=32, seed=1, cache_dir=str(tmp_path))
+    files = _jpegs(ds.root)
+    assert [f.name for f in files] == [f"{i:06d}.jpg" for i in range(64)]
+    inline = synthetic_jpeg(num_images=2, width=48, height=32, seed=1, cache_dir=str(tmp_path / "inline"))
+    assert files[1].read_bytes() == (Path(inline.root) / "000001.jpg").read_bytes()
+
+
+def test_concurrent_generation(tmp_path: Path) -> None:
+    kwargs = {"num_images": 64, "width": 160, "height": 120, "cache_dir": str(tmp_path)}
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=synthetic_jpeg, kwargs=kwargs) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    (folder,) = (tmp_path / "synthetic_jpeg").iterdir()  # no temporary or trash folders left behind
+    names = sorted(os.listdir(folder))
+    assert names == sorted([f"{i:06d}.jpg" for i in range(64)] + [MARKER])
+    ds = synthetic_jpeg(**kwargs)
+    assert Path(ds.root) == folder
+
+
+def test_invalid_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="num_images"):
+        synthetic_jpeg(num_images=0, cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="quality"):
+        synthetic_jpeg(num_images=1, quality=0, cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="seed"):
+        synthetic_jpeg(num_images=1, seed=-1, cache_dir=str(tmp_path))
+
+
+def test_train_transform_shape() -> None:
+    x = train_transform(40)(Image.new("RGB", (80, 60), (255, 0, 0)))
+    assert x.shape == (3, 40, 40) and x.dtype == torch.float32
+    expected_red = (1 - 0.485) / 0.229
+    assert torch.allclose(x[0], torch.full((40, 40), expected_red), atol=1e-4)
+
+
+def test_image_folder(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    for cls, colour in (("cat", (200, 30, 30)), ("dog", (30, 30, 200))):
+        (root / cls).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (64, 48), colour).save(root / cls / f"{i}.jpg", quality=90)
+    ds = image_folder(str(root), crop=32)
+    assert ds.classes == ["cat", "dog"]
+    assert len(ds) == 4
+    x, label = ds[3]
+    assert x.shape == (3, 32, 32) and x.dtype == torch.float32
+    assert label == 1
+
+
+def test_image_folder_missing_or_empty(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
+        image_folder(str(missing))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=re.escape(str(empty))):
+        image_folder(str(empty))
+    (empty / "cls").mkdir()
+    with pytest.raises(FileNotFoundError, match=re.escape(str(empty))):
+        image_folder(str(empty))

@@ -1,0 +1,391 @@
+"""Image workloads that cost the CPU what a real ImageNet-style input pipeline costs per sample.
+
+`synthetic_jpeg` writes a folder of photo-like JPEG files once (cached on disk) and returns a dataset that
+decodes, crops, flips and normalises one of them on every access, exactly like a real training pipeline
+reading ImageNet from local disk. `image_folder` does the same for a real `ImageFolder` tree.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision import datasets
+from torchvision.transforms import v2
+
+__all__ = ["synthetic_jpeg", "image_folder", "train_transform"]
+
+logger = logging.getLogger(__name__)
+
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+
+_MARKER = "DONE.json"
+_RECIPE_VERSION = 1  # bump when the pixel recipe changes, so stale caches are not reused
+_POOL_THRESHOLD = 64  # below this many images, generate inline
+_MAX_WORKERS = 16
+_CHUNKS_PER_WORKER = 4
+
+
+def train_transform(crop: int = 224) -> v2.Compose:
+    """Standard ImageNet training augmentation for a PIL image.
+
+    Args:
+        crop: Side of the square output crop, in pixels.
+
+    Returns:
+        A transform mapping a PIL RGB image to a normalised float32 tensor of shape ``[3, crop, crop]``.
+    """
+    return v2.Compose(
+        [
+            v2.RandomResizedCrop(crop, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.PILToTensor(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean=list(_IMAGENET_MEAN), std=list(_IMAGENET_STD)),
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class _Params:
+    """Everything that determines the bytes of the generated files."""
+
+    width: int
+    height: int
+    quality: int
+    seed: int
+    num_images: int
+    version: int = _RECIPE_VERSION
+
+    @property
+    def folder_name(self) -> str:
+        return f"{self.width}x{self.height}-q{self.quality}-s{self.seed}-n{self.num_images}-v{self.version}"
+
+
+class SyntheticJpegDataset(Dataset):
+    """Map-style dataset over a folder of generated JPEG files; decodes and augments on every access.
+
+    Picklable (plain attributes only), so DataLoader workers can use it under fork and spawn alike.
+
+    Args:
+        root: Complete cache folder holding ``000000.jpg`` ... files.
+        num_images: Number of images in ``root``.
+        num_classes: Labels are ``index % num_classes``.
+        crop: Side of the square output crop.
+    """
+
+    def __init__(self, root: str, num_images: int, num_classes: int, crop: int) -> None:
+        self.root = root
+        self.num_images = num_images
+        self.num_classes = num_classes
+        self.crop = crop
+        self.transform = train_transform(crop)
+
+    def __len__(self) -> int:
+        return self.num_images
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        index = _normalise_index(index, self.num_images)
+        with Image.open(_image_path(self.root, index)) as image:
+            rgb = image.convert("RGB")
+        return self.transform(rgb), index % self.num_classes
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(root={self.root!r}, num_images={self.num_images}, "
+            f"num_classes={self.num_classes}, crop={self.crop})"
+        )
+
+
+def synthetic_jpeg(
+    num_images: int = 4096,
+    crop: int = 224,
+    num_classes: int = 100,
+    width: int = 500,
+    height: int = 375,
+    quality: int = 90,
+    seed: int = 0,
+    cache_dir: str | None = None,
+) -> SyntheticJpegDataset:
+    """A dataset of photo-like JPEG files on disk, decoded and augmented on every access.
+
+    The files are generated once into
+    ``<cache>/synthetic_jpeg/<w>x<h>-q<quality>-s<seed>-n<num_images>-v<recipe>``, where ``<cache>`` is
+    ``cache_dir``, else ``$TUNEKIT_CACHE``, else ``~/.cache/tunekit``. Generation is atomic and safe to run
+    from several processes at once. Image ``i`` depends only on ``(seed, i)``, the size and the quality; at
+    the defaults the files average about 80 KB, like ImageNet photographs.
+
+    Args:
+        num_images: Dataset length.
+        crop: Side of the square training crop.
+        num_classes: Labels are ``index % num_classes``.
+        width: Width of the stored JPEG files.
+        height: Height of the stored JPEG files.
+        quality: JPEG quality (1-100) used when writing the files.
+        seed: Non-negative seed; different seeds give different images.
+        cache_dir: Root of the on-disk cache; see above for the default.
+
+    Returns:
+        A map-style dataset yielding ``(float32 tensor [3, crop, crop], int label)``.
+
+    Raises:
+        ValueError: If an argument is out of range.
+    """
+    _validate(num_images=num_images, crop=crop, num_classes=num_classes, width=width, height=height)
+    _validate(seed=seed, minimum=0)
+    if not isinstance(quality, int) or not 1 <= quality <= 100:
+        raise ValueError(f"quality must be an integer in 1..100, got {quality!r}")
+    params = _Params(width=width, height=height, quality=quality, seed=seed, num_images=num_images)
+    folder = _ensure_generated(_cache_root(cache_dir) / "synthetic_jpeg", params)
+    return SyntheticJpegDataset(str(folder), num_images=num_images, num_classes=num_classes, crop=crop)
+
+
+def image_folder(root: str, crop: int = 224) -> datasets.ImageFolder:
+    """A real ``ImageFolder`` tree (``root/<class>/<image>``) with the standard training transform.
+
+    Args:
+        root: Folder holding one sub-folder of images per class.
+        crop: Side of the square training crop.
+
+    Returns:
+        A ``torchvision.datasets.ImageFolder`` yielding ``(float32 tensor [3, crop, crop], int label)``.
+
+    Raises:
+        FileNotFoundError: If ``root`` does not exist or holds no class folders with images.
+    """
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"image folder root {root!r} does not exist or is not a directory")
+    try:
+        return datasets.ImageFolder(root, transform=train_transform(crop))
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"image folder root {root!r} holds no class folders with images") from err
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _validate(minimum: int = 1, **values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _normalise_index(index: int, length: int) -> int:
+    index = int(index)
+    if index < 0:
+        index += length
+    if not 0 <= index < length:
+        raise IndexError(f"index {index} out of range for dataset of length {length}")
+    return index
+
+
+def _image_path(root: str | Path, index: int) -> str:
+    return os.path.join(root, f"{index:06d}.jpg")
+
+
+def _cache_root(cache_dir: str | None) -> Path:
+    root = cache_dir or os.environ.get("TUNEKIT_CACHE") or os.path.join("~", ".cache", "tunekit")
+    return Path(root).expanduser()
+
+
+# ------------------------------------------------------------------------------------------- the cache
+
+
+def _ensure_generated(parent: Path, params: _Params) -> Path:
+    """Return the complete cache folder for ``params``, generating it first if needed."""
+    target = parent / params.folder_name
+    if _is_complete(target, params):
+        return target
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{params.folder_name}.tmp-", dir=parent))
+    try:
+        logger.info("generating %d synthetic JPEGs into %s", params.num_images, target)
+        _generate(tmp, params)
+        _write_marker(tmp, params)
+        _install(tmp, target, params)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _is_complete(folder: Path, params: _Params) -> bool:
+    """Trust a folder only if its marker matches ``params`` and every image file is present."""
+    try:
+        marker = json.loads((folder / _MARKER).read_text())
+        names = os.listdir(folder)
+    except (OSError, ValueError):
+        return False
+    expected = {**asdict(params), "count": params.num_images}
+    jpegs = sum(name.endswith(".jpg") for name in names)
+    return marker == expected and jpegs == params.num_images
+
+
+def _write_marker(folder: Path, params: _Params) -> None:
+    marker = {**asdict(params), "count": params.num_images}
+    (folder / _MARKER).write_text(json.dumps(marker, sort_keys=True))
+
+
+def _install(tmp: Path, target: Path, params: _Params) -> None:
+    """Atomically rename ``tmp`` to ``target``; if another process got there first, keep its folder."""
+    for _ in range(5):
+        try:
+            os.rename(tmp, target)
+            return
+        except OSError:
+            if _is_complete(target, params):
+                return  # another process won the race; the caller deletes tmp
+            _discard(target)  # stale or tampered folder without a valid marker
+    raise RuntimeError(f"could not install generated images at {target}")
+
+
+def _discard(folder: Path) -> None:
+    """Move ``folder`` out of the way atomically, then delete it."""
+    trash = folder.with_name(f".{folder.name}.trash-{uuid.uuid4().hex}")
+    try:
+        os.rename(folder, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------ generation
+
+
+def _generate(folder: Path, params: _Params) -> None:
+    """Write all images of ``params`` into ``folder``, in worker processes when there are many."""
+    # Daemonic processes (e.g. DataLoader workers) may not have children: generate inline there too.
+    if params.num_images < _POOL_THRESHOLD or multiprocessing.current_process().daemon:
+        _write_range(str(folder), params, 0, params.num_images)
+        return
+    workers = min(_cpu_count(), _MAX_WORKERS)
+    chunk = math.ceil(params.num_images / (workers * _CHUNKS_PER_WORKER))
+    bounds = [(start, min(start + chunk, params.num_images)) for start in range(0, params.num_images, chunk)]
+    with _process_pool(workers) as pool:
+        futures = [pool.submit(_write_range, str(folder), params, start, stop) for start, stop in bounds]
+        for future in futures:
+            future.result()
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not available on macOS / Windows
+        return os.cpu_count() or 1
+
+
+def _process_pool(workers: int) -> ProcessPoolExecutor:
+    """A process pool; on Linux it forks, so workers skip re-importing torch (seconds per process)."""
+    if not sys.platform.startswith("linux"):
+        return ProcessPoolExecutor(max_workers=workers)
+    with warnings.catch_warnings():
+        # Python >= 3.12 warns when forking a multi-threaded process; the children only run numpy and PIL.
+        warnings.filterwarnings("ignore", r".*fork\(\) may lead to deadlocks", DeprecationWarning)
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
+        # With fork, all workers start on the first submit: start them here, inside the warnings filter.
+        pool.submit(int).result()
+    return pool
+
+
+def _write_range(folder: str, params: _Params, start: int, stop: int) -> None:
+    for index in range(start, stop):
+        pixels = _render(params.seed, index, params.width, params.height)
+        Image.fromarray(pixels).save(
+            _image_path(folder, index), format="JPEG", quality=params.quality, optimize=False
+        )
+
+
+def _render(seed: int, index: int, width: int, height: int) -> np.ndarray:
+    """Photo-like RGB pixels for image ``index``: smooth colour fields, objects, fine texture and grain."""
+    rng = np.random.default_rng([seed, index])
+    pixels = _background(rng, width, height)
+    _paint_shapes(rng, pixels)
+    _add_detail(rng, pixels)
+    np.clip(pixels, 0, 255, out=pixels)
+    return np.ascontiguousarray(pixels.astype(np.uint8).transpose(1, 2, 0))
+
+
+def _background(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
+    """Smooth multi-octave luminance plus correlated colour variation, planar: ``[3, height, width]``."""
+    luminance = _noise(rng, width, height, cells=(2, 4, 8, 16, 32), falloff=0.6)
+    chroma_a = _noise(rng, width, height, cells=(2, 4, 8, 16), falloff=0.6)
+    chroma_b = _noise(rng, width, height, cells=(2, 4, 8, 16), falloff=0.6)
+    base = rng.uniform(70, 180, 3).astype(np.float32)
+    mix = rng.uniform(-25, 25, (2, 3)).astype(np.float32)
+    contrast = np.float32(rng.uniform(20, 40))
+    luminance *= contrast
+    planes = [luminance + base[c] + mix[0, c] * chroma_a + mix[1, c] * chroma_b for c in range(3)]
+    return np.stack(planes)
+
+
+def _paint_shapes(rng: np.random.Generator, pixels: np.ndarray) -> None:
+    """Blend a few flat-coloured ellipses and rectangles into planar ``pixels`` in place (edges, objects)."""
+    _, height, width = pixels.shape
+    for _ in range(int(rng.integers(3, 9))):
+        cx, cy = rng.uniform(0, width), rng.uniform(0, height)
+        rx, ry = rng.uniform(10, width / 3), rng.uniform(10, height / 3)
+        is_ellipse = rng.random() < 0.5
+        colour = rng.uniform(0, 255, (3, 1, 1)).astype(np.float32)
+        alpha = np.float32(rng.uniform(0.6, 1.0))
+        x0, x1 = max(0, int(cx - rx)), min(width, int(cx + rx) + 1)
+        y0, y1 = max(0, int(cy - ry)), min(height, int(cy + ry) + 1)
+        region = pixels[:, y0:y1, x0:x1]
+        if is_ellipse:
+            dy = ((np.arange(y0, y1, dtype=np.float32) - cy) / ry) ** 2
+            dx = ((np.arange(x0, x1, dtype=np.float32) - cx) / rx) ** 2
+            weight = alpha * (dy[:, None] + dx[None, :] <= 1)
+            region += weight * (colour - region)
+        else:
+            region += alpha * (colour - region)
+
+
+def _add_detail(rng: np.random.Generator, pixels: np.ndarray) -> None:
+    """Add spatially varying fine texture and grain to planar ``pixels``; this sets the JPEG size."""
+    _, height, width = pixels.shape
+    periods = (8, 4, 2)  # texture wavelengths in pixels, so bytes per pixel do not depend on image size
+    texture = _noise(rng, width, height, cells=tuple(max(2, width // p) for p in periods), falloff=1.0)
+    mask = 0.5 + 0.5 * np.tanh(_noise(rng, width, height, cells=(2, 4, 8), falloff=0.6))
+    detail = np.float32(rng.uniform(20, 90)) * mask * texture
+    detail += np.float32(rng.uniform(4, 8)) * rng.standard_normal((height, width), dtype=np.float32)
+    pixels += detail
+
+
+def _noise(
+    rng: np.random.Generator, width: int, height: int, cells: Sequence[int], falloff: float
+) -> np.ndarray:
+    """Zero-mean, unit-variance smooth noise summed over octaves (a Laplacian-pyramid style synthesis).
+
+    Each octave is a random grid ``cells`` wide, added to the bicubic upscale of the coarser octaves, with
+    amplitude multiplied by ``falloff`` per octave; only the final sum is upscaled to full size.
+    """
+    field: np.ndarray | None = None
+    for octave, across in enumerate(cells):
+        grid_w, grid_h = across + 1, max(2, round(across * height / width)) + 1
+        layer = rng.standard_normal((grid_h, grid_w), dtype=np.float32) * np.float32(falloff**octave)
+        field = layer if field is None else _resize(field, grid_w, grid_h) + layer
+    assert field is not None
+    field = _resize(field, width, height)
+    field -= field.mean()
+    field /= field.std() + np.float32(1e-6)
+    return field
+
+
+def _resize(field: np.ndarray, width: int, height: int) -> np.ndarray:
+    image = Image.fromarray(field).resize((width, height), Image.Resampling.BICUBIC)
+    return np.asarray(image, dtype=np.float32).copy()
