@@ -1,0 +1,96 @@
+"""Fidelity: does a short trial measure what a 10x longer run of the same config measures?
+
+For each worker count, runs ``tunekit trial`` twice through the real CLI — once as configured, once with
+``trial.window_s`` multiplied by ``--factor`` — and prints a table (also written as CSV) of samples/s, the ratio
+between the two, and the trial's other figures (data wait, GPU busy, NVML utilization, memory, warm-up).
+
+    python benchmarks/trial_fidelity.py configs/resnet.yaml --workers 0 16 --batch 256 --out results/fidelity
+
+Target: |short / long - 1| <= 3 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def _trial(config: str, out: Path, sets: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "tunekit", "trial", config, "--out", str(out)]
+    for item in sets:
+        cmd += ["--set", item]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    print(proc.stdout.strip(), file=sys.stderr)
+    if proc.returncode != 0:
+        print(proc.stderr.strip(), file=sys.stderr)
+    latest = max((out / "trials").iterdir(), key=lambda p: int(p.name))
+    return json.loads((latest / "measurement.json").read_text())
+
+
+def _row(workers: int, short: dict, long: dict) -> dict:
+    gib = 2**30
+    ok = short["status"] == long["status"] == "ok"
+    return {
+        "workers": workers,
+        "status": f"{short['status']}/{long['status']}",
+        "samples_per_s": short.get("samples_per_s"),
+        "samples_per_s_10x": long.get("samples_per_s"),
+        "ratio": short["samples_per_s"] / long["samples_per_s"] if ok else None,
+        "noise_cv": short.get("noise_cv"),
+        "data_wait_frac": short.get("data_wait_frac"),
+        "gpu_busy_frac": short.get("gpu_busy_frac"),
+        "nvml_util_pct": short.get("nvml_util_gpu_pct"),
+        "peak_reserved_gib": (short.get("device_mem_peak_reserved_bytes") or 0) / gib,
+        "headroom": short.get("headroom"),
+        "host_mem_gib": (short.get("host_mem_peak_bytes") or 0) / gib,
+        "cpu_cores": short.get("cpu_util_cores"),
+        "warmup_s": short.get("warmup_s"),
+        "measured_s": short.get("measured_s"),
+        "measured_s_10x": long.get("measured_s"),
+        "device": short.get("device_name"),
+    }
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config")
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 16])
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--factor", type=float, default=10.0)
+    parser.add_argument("--set", dest="sets", action="append", default=[], help="extra --set for every trial")
+    parser.add_argument("--out", default="results/fidelity")
+    args = parser.parse_args()
+    window = yaml.safe_load(Path(args.config).read_text()).get("trial", {}).get("window_s", 3.0)
+    out = Path(args.out)
+    rows = []
+    for workers in args.workers:
+        base = [f"num_workers={workers}", f"batch_size={args.batch}", f"pin_memory={str(workers > 0).lower()}",
+                *args.sets]
+        short = _trial(args.config, out / f"w{workers}", base)
+        long = _trial(args.config, out / f"w{workers}-long", [*base, f"trial.window_s={window * args.factor}"])
+        rows.append(_row(workers, short, long))
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "fidelity.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    keys = list(rows[0])
+    print(" | ".join(keys))
+    for row in rows:
+        print(" | ".join(_fmt(row[k]) for k in keys))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""GPU-only checks of the measurement contract; skipped without CUDA (run them on a GPU machine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import sleepy_config
+from tunekit import config
+from tunekit.contract import Knobs, TrialSpec
+from tunekit.launcher import run_trial
+
+pytestmark = pytest.mark.gpu
+
+
+def _cnn_config() -> dict:
+    return sleepy_config(**{
+        "device": "cuda",
+        "workload.model": "tunekit.workloads.synthetic:small_cnn",
+        "workload.model_args": {"num_classes": 10, "width": 32},
+        "workload.dataset": "tunekit.workloads.synthetic:tensor_dataset",
+        "workload.dataset_args": {"shape": [3, 64, 64]},
+        "workload.precision": "bf16",
+        "workload.channels_last": True,
+    })
+
+
+def test_cuda_trial_fills_gpu_fields(tmp_path: Path):
+    cfg = config.from_dict(_cnn_config()).to_dict()
+    spec = TrialSpec(number=0, stage="test", mode="train", config=cfg,
+                     knobs=Knobs(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=64))
+    m = run_trial(spec, tmp_path / "t", 120)
+    assert m["status"] == "ok", m
+    assert 0 < m["gpu_busy_frac"] <= 1
+    assert m["nvml"]["samples"] > 0 and m["nvml_util_gpu_pct"] is not None
+    assert 0 < m["device_mem_peak_allocated_bytes"] <= m["device_mem_peak_reserved_bytes"]
+    assert m["device_mem_peak_reserved_bytes"] < m["device_mem_total_bytes"]
+    assert m["headroom_basis"] == "device" and 0 < m["headroom"] < 1
+    assert m["device"].startswith("cuda")
+
+
+def test_cuda_oom_is_classified(tmp_path: Path):
+    cfg = _cnn_config()
+    cfg["workload"]["model_args"] = {"num_classes": 10, "width": 512}
+    cfg["workload"]["dataset_args"] = {"shape": [3, 512, 512], "num_samples": 4096}
+    spec = TrialSpec(number=0, stage="test", mode="compute", config=config.from_dict(cfg).to_dict(),
+                     knobs=Knobs(batch_size=2048))
+    m = run_trial(spec, tmp_path / "t", 300)
+    assert m["status"] == "oom", m
