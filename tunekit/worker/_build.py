@@ -52,10 +52,13 @@ class Built:
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {name!r} was asked for but CUDA is not available here")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {name!r} was asked for but CUDA is not available here")
+        if device.index is None:  # memory and NVML queries need an explicit ordinal
+            device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 
