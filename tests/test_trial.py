@@ -130,9 +130,9 @@ def test_hung_loader_times_out_and_leaves_no_process(tmp_path: Path):
     cfg = sleepy_config(**{"workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "hang_at": 3,
                                                      "pid_dir": str(pids)}})
     t0 = time.monotonic()
-    m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4), tmp_path / "t", 8)
-    assert m["status"] == "timeout" and "timeout_s = 8" in m["reason"]
-    assert time.monotonic() - t0 < 30
+    m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4), tmp_path / "t", 15)
+    assert m["status"] == "timeout" and "timeout_s = 15" in m["reason"]
+    assert time.monotonic() - t0 < 40
     loader_pids = [int(p.name) for p in pids.iterdir()]
     assert len(loader_pids) == 2 and m["pid"] not in loader_pids  # the workers served samples
     assert not [pid for pid in [m["pid"], *loader_pids] if _alive(pid)]

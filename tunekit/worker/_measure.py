@@ -28,7 +28,11 @@ from tunekit.contract import TrialSpec
 from tunekit.worker._build import Built, build, make_loader, pick_device, to_device
 from tunekit.worker._monitor import Monitor, TreeCpu
 
-__all__ = ["measure"]
+__all__ = ["measure", "MIN_WINDOW_STEPS"]
+
+MIN_WINDOW_STEPS = 5
+"""A window lasts at least trial.window_s and at least this many optimizer steps: with second-long steps a
+window of two or three steps quantises throughput too coarsely to be stable."""
 
 
 @dataclass
@@ -139,7 +143,7 @@ def _run_window(loop: _Loop, device: torch.device, window_s: float, batch: int, 
             else:
                 loop.work(item)
         steps += 1
-        if time.perf_counter() - t0 >= window_s:
+        if time.perf_counter() - t0 >= window_s and steps >= MIN_WINDOW_STEPS:
             break
     _sync(device)
     wall = time.perf_counter() - t0

@@ -60,7 +60,7 @@ class Monitor:
     kept over the whole trial.
     """
 
-    def __init__(self, nvml: Any | None, host_period_s: float = 0.5, nvml_period_s: float = 0.2):
+    def __init__(self, nvml: Any | None, host_period_s: float = 1.0, nvml_period_s: float = 0.2):
         self._nvml = nvml
         self._host_period_s = host_period_s
         self._nvml_period_s = nvml_period_s if nvml is not None else host_period_s
