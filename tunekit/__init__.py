@@ -4,4 +4,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from tunekit.recommended import Recommended, load_recommended  # noqa: E402
+
+__all__ = ["__version__", "Recommended", "load_recommended"]

@@ -39,6 +39,60 @@ def cli(debug: bool) -> None:
 
 @cli.command()
 @click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Run folder (default results/<name>).")
+@click.option("--budget-min", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Wall-clock budget in minutes (default: budget.minutes).")
+@click.option("--strategy", type=click.Choice(["staged", "grid"]), default=None,
+              help="staged (default from the config) or grid (every combination).")
+@click.option("--resume/--no-resume", default=True, show_default=True,
+              help="Keep the finished trials of an earlier sweep in the same folder, or start again.")
+@click.option("--quiet", is_flag=True, help="No progress bar or trial log.")
+def sweep(config_path: str, out_dir: str | None, budget_min: float | None, strategy: str | None, resume: bool,
+          quiet: bool) -> None:
+    """Run short isolated trials, pick the throughput knee, write plots, report.md, trials.csv, study.db and
+    recommended.yaml under results/<name>/."""
+    from tunekit.driver import make_console, run_sweep
+    from tunekit.report import summary_table
+
+    cfg = config_mod.load(config_path)
+    run_dir = Path(out_dir or Path("results") / cfg.name)
+    result = run_sweep(cfg, run_dir, strategy=strategy or cfg.strategy,
+                       budget_minutes=budget_min or cfg.budget.minutes, resume=resume, quiet=quiet)
+    console = make_console(quiet)
+    console.print(summary_table(result.rows, result.summary))
+    _print_outcome(result.summary, run_dir)
+    if result.interrupted:
+        sys.exit(130)
+    if result.summary.knee.knee is None:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("run_dir", metavar="RUN_DIR", type=click.Path(file_okay=False))
+def report(run_dir: str) -> None:
+    """Rebuild a run's outputs (trials.csv, report.md, recommended.yaml) from its study; re-runs nothing."""
+    from tunekit.driver import make_console
+    from tunekit.report import rebuild, summary_table
+
+    _, rows, summary = rebuild(Path(run_dir))
+    make_console().print(summary_table(rows, summary))
+    _print_outcome(summary, Path(run_dir))
+
+
+def _print_outcome(summary: Any, run_dir: Path) -> None:
+    knee = summary.knee
+    if knee.knee is None:
+        click.echo(knee.reason)
+        return
+    click.echo(knee.reason)
+    if summary.speedup_vs_defaults:
+        click.echo(f"{summary.speedup_vs_defaults:.2f}x the PyTorch defaults (0 workers, no pinning).")
+    click.echo(f"-> {run_dir / 'recommended.yaml'}")
+
+
+@cli.command()
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
 def validate(config_path: str) -> None:
     """Check a config file strictly (keys, types, ranges, choices, import paths). Needs no GPU."""
     cfg = config_mod.load(config_path)

@@ -20,6 +20,7 @@ __all__ = [
     "KNOB_NAMES",
     "MODES",
     "write_json_atomic",
+    "write_text_atomic",
     "read_json",
     "failed_measurement",
 ]
@@ -97,21 +98,25 @@ class TrialSpec:
         )
 
 
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Write JSON so that readers see the old file or the whole new one, never a torn write."""
+def write_text_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
+    """Write a file so that readers see the old file or the whole new one, never a torn write."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False, default=str)
-            fh.write("\n")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text.encode() if isinstance(text, str) else text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+    """Write JSON atomically (see :func:`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

@@ -46,6 +46,8 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=_child_env(),
         )
+        pid_file = trial_dir / "worker.pid"
+        pid_file.write_text(str(proc.pid))  # lets a resumed sweep kill a trial its dead predecessor left running
         timed_out = False
         try:
             proc.wait(timeout=timeout_s)
@@ -56,6 +58,7 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
             raise
         finally:
             _kill_tree(proc)
+            pid_file.unlink(missing_ok=True)
     wall = time.perf_counter() - t0
     result = _outcome(spec, proc.returncode, timed_out, timeout_s, out_path, trial_dir / "worker.log")
     result.update(returncode=proc.returncode, launcher_wall_s=wall, pid=proc.pid)

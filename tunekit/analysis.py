@@ -1,0 +1,183 @@
+"""From finished trials to decisions: the typed trial rows, the knee, the batch choice and the trials table.
+
+Selection (DESIGN.md): among completed end-to-end trials with headroom >= min_headroom, ordered by cost
+(workers, then prefetch, pin_memory, compile time, then batch and accumulation), the knee is the cheapest config
+whose throughput is not distinguishably below the best: its shortfall is within max(tolerance, the window noise of
+the two trials). Too few points, or none completed, gives no recommendation and a sentence why — never a guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunekit.config import Selection
+from tunekit.contract import Knobs
+
+__all__ = ["TrialRow", "Knee", "select_knee", "choose_batch", "rows_from_measurements", "trials_frame",
+           "cost_key", "MIN_POINTS"]
+
+MIN_POINTS = 2
+"""Completed candidates a knee needs: with one point there is nothing to compare."""
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One finished trial, as the analysis sees it."""
+
+    number: int
+    stage: str
+    mode: str
+    knobs: Knobs
+    status: str
+    reason: str = ""
+    samples_per_s: float | None = None
+    noise_cv: float = 0.0
+    headroom: float | None = None
+    compile_s: float = 0.0
+    measurement: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.samples_per_s is not None
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (self.stage, self.mode, *self.knobs.to_dict().values())
+
+    @classmethod
+    def from_measurement(cls, m: dict[str, Any]) -> TrialRow:
+        params = {k: v for k, v in (m.get("params") or {}).items() if k in Knobs.__dataclass_fields__}
+        return cls(
+            number=int(m.get("number", -1)),
+            stage=str(m.get("stage", "")),
+            mode=str(m.get("mode", "train")),
+            knobs=Knobs(**params),
+            status=str(m.get("status")),
+            reason=str(m.get("reason") or ""),
+            samples_per_s=m.get("samples_per_s"),
+            noise_cv=float(m.get("noise_cv") or 0.0),
+            headroom=m.get("headroom"),
+            compile_s=float(m.get("compile_s") or 0.0),
+            measurement=m,
+        )
+
+
+def rows_from_measurements(measurements: list[dict[str, Any]]) -> list[TrialRow]:
+    return [TrialRow.from_measurement(m) for m in measurements]
+
+
+def cost_key(row: TrialRow) -> tuple[Any, ...]:
+    """The cost order: fewer workers, then less prefetch, no pinning, less compile time, smaller batch."""
+    k = row.knobs
+    return (k.num_workers, k.prefetch_factor or 0, k.pin_memory, round(row.compile_s, 1), k.batch_size,
+            k.grad_accum)
+
+
+@dataclass(frozen=True)
+class Knee:
+    """The selection's result. ``knee`` is None when there is no recommendation; ``reason`` says why either way."""
+
+    knee: TrialRow | None
+    best: TrialRow | None
+    ratio: float | None
+    threshold: float | None
+    reason: str
+    candidates: tuple[TrialRow, ...] = ()
+    excluded_for_headroom: tuple[TrialRow, ...] = ()
+
+
+def _fits(row: TrialRow, selection: Selection) -> bool:
+    return row.headroom is None or row.headroom >= selection.min_headroom
+
+
+def select_knee(rows: list[TrialRow], selection: Selection) -> Knee:
+    """The cheapest config within noise of the best (see the module docstring)."""
+    completed = [r for r in rows if r.ok and r.mode == "train"]
+    fitting = [r for r in completed if _fits(r, selection)]
+    too_tight = tuple(r for r in completed if not _fits(r, selection))
+    if not completed:
+        failed = [r for r in rows if not r.ok]
+        why = f"all {len(failed)} trials failed" if failed else "no end-to-end trial has run"
+        return Knee(None, None, None, None, f"No recommendation: {why}.")
+    if len(fitting) < MIN_POINTS:
+        extra = (f" ({len(too_tight)} more left less than {selection.min_headroom:.0%} memory headroom)"
+                 if too_tight else "")
+        return Knee(None, max(fitting, key=_rate) if fitting else None, None, None,
+                    f"No recommendation: only {len(fitting)} config completed within the headroom limit{extra}; "
+                    f"a knee needs at least {MIN_POINTS} to compare.", tuple(fitting), too_tight)
+    best = max(fitting, key=_rate)
+    eligible = []
+    for row in fitting:
+        allowed = max(selection.tolerance, row.noise_cv, best.noise_cv)
+        if _rate(row) >= _rate(best) * (1.0 - allowed):
+            eligible.append(row)
+    knee = min(eligible, key=cost_key)
+    allowed = max(selection.tolerance, knee.noise_cv, best.noise_cv)
+    ratio = _rate(knee) / _rate(best)
+    if knee is best:
+        reason = (f"The best config is also the cheapest within {allowed:.1%} of it "
+                  f"({_rate(best):.1f} samples/s).")
+    else:
+        reason = (f"Knee: {_describe(knee.knobs)} reaches {ratio:.1%} of the best ({_rate(knee):.1f} vs "
+                  f"{_rate(best):.1f} samples/s); the shortfall is within max(tolerance {selection.tolerance:.1%}, "
+                  f"window noise {max(knee.noise_cv, best.noise_cv):.1%}), and it is cheaper than "
+                  f"{_describe(best.knobs)}.")
+    return Knee(knee, best, ratio, allowed, reason, tuple(fitting), too_tight)
+
+
+def choose_batch(compute_rows: list[TrialRow], selection: Selection) -> int | None:
+    """The batch for the end-to-end stages: the smallest batch whose compute-ceiling throughput is within
+    max(tolerance, noise) of the best batch that fits the headroom limit."""
+    fitting = [r for r in compute_rows if r.ok and _fits(r, selection)]
+    if not fitting:
+        return None
+    best = max(fitting, key=_rate)
+    within = [r for r in fitting
+              if _rate(r) >= _rate(best) * (1.0 - max(selection.tolerance, r.noise_cv, best.noise_cv))]
+    return min(r.knobs.batch_size for r in within)
+
+
+def _rate(row: TrialRow) -> float:
+    return float(row.samples_per_s or 0.0)
+
+
+def _describe(k: Knobs) -> str:
+    parts = [f"{k.num_workers} workers"]
+    if k.num_workers:
+        parts.append(f"prefetch {k.prefetch_factor}")
+    parts.append("pinned" if k.pin_memory else "not pinned")
+    parts.append(f"batch {k.batch_size}")
+    if k.grad_accum > 1:
+        parts.append(f"accumulation {k.grad_accum}")
+    if k.compile != "none":
+        parts.append(f"compile {k.compile}")
+    return ", ".join(parts)
+
+
+describe_knobs = _describe
+
+_SCALAR_TYPES = (int, float, str, bool, type(None))
+
+
+def trials_frame(rows: list[TrialRow]) -> Any:
+    """A tidy pandas DataFrame, one row per trial: stage, mode, every knob, status, reason, every scalar field."""
+    import pandas as pd
+
+    records = []
+    for row in sorted(rows, key=lambda r: r.number):
+        rec: dict[str, Any] = {"number": row.number, "stage": row.stage, "mode": row.mode,
+                               **row.knobs.to_dict(), "non_blocking": row.knobs.non_blocking,
+                               "status": row.status, "reason": row.reason}
+        for key, value in row.measurement.items():
+            if key in rec or key == "params":
+                continue
+            if isinstance(value, _SCALAR_TYPES):
+                rec[key] = value
+            elif key == "samples_per_s_windows":
+                rec[key] = " ".join(f"{v:.2f}" for v in value)
+        records.append(rec)
+    frame = pd.DataFrame.from_records(records)
+    if "prefetch_factor" in frame:
+        frame["prefetch_factor"] = frame["prefetch_factor"].astype("Int64")  # integers with gaps, not floats
+    return frame

@@ -1,0 +1,179 @@
+"""The sweep driver: plan -> launch -> record, until the plan is done or the budget is spent.
+
+Never imports torch and never creates a CUDA context (it must not hold GPU memory that would distort headroom,
+and a broken CUDA state must die with its trial). Interrupting a sweep (Ctrl-C, SIGTERM) kills the running trial's
+process tree, records it as interrupted and still writes the outputs of the finished trials.
+"""
+
+from __future__ import annotations
+
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tunekit import plan, report, store
+from tunekit.analysis import TrialRow, describe_knobs
+from tunekit.config import Config
+from tunekit.contract import TrialSpec, write_json_atomic, write_text_atomic
+from tunekit.launcher import run_trial
+
+__all__ = ["SweepResult", "run_sweep", "probe_cuda", "make_console"]
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    run_dir: Path
+    rows: list[TrialRow]
+    summary: report.RunSummary
+    interrupted: bool
+    ran: int
+
+
+def make_console(quiet: bool = False) -> Any:
+    """A stderr console; without a terminal (CI logs) it is wide enough for the trial table."""
+    from rich.console import Console
+
+    console = Console(stderr=True, quiet=quiet)
+    if not console.is_terminal:
+        console = Console(stderr=True, quiet=quiet, width=160)
+    return console
+
+
+def probe_cuda(device: str) -> bool:
+    """Whether trials will run on CUDA, asked of a short-lived subprocess (this process never imports torch)."""
+    if device == "cpu":
+        return False
+    code = "import torch; print(torch.cuda.is_available())"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return False
+    return out.stdout.strip() == "True"
+
+
+class _Budget:
+    def __init__(self, minutes: float, max_trials: int):
+        self.deadline = time.monotonic() + minutes * 60
+        self.minutes = minutes
+        self.max_trials = max_trials
+        self.durations: list[float] = []
+
+    def stop_reason(self, total_trials: int) -> str | None:
+        if total_trials >= self.max_trials:
+            return f"budget.max_trials = {self.max_trials} reached"
+        expected = statistics.median(self.durations) if self.durations else 0.0
+        if time.monotonic() + expected > self.deadline:
+            return (f"budget.minutes = {self.minutes:g} would be exceeded by another trial "
+                    f"(~{expected:.0f} s each)")
+        return None
+
+
+def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: float, resume: bool,
+              quiet: bool = False) -> SweepResult:
+    """Run (or resume) a sweep into ``run_dir`` and write its outputs."""
+    console = make_console(quiet)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    study = store.open_study(run_dir, cfg, resume=resume)
+    recovered = store.recover_running(study, run_dir)
+    if recovered:
+        console.print(f"resuming: trial(s) {recovered} were running when the last sweep stopped; they run again")
+    write_text_atomic(run_dir / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    from tunekit.envinfo import snapshot
+
+    write_json_atomic(run_dir / "env.json", snapshot())
+    cuda = probe_cuda(cfg.device)
+    rows = store.finished_rows(study)
+    if rows:
+        console.print(f"resuming: {len(rows)} finished trial(s) in {run_dir / store.STUDY_FILE} are kept")
+    budget = _Budget(budget_minutes, cfg.budget.max_trials)
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    interrupted, stop_reason, ran = False, "", 0
+    try:
+        with _Progress(console, plan.estimate_total(cfg, rows, strategy=strategy, cuda=cuda), len(rows)) as bar:
+            while not stop_reason:
+                requests = plan.next_requests(cfg, rows, strategy=strategy, cuda=cuda)
+                if not requests:
+                    break
+                for req in requests:
+                    stop_reason = budget.stop_reason(len(study.trials)) or ""
+                    if stop_reason:
+                        break
+                    bar.starting(req)
+                    row = _run_one(study, cfg, run_dir, req)
+                    rows.append(row)
+                    ran += 1
+                    budget.durations.append(float(row.measurement.get("launcher_wall_s") or 0.0))
+                    bar.finished(row, plan.estimate_total(cfg, rows, strategy=strategy, cuda=cuda))
+    except KeyboardInterrupt:
+        interrupted, stop_reason = True, "interrupted; rerun the same command to resume"
+        console.print("interrupted: the running trial was stopped; writing outputs for the finished trials")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    write_json_atomic(run_dir / "sweep.json", {"strategy": strategy, "stop_reason": stop_reason,
+                                               "interrupted": interrupted})
+    summary = report.summarize(cfg, rows, strategy=strategy, stop_reason=stop_reason)
+    report.write_outputs(run_dir, cfg, rows, summary)
+    return SweepResult(run_dir, rows, summary, interrupted, ran)
+
+
+def _run_one(study: Any, cfg: Config, run_dir: Path, req: plan.Request) -> TrialRow:
+    trial = store.start_trial(study, cfg, req.stage, req.mode, req.knobs.to_dict())
+    spec = TrialSpec(number=trial.number, stage=req.stage, mode=req.mode, knobs=req.knobs, config=cfg.to_dict())
+    try:
+        measurement = run_trial(spec, run_dir / "trials" / str(trial.number), cfg.trial.timeout_s)
+    except BaseException:
+        store.interrupt_trial(study, trial)
+        raise
+    store.finish_trial(study, trial, measurement)
+    return TrialRow.from_measurement({**measurement, "number": trial.number})
+
+
+class _Progress:
+    """A live bar (trials done / planned, elapsed, ETA, current stage and knobs, last samples/s) plus one log
+    line per finished trial, so logs without a terminal still show progress."""
+
+    def __init__(self, console: Any, total: int, done: int):
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.console = console
+        self.progress = Progress(
+            TextColumn("[bold]{task.fields[stage]:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[current]}"),
+            TextColumn("[dim]{task.fields[last]}"), console=console, transient=False,
+        )
+        self.task = self.progress.add_task("sweep", total=total, completed=done, stage="", current="", last="")
+
+    def __enter__(self) -> _Progress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def starting(self, req: plan.Request) -> None:
+        self.progress.update(self.task, stage=req.stage, current=f"{req.mode}: {describe_knobs(req.knobs)}")
+
+    def finished(self, row: TrialRow, total: int) -> None:
+        last = f"last {row.samples_per_s:.1f}/s" if row.ok else f"last {row.status}"
+        self.progress.update(self.task, advance=1, total=total, last=last)
+        result = f"{row.samples_per_s:.1f} samples/s" if row.ok else f"{row.status}: {row.reason}"
+        self.progress.console.print(f"trial {row.number} [{row.stage}/{row.mode}] {describe_knobs(row.knobs)}: "
+                                    f"{result}", highlight=False)

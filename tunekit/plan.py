@@ -1,0 +1,156 @@
+"""Which trials a sweep runs, stage by stage.
+
+``staged`` follows the seeds' order from the outside in: (1) compute ceiling per batch size, (2) loader ceiling
+per worker count, (3) end to end workers x pin_memory at the chosen batch, (4) prefetch_factor at the knee,
+(5) compile modes at the knee, (6) accumulation to reach target_effective_batch. Each stage depends on what the
+earlier ones measured, so the plan is recomputed from the finished trials every time the driver asks; a request
+that already has a finished trial is never returned again. ``grid`` runs every valid combination.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from tunekit.analysis import TrialRow, choose_batch, select_knee
+from tunekit.config import Config
+from tunekit.contract import Knobs
+
+__all__ = ["Request", "STAGES", "next_requests", "estimate_total"]
+
+STAGES: tuple[str, ...] = ("compute", "loader", "end_to_end", "prefetch", "compile", "accumulation", "grid")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One trial the plan wants: its stage, mode and knobs. Equal requests are the same trial."""
+
+    stage: str
+    mode: str
+    knobs: Knobs
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (self.stage, self.mode, *self.knobs.to_dict().values())
+
+
+def _pins(cfg: Config, cuda: bool) -> list[bool]:
+    # Pinned memory only means something with a CUDA device; on the CPU it would be the same trial twice.
+    pins = [p for p in cfg.search.pin_memory if cuda or not p]
+    return pins or [False]
+
+
+def _base(cfg: Config) -> dict[str, Any]:
+    s = cfg.search
+    return {
+        "prefetch_factor": s.prefetch_factor[0],
+        "grad_accum": 1 if s.target_effective_batch else s.grad_accum[0],
+        "compile": "none" if "none" in s.compile else s.compile[0],
+    }
+
+
+def _grid(cfg: Config, cuda: bool) -> list[Request]:
+    s = cfg.search
+    out: list[Request] = []
+    accums = s.grad_accum
+    for w, pin, batch, accum, comp in itertools.product(s.num_workers, _pins(cfg, cuda), s.batch_size, accums,
+                                                         s.compile):
+        prefetches = s.prefetch_factor if w > 0 else [None]
+        for pf in prefetches:
+            knobs = Knobs(num_workers=w, prefetch_factor=pf, pin_memory=pin, batch_size=batch, grad_accum=accum,
+                          compile=comp)
+            out.append(Request("grid", "train", knobs))
+    return out
+
+
+def _done(rows: list[TrialRow], stage: str) -> list[TrialRow]:
+    return [r for r in rows if r.stage == stage]
+
+
+def _pending(requests: list[Request], rows: list[TrialRow]) -> list[Request]:
+    finished = {r.key for r in rows}
+    return [q for q in requests if q.key not in finished]
+
+
+def _compute_stage(cfg: Config, rows: list[TrialRow]) -> list[Request]:
+    """Batch sizes in ascending order, stopping at the first OOM or the first batch over the headroom limit."""
+    base = _base(cfg)
+    done = {r.knobs.batch_size: r for r in _done(rows, "compute")}
+    for batch in cfg.search.batch_size:
+        row = done.get(batch)
+        if row is None:
+            knobs = Knobs(num_workers=0, batch_size=batch, pin_memory=False, **base)
+            return [Request("compute", "compute", knobs)]
+        if row.status == "oom" or (row.ok and row.headroom is not None
+                                   and row.headroom < cfg.selection.min_headroom):
+            return []  # never try a larger batch after one that did not fit
+    return []
+
+
+def _staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
+    s, base = cfg.search, _base(cfg)
+    compute = _compute_stage(cfg, rows)
+    if compute:
+        return compute
+    batch = choose_batch(_done(rows, "compute"), cfg.selection)
+    if batch is None:
+        return []
+    pins = _pins(cfg, cuda)
+    pin_loader = pins[-1]
+    loader = [Request("loader", "loader", Knobs(num_workers=w, batch_size=batch, pin_memory=pin_loader, **base))
+              for w in s.num_workers]
+    if _pending(loader, rows):
+        return _pending(loader, rows)
+    e2e = [Request("end_to_end", "train", Knobs(num_workers=w, batch_size=batch, pin_memory=p, **base))
+           for w in s.num_workers for p in pins]
+    if _pending(e2e, rows):
+        return _pending(e2e, rows)
+    knee = select_knee(_done(rows, "end_to_end"), cfg.selection).knee
+    if knee is None:
+        return []
+    k = knee.knobs
+    if k.num_workers > 0:
+        prefetch = [Request("prefetch", "train", Knobs(**{**k.to_dict(), "prefetch_factor": pf}))
+                    for pf in s.prefetch_factor if pf != k.prefetch_factor]
+        if _pending(prefetch, rows):
+            return _pending(prefetch, rows)
+        knee = select_knee(_done(rows, "end_to_end") + _done(rows, "prefetch"), cfg.selection).knee or knee
+        k = knee.knobs
+    compile_ = [Request("compile", "train", Knobs(**{**k.to_dict(), "compile": c}))
+                for c in s.compile if c != k.compile]
+    if _pending(compile_, rows):
+        return _pending(compile_, rows)
+    if s.target_effective_batch:
+        ref = select_knee([r for r in rows if r.stage in ("end_to_end", "prefetch", "compile")], cfg.selection)
+        k = (ref.knee or knee).knobs
+        fits = {r.knobs.batch_size for r in _done(rows, "compute")
+                if r.ok and (r.headroom is None or r.headroom >= cfg.selection.min_headroom)}
+        accum = [Request("accumulation", "train",
+                         Knobs(**{**k.to_dict(), "batch_size": b, "grad_accum": s.target_effective_batch // b}))
+                 for b in s.batch_size if s.target_effective_batch % b == 0 and b in fits]
+        return _pending(accum, rows)
+    return []
+
+
+def next_requests(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> list[Request]:
+    """The trials to run next (all of one stage), given every finished trial; empty when the sweep is done."""
+    if strategy == "grid":
+        return _pending(_grid(cfg, cuda), rows)
+    return _staged(cfg, rows, cuda)
+
+
+def estimate_total(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> int:
+    """Trials the sweep will likely run in all (finished ones included), for the progress bar."""
+    if strategy == "grid":
+        return len(_grid(cfg, cuda))
+    s = cfg.search
+    pins = len(_pins(cfg, cuda))
+    computed = _done(rows, "compute")
+    stopped = any(r.status == "oom" or (r.ok and r.headroom is not None and r.headroom < cfg.selection.min_headroom)
+                  for r in computed)
+    n_compute = len(computed) if stopped else len(s.batch_size)
+    total = n_compute + len(s.num_workers) * (1 + pins) + (len(s.prefetch_factor) - 1) + (len(s.compile) - 1)
+    if s.target_effective_batch:
+        total += sum(1 for b in s.batch_size if s.target_effective_batch % b == 0)
+    return max(total, len(rows))

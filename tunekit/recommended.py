@@ -1,0 +1,101 @@
+"""recommended.yaml: what a sweep recommends, in a form a training script loads without a GPU or torch.
+
+    rec = tunekit.load_recommended("recommended.yaml")
+    loader = DataLoader(dataset, **rec.dataloader_kwargs())
+    x = x.to(device, non_blocking=rec.non_blocking)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tunekit.errors import ConfigError
+
+__all__ = ["Recommended", "load_recommended", "recommendation_dict"]
+
+
+@dataclass(frozen=True)
+class Recommended:
+    """The settings from recommended.yaml."""
+
+    batch_size: int
+    num_workers: int
+    prefetch_factor: int | None
+    pin_memory: bool
+    persistent_workers: bool
+    non_blocking: bool
+    grad_accum: int
+    compile: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def dataloader_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``torch.utils.data.DataLoader`` (prefetch/persistence only with workers)."""
+        kwargs: dict[str, Any] = {"batch_size": self.batch_size, "num_workers": self.num_workers,
+                                  "pin_memory": self.pin_memory}
+        if self.num_workers > 0:
+            kwargs["prefetch_factor"] = self.prefetch_factor
+            kwargs["persistent_workers"] = self.persistent_workers
+        return kwargs
+
+    @property
+    def compile_mode(self) -> str | None:
+        """The torch.compile mode (None: do not compile; "default": ``torch.compile(model)``)."""
+        return None if self.compile == "none" else self.compile
+
+    def compile_model(self, model: Any) -> Any:
+        """``model`` compiled as recommended, or unchanged when the recommendation is not to compile."""
+        if self.compile_mode is None:
+            return model
+        import torch
+
+        return torch.compile(model, mode=None if self.compile_mode == "default" else self.compile_mode)
+
+
+def recommendation_dict(knobs: dict[str, Any], evidence: dict[str, Any]) -> dict[str, Any]:
+    workers = int(knobs["num_workers"])
+    return {
+        "dataloader": {
+            "batch_size": int(knobs["batch_size"]),
+            "num_workers": workers,
+            "prefetch_factor": knobs.get("prefetch_factor") if workers > 0 else None,
+            "pin_memory": bool(knobs["pin_memory"]),
+            "persistent_workers": workers > 0,
+        },
+        "training": {
+            "non_blocking": bool(knobs["pin_memory"]),
+            "grad_accum": int(knobs.get("grad_accum", 1)),
+            "compile": str(knobs.get("compile", "none")),
+        },
+        "evidence": evidence,
+    }
+
+
+def load_recommended(path: str | os.PathLike[str]) -> Recommended:
+    """Load a recommended.yaml written by ``tunekit sweep``.
+
+    Raises:
+        ConfigError: the file is missing, not YAML, or lacks a required key (one line naming it).
+    """
+    label = str(path)
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError([f"{label}: cannot read recommendation: {exc.strerror or exc}"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{label}: invalid YAML: {str(exc).splitlines()[0]}"]) from None
+    try:
+        dl, tr = data["dataloader"], data["training"]
+        return Recommended(
+            batch_size=int(dl["batch_size"]), num_workers=int(dl["num_workers"]),
+            prefetch_factor=dl.get("prefetch_factor"), pin_memory=bool(dl["pin_memory"]),
+            persistent_workers=bool(dl.get("persistent_workers", False)),
+            non_blocking=bool(tr.get("non_blocking", dl["pin_memory"])), grad_accum=int(tr.get("grad_accum", 1)),
+            compile=str(tr.get("compile", "none")), evidence=dict(data.get("evidence") or {}),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError([f"{label}: not a tunekit recommendation: missing or bad key {exc}"]) from None

@@ -1,0 +1,187 @@
+"""A run's outputs, rebuilt from its finished trials: trials.csv, recommended.yaml, report.md, console summary.
+
+Compute, then render: :func:`summarize` turns rows into a :class:`RunSummary`; the writers only format it.
+``tunekit report RUN_DIR`` calls :func:`rebuild`, which reads the study and re-runs nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tunekit.analysis import Knee, TrialRow, describe_knobs, select_knee, trials_frame
+from tunekit.config import Config
+from tunekit.contract import read_json, write_text_atomic
+from tunekit.recommended import recommendation_dict
+
+__all__ = ["RunSummary", "summarize", "write_outputs", "rebuild", "summary_table"]
+
+_SELECTED_STAGES = ("end_to_end", "prefetch", "compile", "grid")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a run found: the knee over its end-to-end trials, and the PyTorch-defaults baseline."""
+
+    name: str
+    strategy: str
+    knee: Knee
+    defaults: TrialRow | None
+    trials: int
+    failed: int
+    device: str | None
+    versions: dict[str, Any]
+    date: str
+    stop_reason: str = ""
+
+    @property
+    def speedup_vs_defaults(self) -> float | None:
+        if self.knee.knee is None or self.defaults is None or not self.defaults.samples_per_s:
+            return None
+        return float(self.knee.knee.samples_per_s or 0) / self.defaults.samples_per_s
+
+
+def _final_rows(cfg: Config, rows: list[TrialRow]) -> list[TrialRow]:
+    if cfg.search.target_effective_batch and any(r.stage == "accumulation" for r in rows):
+        return [r for r in rows if r.stage == "accumulation"]
+    return [r for r in rows if r.stage in _SELECTED_STAGES]
+
+
+def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: str = "") -> RunSummary:
+    knee = select_knee(_final_rows(cfg, rows), cfg.selection)
+    if knee.knee is not None and cfg.search.target_effective_batch and knee.knee.stage == "accumulation":
+        # accumulation: the micro-batch x steps that reach the target at the highest samples/s
+        best = knee.best
+        knee = Knee(best, best, 1.0, knee.threshold,
+                    f"Effective batch {cfg.search.target_effective_batch} is reached fastest with micro-batch "
+                    f"{best.knobs.batch_size} x {best.knobs.grad_accum} accumulation steps "
+                    f"({best.samples_per_s:.1f} samples/s).", knee.candidates, knee.excluded_for_headroom)
+    batch = knee.knee.knobs.batch_size if knee.knee else None
+    defaults = next((r for r in rows if r.ok and r.mode == "train" and r.knobs.num_workers == 0
+                     and not r.knobs.pin_memory and r.knobs.batch_size == batch and r.knobs.compile == "none"
+                     and r.knobs.grad_accum == (knee.knee.knobs.grad_accum if knee.knee else 1)), None)
+    ref = knee.knee or knee.best or next((r for r in rows if r.ok), None)
+    m = ref.measurement if ref else {}
+    return RunSummary(
+        name=cfg.name, strategy=strategy, knee=knee, defaults=defaults, trials=len(rows),
+        failed=sum(1 for r in rows if not r.ok), device=m.get("device_name"), versions=m.get("versions") or {},
+        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), stop_reason=stop_reason,
+    )
+
+
+def _evidence(s: RunSummary) -> dict[str, Any]:
+    knee, best = s.knee.knee, s.knee.best
+    assert knee is not None and best is not None
+    m = knee.measurement
+    return {
+        "samples_per_s": round(float(knee.samples_per_s or 0), 2),
+        "best_samples_per_s": round(float(best.samples_per_s or 0), 2),
+        "ratio": round(float(s.knee.ratio or 0), 4),
+        "best_config": best.knobs.to_dict(),
+        "defaults_samples_per_s": round(float(s.defaults.samples_per_s or 0), 2) if s.defaults else None,
+        "speedup_vs_defaults": round(s.speedup_vs_defaults, 3) if s.speedup_vs_defaults else None,
+        "headroom": round(float(knee.headroom), 4) if knee.headroom is not None else None,
+        "headroom_basis": m.get("headroom_basis"),
+        "noise_cv": round(knee.noise_cv, 4),
+        "within": round(float(s.knee.threshold or 0), 4),
+        "data_wait_frac": m.get("data_wait_frac"),
+        "gpu_busy_frac": m.get("gpu_busy_frac"),
+        "verdict": None,
+        "reason": s.knee.reason,
+        "device": s.device,
+        "versions": s.versions,
+        "date": s.date,
+        "run": {"name": s.name, "strategy": s.strategy, "trials": s.trials, "knee_trial": knee.number},
+    }
+
+
+def write_outputs(run_dir: Path, cfg: Config, rows: list[TrialRow], summary: RunSummary) -> None:
+    """Write trials.csv, recommended.yaml (removed when there is no recommendation) and report.md, atomically."""
+    buf = io.StringIO()
+    trials_frame(rows).to_csv(buf, index=False)
+    write_text_atomic(run_dir / "trials.csv", buf.getvalue())
+    rec_path = run_dir / "recommended.yaml"
+    if summary.knee.knee is not None:
+        data = recommendation_dict(summary.knee.knee.knobs.to_dict(), _evidence(summary))
+        header = (f"# tunekit recommendation for {summary.name} on {summary.device} ({summary.date}).\n"
+                  "# Load it with: tunekit.load_recommended(path).dataloader_kwargs()\n")
+        write_text_atomic(rec_path, header + yaml.safe_dump(data, sort_keys=False))
+    else:
+        rec_path.unlink(missing_ok=True)
+    write_text_atomic(run_dir / "report.md", _report_md(cfg, rows, summary))
+
+
+def _fmt(v: Any, spec: str = ".1f") -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def _report_md(cfg: Config, rows: list[TrialRow], s: RunSummary) -> str:
+    out = [f"# tunekit report: {s.name}", "",
+           f"{s.strategy} sweep, {s.trials} trials ({s.failed} failed) on {s.device or 'unknown device'}, {s.date}.",
+           ""]
+    if s.stop_reason:
+        out += [f"Stopped early: {s.stop_reason}", ""]
+    out += ["## Recommendation", ""]
+    if s.knee.knee is None:
+        out += [s.knee.reason, ""]
+    else:
+        k = s.knee.knee
+        out += [f"**{describe_knobs(k.knobs)}** — {k.samples_per_s:.1f} samples/s "
+                f"(trial {k.number}, noise {k.noise_cv:.1%}).", "", s.knee.reason, ""]
+        if s.defaults is not None:
+            out += [f"PyTorch defaults (0 workers, no pinning, same batch): {s.defaults.samples_per_s:.1f} samples/s; "
+                    f"the recommendation is {s.speedup_vs_defaults:.2f}× that.", ""]
+        if k.headroom is not None:
+            out += [f"Memory headroom at the knee: {k.headroom:.1%} ({k.measurement.get('headroom_basis')}).", ""]
+    out += ["## Trials", "", "| # | stage | mode | workers | prefetch | pin | batch | accum | compile | status | "
+            "samples/s | noise | data wait | headroom |", "|" + " --- |" * 14]
+    for r in sorted(rows, key=lambda r: r.number):
+        k = r.knobs
+        status = r.status if r.ok else f"{r.status}: {r.reason}"
+        out.append(f"| {r.number} | {r.stage} | {r.mode} | {k.num_workers} | {k.prefetch_factor or '—'} | "
+                   f"{'yes' if k.pin_memory else 'no'} | {k.batch_size} | {k.grad_accum} | {k.compile} | "
+                   f"{status.replace('|', '/')} | {_fmt(r.samples_per_s)} | {_fmt(r.noise_cv, '.1%')} | "
+                   f"{_fmt(r.measurement.get('data_wait_frac'), '.1%')} | {_fmt(r.headroom, '.1%')} |")
+    return "\n".join(out) + "\n"
+
+
+def summary_table(rows: list[TrialRow], summary: RunSummary) -> Any:
+    """A rich Table of the trials, knee and best marked, for the console."""
+    from rich.table import Table
+
+    table = Table(title=f"{summary.name}: {summary.trials} trials", show_lines=False)
+    for col in ("#", "stage", "workers", "pf", "pin", "batch", "accum", "compile", "status", "samples/s", "noise",
+                "wait"):
+        table.add_column(col, justify="right" if col not in ("stage", "status", "compile") else "left")
+    knee, best = summary.knee.knee, summary.knee.best
+    for r in sorted(rows, key=lambda r: r.number):
+        mark = " ◀ knee" if knee is not None and r.number == knee.number else ""
+        mark += " ★ best" if best is not None and r.number == best.number and r is not knee else ""
+        k = r.knobs
+        table.add_row(str(r.number), r.stage, str(k.num_workers), str(k.prefetch_factor or "-"),
+                      "y" if k.pin_memory else "n", str(k.batch_size), str(k.grad_accum), k.compile,
+                      (r.status if r.ok else f"{r.status}: {r.reason[:40]}") + mark, _fmt(r.samples_per_s),
+                      _fmt(r.noise_cv, ".1%"), _fmt(r.measurement.get("data_wait_frac"), ".0%"))
+    return table
+
+
+def rebuild(run_dir: Path) -> tuple[Config, list[TrialRow], RunSummary]:
+    """Rebuild a run's outputs from study.db alone (no trial is re-run, no GPU needed)."""
+    from tunekit import config as config_mod
+    from tunekit.errors import UsageError
+    from tunekit.store import STUDY_FILE, finished_rows, load_study
+
+    if not (run_dir / STUDY_FILE).exists():
+        raise UsageError(f"{run_dir}: no {STUDY_FILE} here; give the folder of a tunekit sweep")
+    study = load_study(run_dir)
+    cfg = config_mod.from_dict(study.user_attrs["config"], source=str(run_dir / STUDY_FILE))
+    rows = finished_rows(study)
+    meta = read_json(run_dir / "sweep.json") if (run_dir / "sweep.json").exists() else {}
+    summary = summarize(cfg, rows, strategy=meta.get("strategy", cfg.strategy), stop_reason=meta.get("stop_reason", ""))
+    write_outputs(run_dir, cfg, rows, summary)
+    return cfg, rows, summary
