@@ -1,0 +1,70 @@
+"""Knee selection on saved measurement fixtures (tests/fixtures/knee_cases.json)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import REPO
+from tunekit.analysis import choose_batch, rows_from_measurements, select_knee, trials_frame
+from tunekit.config import Selection
+
+CASES = json.loads((REPO / "tests" / "fixtures" / "knee_cases.json").read_text())
+SELECTION = Selection(tolerance=0.03, min_headroom=0.10)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_knee_cases(name: str):
+    case = CASES[name]
+    result = select_knee(rows_from_measurements(case["trials"]), SELECTION)
+    if case["expect_workers"] is None:
+        assert result.knee is None
+        assert result.reason.startswith("No recommendation") and case["reason"] in result.reason
+        return
+    assert result.knee is not None, result.reason
+    assert result.knee.knobs.num_workers == case["expect_workers"], result.reason
+    assert result.ratio == pytest.approx(result.knee.samples_per_s / result.best.samples_per_s)
+    assert 0 < result.ratio <= 1
+    if "expect_best_workers" in case:
+        assert result.best.knobs.num_workers == case["expect_best_workers"]
+        assert [r.knobs.num_workers for r in result.excluded_for_headroom] == [8]
+
+
+def test_plateau_knee_is_cheaper_than_best_and_says_why():
+    result = select_knee(rows_from_measurements(CASES["plateau"]["trials"]), SELECTION)
+    assert result.best.knobs.num_workers == 8 and result.knee.knobs.num_workers == 4
+    assert "98.4% of the best" in result.reason and "4 workers" in result.reason
+
+
+def test_noise_widens_the_band():
+    rows = rows_from_measurements(CASES["noisy_plateau"]["trials"])
+    assert select_knee(rows, SELECTION).knee.knobs.num_workers == 4  # 280 is 6.7 % below 300, noise 8 %
+    quiet = rows_from_measurements([{**t, "noise_cv": 0.0} for t in CASES["noisy_plateau"]["trials"]])
+    assert select_knee(quiet, SELECTION).knee.knobs.num_workers == 8  # without noise 280 is too far below
+
+
+def test_cost_order_prefers_unpinned_and_less_prefetch():
+    t = CASES["plateau"]["trials"][2]
+    variants = [{**t, "number": 10, "params": {**t["params"], "pin_memory": True}, "samples_per_s": 301},
+                {**t, "number": 11, "params": {**t["params"], "prefetch_factor": 4}, "samples_per_s": 302}, t]
+    result = select_knee(rows_from_measurements(variants), SELECTION)
+    assert result.knee.number == t["number"]
+
+
+def test_choose_batch_takes_the_smallest_within_tolerance_that_fits():
+    def compute(n, batch, sps, headroom=0.5, status="ok"):
+        return {"number": n, "stage": "compute", "mode": "compute", "status": status,
+                "params": {"batch_size": batch}, "samples_per_s": sps, "noise_cv": 0.01, "headroom": headroom}
+    rows = rows_from_measurements([compute(0, 64, 800), compute(1, 128, 990), compute(2, 256, 1000),
+                                   compute(3, 512, 1100, headroom=0.05)])
+    assert choose_batch(rows, SELECTION) == 128
+    assert choose_batch(rows_from_measurements([compute(0, 64, 0, status="oom")]), SELECTION) is None
+
+
+def test_trials_frame_has_one_row_per_trial_with_knobs_and_status():
+    frame = trials_frame(rows_from_measurements(CASES["one_point"]["trials"]))
+    assert list(frame["number"]) == [0, 1]
+    assert {"stage", "num_workers", "prefetch_factor", "pin_memory", "batch_size", "grad_accum", "compile",
+            "status", "reason", "samples_per_s"} <= set(frame.columns)
+    assert frame.loc[1, "status"] == "oom" and "out of memory" in frame.loc[1, "reason"]

@@ -1,0 +1,144 @@
+"""End-to-end sweeps on the CPU with a workload whose knee is known: real subprocess trials, a real optuna study.
+
+sleepy_dataset costs 10 ms per sample and sleepy_model 20 ms per step of 8 samples, so end to end the loader gives
+W x 100 samples/s and the model caps it at 400: 0 workers 80/s, 2 -> 200/s, 6 -> 400/s, 8 -> 400/s.
+The true knee is 6 workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+
+import tunekit
+from tests.conftest import sleepy_config
+
+KNEE = 6
+
+
+def _knee_config(**overrides) -> dict:
+    base = {
+        "workload.model_args": {"step_wait_s": 0.02},
+        "workload.dataset_args": {"sample_wait_s": 0.01},
+        "search.num_workers": [0, 2, 6, 8],
+        "search.batch_size": [8],
+        "search.pin_memory": [False, True],
+        "trial.window_s": 0.5,
+        "trial.measure_windows": 2,
+        "selection.tolerance": 0.05,
+    }
+    base.update(overrides)
+    return sleepy_config(**base)
+
+
+def _sweep(config: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(config), "--out", str(out), *extra],
+                          capture_output=True, text=True, timeout=600)
+
+
+def _study_trials(out: Path) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name="tunekit", storage=f"sqlite:///{out / 'study.db'}").get_trials()
+
+
+def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path):
+    config = write_config(_knee_config())
+    staged = _sweep(config, tmp_path / "staged")
+    assert staged.returncode == 0, staged.stderr
+    rec = tunekit.load_recommended(tmp_path / "staged" / "recommended.yaml")
+    assert rec.num_workers == KNEE, staged.stdout
+    assert rec.pin_memory is False  # on the CPU pinning is not even tried
+    assert rec.dataloader_kwargs() == {"batch_size": 8, "num_workers": KNEE, "pin_memory": False,
+                                       "prefetch_factor": 2, "persistent_workers": True}
+    assert rec.evidence["speedup_vs_defaults"] > 3.5  # 400/s against 80/s, analytically 5x
+    trials = pd.read_csv(tmp_path / "staged" / "trials.csv")
+    assert list(trials["stage"].unique()) == ["compute", "loader", "end_to_end"]
+    assert len(trials) == 1 + 4 + 4 and set(trials["status"]) == {"ok"}
+    stored = _study_trials(tmp_path / "staged")
+    assert len(stored) == len(trials)
+    assert {t.params["num_workers"] for t in stored} == {0, 2, 6, 8}
+    assert {t.user_attrs["stage"] for t in stored} == {"compute", "loader", "end_to_end"}
+    for name in ("config.resolved.yaml", "env.json", "report.md"):
+        assert (tmp_path / "staged" / name).exists(), name
+    assert "## Recommendation" in (tmp_path / "staged" / "report.md").read_text()
+
+    grid = _sweep(config, tmp_path / "grid", "--strategy", "grid")
+    assert grid.returncode == 0, grid.stderr
+    assert tunekit.load_recommended(tmp_path / "grid" / "recommended.yaml").num_workers == KNEE
+    assert len(pd.read_csv(tmp_path / "grid" / "trials.csv")) == 4
+
+
+def test_rerun_resumes_without_repeating(write_config, tmp_path: Path):
+    config = write_config(_knee_config(**{"search.num_workers": [0, 2]}))
+    first = _sweep(config, tmp_path / "run", "--strategy", "grid")
+    assert first.returncode == 0, first.stderr
+    before = [(t.number, t.value) for t in _study_trials(tmp_path / "run")]
+    again = _sweep(config, tmp_path / "run", "--strategy", "grid")
+    assert again.returncode == 0
+    assert [(t.number, t.value) for t in _study_trials(tmp_path / "run")] == before
+    changed = write_config(_knee_config(**{"search.num_workers": [0, 2], "search.batch_size": [16]}), "other.yaml")
+    refused = _sweep(changed, tmp_path / "run", "--strategy", "grid")
+    assert refused.returncode == 2 and "different config" in refused.stderr
+
+
+def test_resume_after_sigkill_mid_trial(write_config, tmp_path: Path):
+    config = write_config(_knee_config(**{"search.num_workers": [0, 2, 6], "trial.window_s": 1.0}))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "tunekit", "sweep", str(config), "--out", str(out), "--strategy", "grid"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (out / "trials" / "1" / "worker.pid").exists():  # trial 0 finished, trial 1 running
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    orphan = int((out / "trials" / "1" / "worker.pid").read_text())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    finished_before = {t.number: t.value for t in _study_trials(out) if t.state.is_finished()}
+    assert list(finished_before) == [0]
+
+    resumed = _sweep(config, out, "--strategy", "grid")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "were running when the last sweep stopped" in resumed.stderr
+    with pytest.raises(ProcessLookupError):
+        os.killpg(orphan, 0)  # the dead sweep's trial was killed, not left to compete
+    trials = _study_trials(out)
+    done = [t for t in trials if "measurement" in t.user_attrs]
+    keys = [(t.params["num_workers"], t.params["pin_memory"]) for t in done]
+    assert sorted(keys) == [(0, False), (2, False), (6, False)]  # none lost, none repeated
+    assert {t.number: t.value for t in trials if t.number == 0} == finished_before  # kept as it was
+    assert trials[1].state == optuna.trial.TrialState.FAIL and "measurement" not in trials[1].user_attrs
+
+
+def test_budget_max_trials_is_honoured(write_config, tmp_path: Path):
+    config = write_config(_knee_config(**{"budget.max_trials": 3}))
+    result = _sweep(config, tmp_path / "run")
+    assert result.returncode == 1  # three trials reach no end-to-end comparison: no recommendation, said why
+    assert len(_study_trials(tmp_path / "run")) == 3
+    assert len(pd.read_csv(tmp_path / "run" / "trials.csv")) == 3
+    assert not (tmp_path / "run" / "recommended.yaml").exists()
+    assert "No recommendation" in result.stdout
+    meta = json.loads((tmp_path / "run" / "sweep.json").read_text())
+    assert "max_trials = 3" in meta["stop_reason"]
+
+
+def test_report_rebuilds_from_the_study(write_config, tmp_path: Path):
+    config = write_config(_knee_config(**{"search.num_workers": [0, 2]}))
+    assert _sweep(config, tmp_path / "run", "--strategy", "grid").returncode == 0
+    for name in ("trials.csv", "report.md", "recommended.yaml"):
+        (tmp_path / "run" / name).unlink()
+    rebuilt = subprocess.run([sys.executable, "-m", "tunekit", "report", str(tmp_path / "run")],
+                             capture_output=True, text=True, timeout=120)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert tunekit.load_recommended(tmp_path / "run" / "recommended.yaml").num_workers == 2
+    assert len(pd.read_csv(tmp_path / "run" / "trials.csv")) == 2
+    missing = subprocess.run([sys.executable, "-m", "tunekit", "report", str(tmp_path)], capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 2 and "no study.db here" in missing.stderr
