@@ -61,7 +61,12 @@ def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path):
     assert rec.evidence["speedup_vs_defaults"] > 3.5  # 400/s against 80/s, analytically 5x
     trials = pd.read_csv(tmp_path / "staged" / "trials.csv")
     assert list(trials["stage"].unique()) == ["compute", "loader", "end_to_end"]
-    assert len(trials) == 1 + 4 + 4 and set(trials["status"]) == {"ok"}
+    assert len(trials) == 1 + 4 + 4
+    e2e = trials[trials["stage"] == "end_to_end"]
+    assert list(e2e["num_workers"]) == [8, 6, 2, 0]  # most workers first, defaults last
+    skipped = e2e[e2e["status"] == "skipped"]
+    assert list(skipped["num_workers"]) == [2]  # its loader ceiling (~200/s) cannot reach the ~400/s of 8 workers
+    assert "the loader alone gives" in skipped.iloc[0]["reason"]
     stored = _study_trials(tmp_path / "staged")
     assert len(stored) == len(trials)
     assert {t.params["num_workers"] for t in stored} == {0, 2, 6, 8}

@@ -115,6 +115,7 @@ def test_compute_and_loader_modes(tmp_path: Path):
     assert compute["samples_per_s"] == pytest.approx(400, rel=0.15)
     assert compute["data_wait_frac"] < 0.01 and compute["host_processes"] == 1
     assert loader["samples_per_s"] == pytest.approx(200, rel=0.15)
+    assert all(steps % 2 == 0 for steps in loader["steps_windows"])  # windows end on whole rounds of 2 workers
 
 
 def _alive(pid: int) -> bool:

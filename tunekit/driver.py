@@ -21,7 +21,7 @@ import yaml
 from tunekit import plan, report, store
 from tunekit.analysis import TrialRow, describe_knobs
 from tunekit.config import Config
-from tunekit.contract import TrialSpec, write_json_atomic, write_text_atomic
+from tunekit.contract import TrialSpec, failed_measurement, write_json_atomic, write_text_atomic
 from tunekit.launcher import run_trial
 
 __all__ = ["SweepResult", "run_sweep", "probe_cuda", "make_console"]
@@ -105,16 +105,18 @@ def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: floa
                 requests = plan.next_requests(cfg, rows, strategy=strategy, cuda=cuda)
                 if not requests:
                     break
-                for req in requests:
-                    stop_reason = budget.stop_reason(len(study.trials)) or ""
+                req = requests[0]  # the plan may depend on this result: run one, then ask again
+                if req.skip is None:
+                    stop_reason = budget.stop_reason(sum(1 for r in rows if r.status != "skipped")) or ""
                     if stop_reason:
                         break
-                    bar.starting(req)
-                    row = _run_one(study, cfg, run_dir, req)
-                    rows.append(row)
                     ran += 1
+                bar.starting(req)
+                row = _run_one(study, cfg, run_dir, req)
+                rows.append(row)
+                if req.skip is None:
                     budget.durations.append(float(row.measurement.get("launcher_wall_s") or 0.0))
-                    bar.finished(row, plan.estimate_total(cfg, rows, strategy=strategy, cuda=cuda))
+                bar.finished(row, plan.estimate_total(cfg, rows, strategy=strategy, cuda=cuda))
     except KeyboardInterrupt:
         interrupted, stop_reason = True, "interrupted; rerun the same command to resume"
         console.print("interrupted: the running trial was stopped; writing outputs for the finished trials")
@@ -130,6 +132,10 @@ def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: floa
 def _run_one(study: Any, cfg: Config, run_dir: Path, req: plan.Request) -> TrialRow:
     trial = store.start_trial(study, cfg, req.stage, req.mode, req.knobs.to_dict())
     spec = TrialSpec(number=trial.number, stage=req.stage, mode=req.mode, knobs=req.knobs, config=cfg.to_dict())
+    if req.skip is not None:
+        measurement = failed_measurement(spec, "skipped", req.skip)
+        store.finish_trial(study, trial, measurement)
+        return TrialRow.from_measurement({**measurement, "number": trial.number})
     try:
         measurement = run_trial(spec, run_dir / "trials" / str(trial.number), cfg.trial.timeout_s)
     except BaseException:

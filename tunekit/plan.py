@@ -29,6 +29,8 @@ class Request:
     stage: str
     mode: str
     knobs: Knobs
+    skip: str | None = None
+    """Why this trial need not run (it is recorded as skipped with this reason), or None."""
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -102,10 +104,13 @@ def _staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
               for w in s.num_workers]
     if _pending(loader, rows):
         return _pending(loader, rows)
+    # Most workers first: once a fast config is known, worker counts whose loader ceiling cannot come within
+    # the tolerance of it cannot be the knee, and are skipped with that evidence instead of run.
     e2e = [Request("end_to_end", "train", Knobs(num_workers=w, batch_size=batch, pin_memory=p, **base))
-           for w in s.num_workers for p in pins]
-    if _pending(e2e, rows):
-        return _pending(e2e, rows)
+           for w in sorted(s.num_workers, reverse=True) for p in reversed(pins)]
+    pending = _pending(e2e, rows)
+    if pending:
+        return [_maybe_skip(pending[0], rows, cfg)]
     knee = select_knee(_done(rows, "end_to_end"), cfg.selection).knee
     if knee is None:
         return []
@@ -133,8 +138,29 @@ def _staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
     return []
 
 
+def _maybe_skip(req: Request, rows: list[TrialRow], cfg: Config) -> Request:
+    """Skip an end-to-end trial whose loader ceiling is already below what the knee must reach."""
+    if req.knobs.num_workers == 0 and not req.knobs.pin_memory:
+        return req  # PyTorch's defaults: always measured, the baseline of every report
+    ceiling = next((r for r in _done(rows, "loader") if r.ok and r.knobs.num_workers == req.knobs.num_workers), None)
+    done = [r for r in _done(rows, "end_to_end") if r.ok]
+    if ceiling is None or not done:
+        return req
+    tol = cfg.selection.tolerance
+    best = max(done, key=lambda r: r.samples_per_s or 0.0)
+    bound = (ceiling.samples_per_s or 0.0) * (1 + max(tol, ceiling.noise_cv))
+    needed = (best.samples_per_s or 0.0) * (1 - max(tol, best.noise_cv))
+    if bound >= needed:
+        return req
+    return Request(req.stage, req.mode, req.knobs, skip=(
+        f"the loader alone gives {ceiling.samples_per_s:.1f} samples/s at {req.knobs.num_workers} workers "
+        f"(trial {ceiling.number}), below the {needed:.1f} needed to come within tolerance of the best "
+        f"end-to-end config so far ({best.samples_per_s:.1f}, trial {best.number})"))
+
+
 def next_requests(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> list[Request]:
-    """The trials to run next (all of one stage), given every finished trial; empty when the sweep is done."""
+    """The trials to run next (of one stage; the first may depend on the last result, so run it and ask again),
+    given every finished trial; empty when the sweep is done."""
     if strategy == "grid":
         return _pending(_grid(cfg, cuda), rows)
     return _staged(cfg, rows, cuda)

@@ -69,7 +69,8 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
     m = ref.measurement if ref else {}
     return RunSummary(
         name=cfg.name, strategy=strategy, knee=knee, defaults=defaults, trials=len(rows),
-        failed=sum(1 for r in rows if not r.ok), device=m.get("device_name"), versions=m.get("versions") or {},
+        failed=sum(1 for r in rows if not r.ok and r.status != "skipped"), device=m.get("device_name"),
+        versions=m.get("versions") or {},
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), stop_reason=stop_reason,
     )
 

@@ -120,8 +120,11 @@ def _train_loop(built: Built, spec: TrialSpec, loader_iter: Any) -> _Loop:
     return loop
 
 
-def _run_window(loop: _Loop, device: torch.device, window_s: float, batch: int, accum: int,
+def _run_window(loop: _Loop, device: torch.device, window_s: float, batch: int, accum: int, round_batches: int,
                 cpu: TreeCpu) -> _Window:
+    """Time one window. It ends on a whole round of the loader's workers (``round_batches`` batches): batch j
+    and batch j + num_workers come from the same worker, so a window of whole rounds spans whole production
+    periods of one worker, and lockstep workers delivering in bursts cannot alias with the window edges."""
     cuda = device.type == "cuda"
     events: list[tuple[Any, Any]] = []
     cpu.begin()
@@ -143,7 +146,8 @@ def _run_window(loop: _Loop, device: torch.device, window_s: float, batch: int, 
             else:
                 loop.work(item)
         steps += 1
-        if time.perf_counter() - t0 >= window_s and steps >= MIN_WINDOW_STEPS:
+        if (time.perf_counter() - t0 >= window_s and steps >= MIN_WINDOW_STEPS
+                and (steps * accum) % round_batches == 0):
             break
     _sync(device)
     wall = time.perf_counter() - t0
@@ -233,6 +237,7 @@ def _summarise(windows: list[_Window], spec: TrialSpec, device: torch.device, cp
     return {
         "samples_per_s": median,
         "samples_per_s_windows": rates,
+        "steps_windows": [w.steps for w in windows],
         "noise_cv": cv,
         "noise_range": (max(rates) - min(rates)) / median if median else 0.0,
         "step_time_s": wall / steps,
@@ -272,7 +277,8 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
         monitor.sample_now()
         monitor.measuring = True
         windows = [
-            _run_window(loop, device, cfg.trial.window_s, spec.knobs.batch_size, spec.knobs.grad_accum, cpu)
+            _run_window(loop, device, cfg.trial.window_s, spec.knobs.batch_size, spec.knobs.grad_accum,
+                        max(1, knobs.num_workers), cpu)
             for _ in range(cfg.trial.measure_windows)
         ]
         monitor.sample_now()

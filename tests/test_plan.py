@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from tests.conftest import sleepy_config
+from tunekit import config, plan
+from tunekit.analysis import rows_from_measurements
+
+
+def _cfg(**overrides):
+    base = {"search.num_workers": [0, 2, 6, 8], "search.batch_size": [8, 16, 32], "search.pin_memory": [False, True],
+            "search.prefetch_factor": [2, 4], "search.compile": ["none", "default"]}
+    base.update(overrides)
+    return config.from_dict(sleepy_config(**base))
+
+
+def _m(n, stage, mode, sps, status="ok", headroom=0.5, **knobs):
+    params = {"num_workers": 0, "prefetch_factor": None, "pin_memory": False, "batch_size": 8, "grad_accum": 1,
+              "compile": "none", **knobs}
+    if params["num_workers"]:
+        params["prefetch_factor"] = params["prefetch_factor"] or 2
+    return {"number": n, "stage": stage, "mode": mode, "status": status, "params": params, "samples_per_s": sps,
+            "noise_cv": 0.01, "headroom": headroom}
+
+
+def test_compute_stage_stops_at_the_first_oom():
+    cfg = _cfg()
+    first = plan.next_requests(cfg, [], strategy="staged", cuda=True)
+    assert [(r.stage, r.knobs.batch_size) for r in first] == [("compute", 8)]
+    rows = rows_from_measurements([_m(0, "compute", "compute", 100, batch_size=8),
+                                   _m(1, "compute", "compute", None, status="oom", batch_size=16)])
+    nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=True)
+    assert nxt[0].stage == "loader" and nxt[0].knobs.batch_size == 8  # never batch 32 after an OOM at 16
+
+
+def test_stages_follow_in_order_and_pruning_skips_hopeless_worker_counts():
+    cfg = _cfg(**{"search.batch_size": [8]})
+    ms = [_m(0, "compute", "compute", 400)]
+    ms += [_m(i + 1, "loader", "loader", rate, num_workers=w, pin_memory=True)
+           for i, (w, rate) in enumerate([(0, 80), (2, 200), (6, 600), (8, 800)])]
+    rows = rows_from_measurements(ms)
+    first = plan.next_requests(cfg, rows, strategy="staged", cuda=True)[0]
+    assert (first.stage, first.knobs.num_workers, first.knobs.pin_memory, first.skip) == ("end_to_end", 8, True, None)
+    rows += rows_from_measurements([_m(10, "end_to_end", "train", 400, num_workers=8, pin_memory=True)])
+    # 2 workers: the loader alone gives 200/s, far below 97 % of 400/s -> skipped with its evidence
+    requests = plan.next_requests(cfg, rows + rows_from_measurements([
+        _m(11, "end_to_end", "train", 400, num_workers=8), _m(12, "end_to_end", "train", 398, num_workers=6,
+                                                              pin_memory=True),
+        _m(13, "end_to_end", "train", 396, num_workers=6)]), strategy="staged", cuda=True)
+    assert requests[0].knobs.num_workers == 2 and requests[0].skip and "200.0 samples/s" in requests[0].skip
+    defaults = plan._maybe_skip(plan.Request("end_to_end", "train", requests[0].knobs.__class__(batch_size=8)),
+                                rows, cfg)
+    assert defaults.skip is None  # PyTorch defaults are always measured
+
+
+def test_grid_has_every_valid_combination():
+    cfg = _cfg(**{"search.batch_size": [8]})
+    grid = plan.next_requests(cfg, [], strategy="grid", cuda=True)
+    # workers 0: 1 prefetch (none); 3 worker counts x 2 prefetch; x 2 pins x 2 compile modes
+    assert len(grid) == (1 + 3 * 2) * 2 * 2
+    assert all(r.knobs.prefetch_factor is None for r in grid if r.knobs.num_workers == 0)
+    assert len(plan.next_requests(cfg, [], strategy="grid", cuda=False)) == (1 + 3 * 2) * 2  # no pinning on CPU
