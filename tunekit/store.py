@@ -88,7 +88,10 @@ def start_trial(study: optuna.Study, cfg: Config, stage: str, mode: str, knobs: 
     study.enqueue_trial(knobs, user_attrs={"stage": stage, "mode": mode}, skip_if_exists=False)
     trial = study.ask()
     for name, choices in _choices(cfg).items():
-        trial.suggest_categorical(name, choices)
+        got = trial.suggest_categorical(name, choices)
+        if got != knobs[name]:  # the study must record exactly what runs
+            study.tell(trial, state=TrialState.FAIL)
+            raise RuntimeError(f"optuna returned {name}={got!r} for an enqueued {knobs[name]!r}")
     return trial
 
 
@@ -122,10 +125,10 @@ def finished_rows(study: optuna.Study) -> list[TrialRow]:
 def recover_running(study: optuna.Study, run_dir: Path) -> list[int]:
     """Mark trials left RUNNING by a sweep that died as interrupted, killing their leftover process groups."""
     numbers = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-        if t.state == TrialState.WAITING:
-            study.tell(t.number, state=TrialState.FAIL)  # enqueued but never asked for
-            continue
+    for _ in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        # enqueued but never asked for: ask() would hand its knobs to the next trial, so close it now
+        study.tell(study.ask(), state=TrialState.FAIL)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         _kill_leftover(run_dir / "trials" / str(t.number))
         study.tell(t.number, state=TrialState.FAIL)  # no measurement: not finished, so it is planned again
         numbers.append(t.number)
