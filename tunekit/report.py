@@ -114,14 +114,27 @@ def write_outputs(run_dir: Path, cfg: Config, rows: list[TrialRow], summary: Run
         write_text_atomic(rec_path, header + yaml.safe_dump(data, sort_keys=False))
     else:
         rec_path.unlink(missing_ok=True)
-    write_text_atomic(run_dir / "report.md", _report_md(cfg, rows, summary))
+    plots = _write_plots(run_dir, rows, summary)
+    write_text_atomic(run_dir / "report.md", _report_md(cfg, rows, summary, plots))
+
+
+def _write_plots(run_dir: Path, rows: list[TrialRow], summary: RunSummary) -> dict[str, str | None]:
+    """Render the plots the run has data for; the value is the relative path, or None when skipped."""
+    from tunekit.plots import draw_workers, workers_plot
+
+    title = f"{summary.name} — {summary.device or 'unknown device'} — {summary.date[:10]}"
+    data = workers_plot(rows, summary.knee, title)
+    if data is None:
+        return {"throughput vs workers": None}
+    draw_workers(data, run_dir / "plots" / "workers.png")
+    return {"throughput vs workers": "plots/workers.png"}
 
 
 def _fmt(v: Any, spec: str = ".1f") -> str:
     return "—" if v is None else format(v, spec)
 
 
-def _report_md(cfg: Config, rows: list[TrialRow], s: RunSummary) -> str:
+def _report_md(cfg: Config, rows: list[TrialRow], s: RunSummary, plots: dict[str, str | None]) -> str:
     out = [f"# tunekit report: {s.name}", "",
            f"{s.strategy} sweep, {s.trials} trials ({s.failed} failed) on {s.device or 'unknown device'}, {s.date}.",
            ""]
@@ -139,6 +152,9 @@ def _report_md(cfg: Config, rows: list[TrialRow], s: RunSummary) -> str:
                     f"the recommendation is {s.speedup_vs_defaults:.2f}× that.", ""]
         if k.headroom is not None:
             out += [f"Memory headroom at the knee: {k.headroom:.1%} ({k.measurement.get('headroom_basis')}).", ""]
+    out += ["## Plots", ""]
+    for name, rel in plots.items():
+        out += [f"![{name}]({rel})" if rel else f"- {name}: skipped, the run has fewer than two worker counts.", ""]
     out += ["## Trials", "", "| # | stage | mode | workers | prefetch | pin | batch | accum | compile | status | "
             "samples/s | noise | data wait | headroom |", "|" + " --- |" * 14]
     for r in sorted(rows, key=lambda r: r.number):
