@@ -15,7 +15,7 @@ from tunekit.config import Selection
 from tunekit.contract import Knobs
 
 __all__ = ["TrialRow", "Knee", "select_knee", "choose_batch", "rows_from_measurements", "trials_frame",
-           "cost_key", "MIN_POINTS"]
+           "cost_key", "describe_knobs", "MIN_POINTS"]
 
 MIN_POINTS = 2
 """Completed candidates a knee needs: with one point there is nothing to compare."""
@@ -119,10 +119,10 @@ def select_knee(rows: list[TrialRow], selection: Selection) -> Knee:
         reason = (f"The best config is also the cheapest within {allowed:.1%} of it "
                   f"({_rate(best):.1f} samples/s).")
     else:
-        reason = (f"Knee: {_describe(knee.knobs)} reaches {ratio:.1%} of the best ({_rate(knee):.1f} vs "
+        reason = (f"Knee: {describe_knobs(knee.knobs)} reaches {ratio:.1%} of the best ({_rate(knee):.1f} vs "
                   f"{_rate(best):.1f} samples/s); the shortfall is within max(tolerance {selection.tolerance:.1%}, "
                   f"window noise {max(knee.noise_cv, best.noise_cv):.1%}), and it is cheaper than "
-                  f"{_describe(best.knobs)}.")
+                  f"{describe_knobs(best.knobs)}.")
     return Knee(knee, best, ratio, allowed, reason, tuple(fitting), too_tight)
 
 
@@ -142,7 +142,7 @@ def _rate(row: TrialRow) -> float:
     return float(row.samples_per_s or 0.0)
 
 
-def _describe(k: Knobs) -> str:
+def describe_knobs(k: Knobs) -> str:
     parts = [f"{k.num_workers} workers"]
     if k.num_workers:
         parts.append(f"prefetch {k.prefetch_factor}")
@@ -155,7 +155,6 @@ def _describe(k: Knobs) -> str:
     return ", ".join(parts)
 
 
-describe_knobs = _describe
 
 _SCALAR_TYPES = (int, float, str, bool, type(None))
 

@@ -25,16 +25,12 @@ _BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False,
                "off": False}
 
 
-class _State:
-    debug = False
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(package_name="tunekit")
 def cli(debug: bool) -> None:
     """Tune a PyTorch training input pipeline: short isolated trials, the throughput knee, recommended.yaml."""
-    _State.debug = debug
+    # --debug is read by main() before click runs, so that errors raised while parsing also get a traceback
 
 
 @cli.command()

@@ -18,7 +18,6 @@ __all__ = [
     "TrialSpec",
     "STATUSES",
     "KNOB_NAMES",
-    "MODES",
     "write_json_atomic",
     "write_text_atomic",
     "read_json",
@@ -28,7 +27,6 @@ __all__ = [
 Status = Literal["ok", "oom", "timeout", "crashed", "illegal_access", "bad_output", "skipped"]
 STATUSES: tuple[str, ...] = ("ok", "oom", "timeout", "crashed", "illegal_access", "bad_output", "skipped")
 Mode = Literal["train", "compute", "loader"]
-MODES: tuple[str, ...] = ("train", "compute", "loader")
 
 
 @dataclass(frozen=True, kw_only=True)

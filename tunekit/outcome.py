@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["classify_error", "first_line"]
+__all__ = ["classify_error"]
 
 # Real messages from torch, CUDA and the C allocator; each maps a failure to a status.
 _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
@@ -38,11 +38,6 @@ def classify_error(text: str) -> tuple[str, str]:
         detail = _last_exception_line(text)
         return "crashed", f"the dataset raised in DataLoader worker {caught.group(2)}: {detail}"
     return "crashed", _last_exception_line(text) or "the trial failed without a message"
-
-
-def first_line(text: str, limit: int = 300) -> str:
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    return line[:limit]
 
 
 def _line_around(text: str, pos: int, limit: int = 300) -> str:

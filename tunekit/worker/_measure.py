@@ -16,7 +16,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psutil
@@ -56,7 +56,8 @@ class _Loop:
 
     fetch: Callable[[], Any]
     work: Callable[[Any], None]
-    events: list[tuple[Any, Any]] = field(default_factory=list)
+    micro: int = 0
+    """Micro-batches trained so far; the optimizer steps every grad_accum of them."""
 
 
 def _sync(device: torch.device) -> None:
@@ -116,7 +117,6 @@ def _train_loop(built: Built, spec: TrialSpec, loader_iter: Any) -> _Loop:
         to_device(batch, ctx, non_blocking=knobs.non_blocking)
 
     loop = _Loop(fetch=fetch, work=copy_only if spec.mode == "loader" else train)
-    loop.micro = 0  # type: ignore[attr-defined]
     return loop
 
 
