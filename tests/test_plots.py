@@ -1,24 +1,104 @@
+"""Plot data on saved fixtures (failed and OOM trials included), and every plot of a real run rendered."""
+
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
+from tests.conftest import REPO
 from tests.test_analysis import CASES, SELECTION
+from tunekit import plots
 from tunekit.analysis import rows_from_measurements, select_knee
-from tunekit.plots import draw_workers, workers_plot
 
 
-def test_workers_plot_data_marks_knee_and_best(tmp_path: Path):
-    rows = rows_from_measurements(CASES["plateau"]["trials"])
+def _m(n, stage, mode, sps, status="ok", batch=64, workers=0, compile="none", compile_s=0.0, **extra):
+    return {"number": n, "stage": stage, "mode": mode, "status": status, "reason": "" if status == "ok" else status,
+            "params": {"num_workers": workers, "prefetch_factor": 2 if workers else None, "pin_memory": False,
+                       "batch_size": batch, "grad_accum": 1, "compile": compile},
+            "samples_per_s": sps if status == "ok" else None, "noise_cv": 0.01, "headroom": 0.5,
+            "compile_s": compile_s, "headroom_basis": "device", "device_mem_total_bytes": 100 * 2**30,
+            "samples_per_s_windows": [sps * 0.98, sps, sps * 1.01] if status == "ok" else None, **extra}
+
+
+RUN = [
+    _m(0, "compute", "compute", 1000, batch=64, step_time_s=0.064, device_mem_peak_reserved_bytes=10 * 2**30),
+    _m(1, "compute", "compute", 1600, batch=128, step_time_s=0.08, device_mem_peak_reserved_bytes=20 * 2**30),
+    _m(2, "compute", "compute", None, status="oom", batch=256),
+    _m(3, "end_to_end", "train", 200, batch=64, workers=0, data_wait_frac=0.8, gpu_busy_frac=0.2,
+       nvml_util_gpu_pct=30.0),
+    _m(4, "end_to_end", "train", 900, batch=64, workers=8, data_wait_frac=0.1, gpu_busy_frac=0.85,
+       nvml_util_gpu_pct=80.0),
+    _m(5, "end_to_end", "train", None, status="crashed", batch=64, workers=16),
+    _m(6, "compile", "train", 1000, batch=64, workers=8, compile="default", compile_s=50.0, nvml_util_gpu_pct=85.0),
+    _m(7, "compile", "train", 850, batch=64, workers=8, compile="max-autotune", compile_s=200.0),
+]
+
+
+@pytest.fixture
+def run():
+    rows = rows_from_measurements(RUN)
+    return rows, select_knee([r for r in rows if r.stage in ("end_to_end", "compile")], SELECTION)
+
+
+def test_batch_data_marks_oom_and_headroom_limit(run):
+    rows, knee = run
+    data = plots.batch_data(rows, knee, "t", min_headroom=0.10)
+    assert [p.batch for p in data.points] == [64, 128] and data.oom == (256,)
+    assert data.points[1].peak_gib == pytest.approx(20.0) and data.limit_gib == pytest.approx(90.0)
+
+
+def test_compile_break_even(run):
+    rows, knee = run
+    data = plots.compile_data(rows, knee, "t")
+    by_mode = {p.mode: p for p in data.points}
+    assert list(by_mode) == ["none", "default", "max-autotune"]
+    # eager 900/s, compiled 1000/s: 50 s / (1/900 - 1/1000) s per sample = 450,000 samples = 7,031 steps of 64
+    assert by_mode["default"].break_even_steps == pytest.approx(50 / (1 / 900 - 1 / 1000) / 64)
+    assert by_mode["max-autotune"].break_even_steps is None  # slower than eager: never pays off
+
+
+def test_util_step_time_and_fractions(run):
+    rows, knee = run
+    util = plots.util_data(rows, knee, "t")
+    assert sorted(p.util_pct for p in util.points) == [30.0, 80.0, 85.0]  # failed trials are not points
+    steps = plots.step_time_data(rows, "t")
+    assert [round(p.ms_per_sample, 3) for p in steps.points] == [1.0, 0.625]
+    fractions = plots.fractions_data(rows, knee, "t")
+    (label, points), = fractions.series
+    assert [(p.workers, p.data_wait, round(p.gpu_idle, 2)) for p in points] == [(0, 0.8, 0.8), (8, 0.1, 0.15)]
+
+
+def test_missing_data_gives_reasons_not_empty_plots():
+    rows = rows_from_measurements(CASES["one_point"]["trials"])
     knee = select_knee(rows, SELECTION)
-    data = workers_plot(rows, knee, "plateau")
-    assert data is not None
-    assert [p.workers for p in data.series[0].points] == [0, 2, 4, 8, 16]
+    for build in (lambda: plots.workers_data(rows, knee, "t"), lambda: plots.util_data(rows, knee, "t"),
+                  lambda: plots.step_time_data(rows, "t"), lambda: plots.compile_data(rows, knee, "t")):
+        assert isinstance(build(), str)
+
+
+def test_workers_data_marks_knee_and_best():
+    rows = rows_from_measurements(CASES["plateau"]["trials"])
+    data = plots.workers_data(rows, select_knee(rows, SELECTION), "plateau")
+    assert sorted(p.workers for s in data.series for p in s.points) == [0, 2, 4, 8, 16]
+    assert [s.label for s in data.series] == ["pin_memory=off, prefetch=-", "pin_memory=off, prefetch=2"]
     assert data.knee.workers == 4 and data.best.workers == 8
     assert data.knee_label == "knee: 4 workers, 98% of best"
-    draw_workers(data, tmp_path / "plots" / "workers.png")
-    assert (tmp_path / "plots" / "workers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_workers_plot_is_skipped_without_two_worker_counts():
-    rows = rows_from_measurements(CASES["one_point"]["trials"])
-    assert workers_plot(rows, select_knee(rows, SELECTION), "x") is None
+def test_report_rebuilds_every_plot_of_a_real_run(tmp_path: Path):
+    """The H200 sweep's study (tests/fixtures/run-h200), rebuilt on a machine without a GPU."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(REPO / "tests" / "fixtures" / "run-h200", run_dir)
+    out = subprocess.run([sys.executable, "-m", "tunekit", "report", str(run_dir)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = (run_dir / "report.md").read_text()
+    for _, title, file in plots.PLOTS:
+        png = run_dir / "plots" / file
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", file
+        assert f"![{title}](plots/{file})" in report
+    assert "14.20×" in report and "NVIDIA H200" in report and "skipped: the loader alone gives" in report

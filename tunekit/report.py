@@ -52,7 +52,8 @@ def _final_rows(cfg: Config, rows: list[TrialRow]) -> list[TrialRow]:
     return [r for r in rows if r.stage in _SELECTED_STAGES]
 
 
-def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: str = "") -> RunSummary:
+def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: str = "",
+              date: str | None = None) -> RunSummary:
     knee = select_knee(_final_rows(cfg, rows), cfg.selection)
     if knee.knee is not None and cfg.search.target_effective_batch and knee.knee.stage == "accumulation":
         # accumulation: the micro-batch x steps that reach the target at the highest samples/s
@@ -71,7 +72,7 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
         name=cfg.name, strategy=strategy, knee=knee, defaults=defaults, trials=len(rows),
         failed=sum(1 for r in rows if not r.ok and r.status != "skipped"), device=m.get("device_name"),
         versions=m.get("versions") or {},
-        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), stop_reason=stop_reason,
+        date=date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), stop_reason=stop_reason,
     )
 
 
@@ -102,7 +103,8 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
 
 
 def write_outputs(run_dir: Path, cfg: Config, rows: list[TrialRow], summary: RunSummary) -> None:
-    """Write trials.csv, recommended.yaml (removed when there is no recommendation) and report.md, atomically."""
+    """Write trials.csv, recommended.yaml (removed when there is no recommendation), plots/*.png and report.md,
+    each atomically."""
     buf = io.StringIO()
     trials_frame(rows).to_csv(buf, index=False)
     write_text_atomic(run_dir / "trials.csv", buf.getvalue())
@@ -114,56 +116,90 @@ def write_outputs(run_dir: Path, cfg: Config, rows: list[TrialRow], summary: Run
         write_text_atomic(rec_path, header + yaml.safe_dump(data, sort_keys=False))
     else:
         rec_path.unlink(missing_ok=True)
-    plots = _write_plots(run_dir, rows, summary)
-    write_text_atomic(run_dir / "report.md", _report_md(cfg, rows, summary, plots))
-
-
-def _write_plots(run_dir: Path, rows: list[TrialRow], summary: RunSummary) -> dict[str, str | None]:
-    """Render the plots the run has data for; the value is the relative path, or None when skipped."""
-    from tunekit.plots import draw_workers, workers_plot
+    from tunekit.plots import render_all
 
     title = f"{summary.name} — {summary.device or 'unknown device'} — {summary.date[:10]}"
-    data = workers_plot(rows, summary.knee, title)
-    if data is None:
-        return {"throughput vs workers": None}
-    draw_workers(data, run_dir / "plots" / "workers.png")
-    return {"throughput vs workers": "plots/workers.png"}
+    plots = render_all(run_dir, rows, summary.knee, title, cfg.selection.min_headroom)
+    env = read_json(run_dir / "env.json") if (run_dir / "env.json").exists() else {}
+    write_text_atomic(run_dir / "report.md", _report_md(rows, summary, plots, env))
 
 
 def _fmt(v: Any, spec: str = ".1f") -> str:
     return "—" if v is None else format(v, spec)
 
 
-def _report_md(cfg: Config, rows: list[TrialRow], s: RunSummary, plots: dict[str, str | None]) -> str:
+def _recommendation_md(rows: list[TrialRow], s: RunSummary) -> list[str]:
+    if s.knee.knee is None:
+        return [s.knee.reason, ""]
+    k, best = s.knee.knee, s.knee.best
+    out = [f"**{describe_knobs(k.knobs)}** — {k.samples_per_s:.1f} samples/s (trial {k.number}, window noise "
+           f"{k.noise_cv:.1%}).", "", s.knee.reason, ""]
+    if best is not None and best is not k:
+        out += [f"Best measured: {describe_knobs(best.knobs)} at {best.samples_per_s:.1f} samples/s (trial "
+                f"{best.number}); the knee reaches {s.knee.ratio:.1%} of it.", ""]
+    if s.defaults is not None:
+        out += [f"PyTorch defaults (0 workers, no pinning, same batch): {s.defaults.samples_per_s:.1f} samples/s "
+                f"(trial {s.defaults.number}); the recommendation is **{s.speedup_vs_defaults:.2f}×** that.", ""]
+    if k.headroom is not None:
+        out += [f"Memory headroom at the knee: {k.headroom:.1%} of {k.measurement.get('headroom_basis')} memory.", ""]
+    compute = [r for r in rows if r.ok and r.mode == "compute" and r.knobs.batch_size == k.knobs.batch_size]
+    loader = [r for r in rows if r.ok and r.mode == "loader" and r.knobs.num_workers == k.knobs.num_workers
+              and r.knobs.batch_size == k.knobs.batch_size]
+    if compute or loader:
+        parts = []
+        if compute:
+            parts.append(f"compute ceiling {compute[0].samples_per_s:.1f} samples/s (model on a staged batch)")
+        if loader:
+            parts.append(f"loader ceiling {loader[0].samples_per_s:.1f} samples/s at {k.knobs.num_workers} workers")
+        lowest = min(float(r.samples_per_s or 0) for r in compute + loader)
+        out += [f"Ceilings at this batch: {'; '.join(parts)}. The knee reaches {k.samples_per_s / lowest:.0%} of the "
+                "lower one.", ""]
+    return out
+
+
+def _environment_md(env: dict[str, Any], s: RunSummary) -> list[str]:
+    if not env:
+        return ["No env.json in this run.", ""]
+    pk, cpu, mem = env.get("packages") or {}, env.get("cpu") or {}, env.get("memory") or {}
+    out = [f"- host: {env.get('hostname')}, {cpu.get('usable', cpu.get('affinity') or cpu.get('logical'))} usable "
+           f"CPUs ({cpu.get('model')}), {(mem.get('total_bytes') or 0) / 2**30:.1f} GiB RAM",
+           f"- Python {env.get('python')}, torch {pk.get('torch')} (CUDA build {env.get('torch_cuda_build')}), "
+           f"torchvision {pk.get('torchvision')}, tunekit {env.get('tunekit')}"]
+    nvml = env.get("nvml") or {}
+    if nvml.get("available"):
+        out.append(f"- NVIDIA driver {nvml.get('driver_version')}, CUDA driver API {nvml.get('cuda_driver_version')}")
+    for gpu in env.get("gpus") or []:
+        memory = gpu.get("memory") or {}
+        out.append(f"- GPU {gpu.get('index')}: {gpu.get('name')}, {(memory.get('total_bytes') or 0) / 2**30:.1f} GiB, "
+                   f"other processes at sweep start: {len(gpu.get('processes') or [])}")
+    return out + [""]
+
+
+def _report_md(rows: list[TrialRow], s: RunSummary, plots: list[Any], env: dict[str, Any]) -> str:
     out = [f"# tunekit report: {s.name}", "",
-           f"{s.strategy} sweep, {s.trials} trials ({s.failed} failed) on {s.device or 'unknown device'}, {s.date}.",
+           f"{s.strategy} sweep, {s.trials} trials ({s.failed} failed, "
+           f"{sum(1 for r in rows if r.status == 'skipped')} skipped) on {s.device or 'unknown device'}, {s.date}.",
            ""]
     if s.stop_reason:
         out += [f"Stopped early: {s.stop_reason}", ""]
-    out += ["## Recommendation", ""]
-    if s.knee.knee is None:
-        out += [s.knee.reason, ""]
-    else:
-        k = s.knee.knee
-        out += [f"**{describe_knobs(k.knobs)}** — {k.samples_per_s:.1f} samples/s "
-                f"(trial {k.number}, noise {k.noise_cv:.1%}).", "", s.knee.reason, ""]
-        if s.defaults is not None:
-            out += [f"PyTorch defaults (0 workers, no pinning, same batch): {s.defaults.samples_per_s:.1f} samples/s; "
-                    f"the recommendation is {s.speedup_vs_defaults:.2f}× that.", ""]
-        if k.headroom is not None:
-            out += [f"Memory headroom at the knee: {k.headroom:.1%} ({k.measurement.get('headroom_basis')}).", ""]
-    out += ["## Plots", ""]
-    for name, rel in plots.items():
-        out += [f"![{name}]({rel})" if rel else f"- {name}: skipped, the run has fewer than two worker counts.", ""]
+    out += ["## Recommendation", "", *_recommendation_md(rows, s), "## Plots", ""]
+    for plot in plots:
+        if plot.path:
+            out += [f"### {plot.title}", "", f"![{plot.title}]({plot.path})", ""]
+    skipped = [p for p in plots if not p.path]
+    if skipped:
+        out += ["Not drawn, for lack of data:", ""] + [f"- {p.title}: {p.reason}." for p in skipped] + [""]
+    out += ["## Environment", "", *_environment_md(env, s)]
     out += ["## Trials", "", "| # | stage | mode | workers | prefetch | pin | batch | accum | compile | status | "
-            "samples/s | noise | data wait | headroom |", "|" + " --- |" * 14]
+            "samples/s | noise | data wait | NVML util | headroom |", "|" + " --- |" * 15]
     for r in sorted(rows, key=lambda r: r.number):
         k = r.knobs
         status = r.status if r.ok else f"{r.status}: {r.reason}"
         out.append(f"| {r.number} | {r.stage} | {r.mode} | {k.num_workers} | {k.prefetch_factor or '—'} | "
                    f"{'yes' if k.pin_memory else 'no'} | {k.batch_size} | {k.grad_accum} | {k.compile} | "
                    f"{status.replace('|', '/')} | {_fmt(r.samples_per_s)} | {_fmt(r.noise_cv, '.1%')} | "
-                   f"{_fmt(r.measurement.get('data_wait_frac'), '.1%')} | {_fmt(r.headroom, '.1%')} |")
+                   f"{_fmt(r.measurement.get('data_wait_frac'), '.1%')} | "
+                   f"{_fmt(r.measurement.get('nvml_util_gpu_pct'), '.0f')} | {_fmt(r.headroom, '.1%')} |")
     return "\n".join(out) + "\n"
 
 
@@ -199,6 +235,8 @@ def rebuild(run_dir: Path) -> tuple[Config, list[TrialRow], RunSummary]:
     cfg = config_mod.from_dict(study.user_attrs["config"], source=str(run_dir / STUDY_FILE))
     rows = finished_rows(study)
     meta = read_json(run_dir / "sweep.json") if (run_dir / "sweep.json").exists() else {}
-    summary = summarize(cfg, rows, strategy=meta.get("strategy", cfg.strategy), stop_reason=meta.get("stop_reason", ""))
+    env = read_json(run_dir / "env.json") if (run_dir / "env.json").exists() else {}
+    summary = summarize(cfg, rows, strategy=meta.get("strategy", cfg.strategy), stop_reason=meta.get("stop_reason", ""),
+                        date=env.get("date"))  # the sweep's date, not the rebuild's
     write_outputs(run_dir, cfg, rows, summary)
     return cfg, rows, summary
