@@ -84,7 +84,8 @@ def test_workers_data_marks_knee_and_best():
     rows = rows_from_measurements(CASES["plateau"]["trials"])
     data = plots.workers_data(rows, select_knee(rows, SELECTION), "plateau")
     assert sorted(p.workers for s in data.series for p in s.points) == [0, 2, 4, 8, 16]
-    assert [s.label for s in data.series] == ["pin_memory=off, prefetch=-", "pin_memory=off, prefetch=2"]
+    assert [s.label for s in data.series] == ["pin_memory=off, loading in the main process",
+                                            "pin_memory=off, prefetch=2"]
     assert data.knee.workers == 4 and data.best.workers == 8
     assert data.knee_label == "knee: 4 workers, 98% of best"
 

@@ -164,8 +164,8 @@ def workers_data(rows: list[TrialRow], knee: Knee, title: str) -> WorkersPlot | 
         return "the run has fewer than two worker counts measured end to end"
     groups: dict[str, list[Point]] = {}
     for r in sorted(train, key=lambda r: r.knobs.num_workers):
-        pf = r.knobs.prefetch_factor or "-"
-        groups.setdefault(f"pin_memory={'on' if r.knobs.pin_memory else 'off'}, prefetch={pf}", []).append(_point(r))
+        pf = f"prefetch={r.knobs.prefetch_factor}" if r.knobs.num_workers else "loading in the main process"
+        groups.setdefault(f"pin_memory={'on' if r.knobs.pin_memory else 'off'}, {pf}", []).append(_point(r))
     loader = tuple(sorted((_point(r) for r in rows if r.ok and r.mode == "loader"
                            and (batch is None or r.knobs.batch_size == batch)), key=lambda p: p.workers))
     compute = [r for r in rows if r.ok and r.mode == "compute" and (batch is None or r.knobs.batch_size == batch)]
@@ -313,7 +313,7 @@ def draw_workers(plot: WorkersPlot, path: Path) -> None:
     ax.set_ylabel("samples/s (median of windows; bars: window range)")
     ax.set_ylim(bottom=0)
     ax.set_xlim(left=-0.5)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="center left")
     _save(fig, path)
 
 
