@@ -58,10 +58,11 @@ def test_every_problem_is_reported_at_once(write_config):
         "selection.tolerance": 1.5,
         "workload.precision": "fp8",
         "workload.model": "not an import path",
+        "cost.per_hour": 0,
     })
     problems = _problems(write_config, data)
     text = "\n".join(problems)
-    assert len(problems) == 12, text
+    assert len(problems) == 13, text
     assert all(p.startswith(str(write_config(data))) for p in problems)
     expected = [
         "device: \"gpu\" is not allowed; choose one of: auto, cpu, cuda, cuda:N",
@@ -76,6 +77,7 @@ def test_every_problem_is_reported_at_once(write_config):
         "selection.tolerance: 1.5 is out of range; must be less than 1",
         "workload.precision: \"fp8\" is not allowed; choose one of: fp32, bf16, fp16",
         "workload.model: \"not an import path\" is not an import path",
+        "cost.per_hour: 0.0 is out of range; must be greater than 0",
     ]
     for fragment in expected:
         assert fragment in text

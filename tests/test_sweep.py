@@ -50,7 +50,7 @@ def _study_trials(out: Path) -> list[optuna.trial.FrozenTrial]:
 
 
 def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path):
-    config = write_config(_knee_config())
+    config = write_config(_knee_config(**{"cost.per_hour": 3.6}))
     staged = _sweep(config, tmp_path / "staged")
     assert staged.returncode == 0, staged.stderr
     rec = tunekit.load_recommended(tmp_path / "staged" / "recommended.yaml")
@@ -67,6 +67,11 @@ def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path):
     skipped = e2e[e2e["status"] == "skipped"]
     assert list(skipped["num_workers"]) == [2]  # its loader ceiling (~200/s) cannot reach the ~400/s of 8 workers
     assert "the loader alone gives" in skipped.iloc[0]["reason"]
+    knee = e2e[e2e["num_workers"] == KNEE].iloc[0]
+    assert knee["samples_per_dollar"] == pytest.approx(knee["samples_per_s"] * 1000)  # 3600 s / 3.6 per hour
+    assert knee["verdict"] == "compute-bound"  # 8 samples per 20 ms step: the model is the bound at the knee
+    assert e2e[e2e["num_workers"] == 0].iloc[0]["verdict"] == "data-starved"
+    assert rec.evidence["verdict"] == "compute-bound" and rec.evidence["samples_per_dollar"] > 0
     stored = _study_trials(tmp_path / "staged")
     assert len(stored) == len(trials)
     assert {t.params["num_workers"] for t in stored} == {0, 2, 6, 8}

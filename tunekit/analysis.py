@@ -159,8 +159,9 @@ def describe_knobs(k: Knobs) -> str:
 _SCALAR_TYPES = (int, float, str, bool, type(None))
 
 
-def trials_frame(rows: list[TrialRow]) -> Any:
-    """A tidy pandas DataFrame, one row per trial: stage, mode, every knob, status, reason, every scalar field."""
+def trials_frame(rows: list[TrialRow], extra: dict[int, dict[str, Any]] | None = None) -> Any:
+    """A tidy pandas DataFrame, one row per trial: stage, mode, every knob, status, reason, every scalar field,
+    and any ``extra`` columns given per trial number (verdicts, cost)."""
     import pandas as pd
 
     records = []
@@ -175,6 +176,7 @@ def trials_frame(rows: list[TrialRow]) -> Any:
                 rec[key] = value
             elif key == "samples_per_s_windows":
                 rec[key] = " ".join(f"{v:.2f}" for v in value)
+        rec.update((extra or {}).get(row.number, {}))
         records.append(rec)
     frame = pd.DataFrame.from_records(records)
     if "prefetch_factor" in frame:

@@ -30,6 +30,7 @@ __all__ = [
     "TrialSettings",
     "Selection",
     "Budget",
+    "Cost",
     "COMPILE_MODES",
     "load",
     "from_dict",
@@ -131,6 +132,14 @@ class Budget:
 
 
 @dataclass(kw_only=True)
+class Cost:
+    """What the machine costs, to report samples per dollar beside samples/s."""
+
+    per_hour: float | None = field(default=None, metadata=_meta(gt=0))
+    """Price of the machine per hour (any currency); null to leave cost out."""
+
+
+@dataclass(kw_only=True)
 class Config:
     """A whole sweep config, as loaded from YAML."""
 
@@ -148,6 +157,8 @@ class Config:
     """Knee selection settings."""
     budget: Budget = field(default_factory=Budget)
     """Sweep budget."""
+    cost: Cost = field(default_factory=Cost)
+    """Machine price, for samples per dollar."""
     strategy: Literal["staged", "grid"] = "staged"
     """staged (ceilings, then end to end, then refinements) or grid (every combination)."""
     source: str = field(default="<dict>", metadata={"internal": True})

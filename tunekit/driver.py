@@ -91,7 +91,11 @@ def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: floa
     write_text_atomic(run_dir / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     from tunekit.envinfo import snapshot
 
-    write_json_atomic(run_dir / "env.json", snapshot())
+    env = snapshot()
+    write_json_atomic(run_dir / "env.json", env)
+    warnings_before = _warnings(cfg, env)
+    for line in warnings_before:
+        console.print(f"[yellow]warning:[/] {line}")
     cuda = probe_cuda(cfg.device)
     rows = store.finished_rows(study)
     if rows:
@@ -122,11 +126,33 @@ def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: floa
         console.print("interrupted: the running trial was stopped; writing outputs for the finished trials")
     finally:
         signal.signal(signal.SIGTERM, previous)
+    warnings_after = [w for w in _warnings(cfg, snapshot(), rows) if w not in warnings_before]
+    for line in warnings_after:
+        console.print(f"[yellow]warning (after the sweep):[/] {line}")
     write_json_atomic(run_dir / "sweep.json", {"strategy": strategy, "stop_reason": stop_reason,
-                                               "interrupted": interrupted})
-    summary = report.summarize(cfg, rows, strategy=strategy, stop_reason=stop_reason)
+                                               "interrupted": interrupted, "warnings_before": warnings_before,
+                                               "warnings_after": warnings_after})
+    summary = report.summarize(cfg, rows, strategy=strategy, stop_reason=stop_reason, env=env,
+                               warnings=tuple(warnings_before + warnings_after))
     report.write_outputs(run_dir, cfg, rows, summary)
     return SweepResult(run_dir, rows, summary, interrupted, ran)
+
+
+def _warnings(cfg: Config, env: dict[str, Any], rows: list[TrialRow] | None = None) -> list[str]:
+    from tunekit.diagnosis import environment_warnings
+
+    s = cfg.search
+    crop = cfg.workload.dataset_args.get("crop")
+    batch_bytes = 3 * int(crop) ** 2 * 4 * max(s.batch_size) if isinstance(crop, int) else None
+    out = environment_warnings(env, max_workers=max(s.num_workers), batch_bytes=batch_bytes,
+                               prefetch=max(s.prefetch_factor))
+    for row in rows or []:
+        m = row.measurement
+        peak, total = m.get("host_mem_peak_bytes"), m.get("host_mem_total_bytes")
+        if row.ok and peak and total and peak > 0.8 * total:
+            out.append(f"trial {row.number} used {peak / 2**30:.1f} of {total / 2**30:.1f} GiB of host memory "
+                       f"({row.knobs.num_workers} workers): close to the machine's RAM")
+    return out
 
 
 def _run_one(study: Any, cfg: Config, run_dir: Path, req: plan.Request) -> TrialRow:

@@ -17,6 +17,7 @@ import yaml
 from tunekit.analysis import Knee, TrialRow, describe_knobs, select_knee, trials_frame
 from tunekit.config import Config
 from tunekit.contract import read_json, write_text_atomic
+from tunekit.diagnosis import Verdict, run_verdicts, trial_verdicts
 from tunekit.recommended import recommendation_dict
 
 __all__ = ["RunSummary", "summarize", "write_outputs", "rebuild", "summary_table"]
@@ -38,6 +39,14 @@ class RunSummary:
     versions: dict[str, Any]
     date: str
     stop_reason: str = ""
+    verdicts: tuple[Verdict, ...] = ()
+    trial_verdicts: dict[int, Verdict] | None = None
+    per_hour: float | None = None
+    warnings: tuple[str, ...] = ()
+
+    def per_dollar(self, samples_per_s: float | None) -> float | None:
+        """Samples per unit of money at ``cost.per_hour``, or None without a price."""
+        return None if not self.per_hour or samples_per_s is None else samples_per_s * 3600 / self.per_hour
 
     @property
     def speedup_vs_defaults(self) -> float | None:
@@ -53,7 +62,8 @@ def _final_rows(cfg: Config, rows: list[TrialRow]) -> list[TrialRow]:
 
 
 def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: str = "",
-              date: str | None = None) -> RunSummary:
+              date: str | None = None, env: dict[str, Any] | None = None,
+              warnings: tuple[str, ...] = ()) -> RunSummary:
     knee = select_knee(_final_rows(cfg, rows), cfg.selection)
     if knee.knee is not None and cfg.search.target_effective_batch and knee.knee.stage == "accumulation":
         # accumulation: the micro-batch x steps that reach the target at the highest samples/s
@@ -73,6 +83,10 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
         failed=sum(1 for r in rows if not r.ok and r.status != "skipped"), device=m.get("device_name"),
         versions=m.get("versions") or {},
         date=date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), stop_reason=stop_reason,
+        verdicts=tuple(run_verdicts(rows, knee.knee, min_headroom=cfg.selection.min_headroom,
+                                    tolerance=cfg.selection.tolerance, env=env)),
+        trial_verdicts=trial_verdicts(rows, min_headroom=cfg.selection.min_headroom, tolerance=cfg.selection.tolerance),
+        per_hour=cfg.cost.per_hour, warnings=tuple(warnings),
     )
 
 
@@ -93,7 +107,9 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
         "within": round(float(s.knee.threshold or 0), 4),
         "data_wait_frac": m.get("data_wait_frac"),
         "gpu_busy_frac": m.get("gpu_busy_frac"),
-        "verdict": None,
+        "samples_per_dollar": round(s.per_dollar(knee.samples_per_s), 1) if s.per_hour else None,
+        "verdict": s.verdicts[0].name if s.verdicts else None,
+        "diagnosis": [v.sentence() for v in s.verdicts],
         "reason": s.knee.reason,
         "device": s.device,
         "versions": s.versions,
@@ -106,7 +122,12 @@ def write_outputs(run_dir: Path, cfg: Config, rows: list[TrialRow], summary: Run
     """Write trials.csv, recommended.yaml (removed when there is no recommendation), plots/*.png and report.md,
     each atomically."""
     buf = io.StringIO()
-    trials_frame(rows).to_csv(buf, index=False)
+    verdicts = summary.trial_verdicts or {}
+    extra = {r.number: {"verdict": verdicts[r.number].name if r.number in verdicts else None,
+                        "verdict_evidence": "; ".join(f"{k} {v}" for k, v in verdicts[r.number].evidence.items())
+                        if r.number in verdicts else None,
+                        "samples_per_dollar": summary.per_dollar(r.samples_per_s)} for r in rows}
+    trials_frame(rows, extra).to_csv(buf, index=False)
     write_text_atomic(run_dir / "trials.csv", buf.getvalue())
     rec_path = run_dir / "recommended.yaml"
     if summary.knee.knee is not None:
@@ -132,7 +153,8 @@ def _recommendation_md(rows: list[TrialRow], s: RunSummary) -> list[str]:
     if s.knee.knee is None:
         return [s.knee.reason, ""]
     k, best = s.knee.knee, s.knee.best
-    out = [f"**{describe_knobs(k.knobs)}** — {k.samples_per_s:.1f} samples/s (trial {k.number}, window noise "
+    cost = f", {s.per_dollar(k.samples_per_s):,.0f} samples per unit of money" if s.per_hour else ""
+    out = [f"**{describe_knobs(k.knobs)}** — {k.samples_per_s:.1f} samples/s{cost} (trial {k.number}, window noise "
            f"{k.noise_cv:.1%}).", "", s.knee.reason, ""]
     if best is not None and best is not k:
         out += [f"Best measured: {describe_knobs(best.knobs)} at {best.samples_per_s:.1f} samples/s (trial "
@@ -176,13 +198,22 @@ def _environment_md(env: dict[str, Any], s: RunSummary) -> list[str]:
 
 
 def _report_md(rows: list[TrialRow], s: RunSummary, plots: list[Any], env: dict[str, Any]) -> str:
+    verdicts = s.trial_verdicts or {}
     out = [f"# tunekit report: {s.name}", "",
            f"{s.strategy} sweep, {s.trials} trials ({s.failed} failed, "
            f"{sum(1 for r in rows if r.status == 'skipped')} skipped) on {s.device or 'unknown device'}, {s.date}.",
            ""]
     if s.stop_reason:
         out += [f"Stopped early: {s.stop_reason}", ""]
-    out += ["## Recommendation", "", *_recommendation_md(rows, s), "## Plots", ""]
+    out += ["## Recommendation", "", *_recommendation_md(rows, s), "## Diagnosis", ""]
+    if s.verdicts:
+        out += [f"- **{v.name}**{' (trial ' + str(v.trial) + ')' if v.trial is not None else ''}: "
+                f"{v.sentence().split(': ', 1)[1]}" for v in s.verdicts] + [""]
+    else:
+        out += ["No verdict: the trials show no clear bound.", ""]
+    if s.warnings:
+        out += ["Environment warnings:", ""] + [f"- {w}" for w in s.warnings] + [""]
+    out += ["## Plots", ""]
     for plot in plots:
         if plot.path:
             out += [f"### {plot.title}", "", f"![{plot.title}]({plot.path})", ""]
@@ -191,15 +222,17 @@ def _report_md(rows: list[TrialRow], s: RunSummary, plots: list[Any], env: dict[
         out += ["Not drawn, for lack of data:", ""] + [f"- {p.title}: {p.reason}." for p in skipped] + [""]
     out += ["## Environment", "", *_environment_md(env, s)]
     out += ["## Trials", "", "| # | stage | mode | workers | prefetch | pin | batch | accum | compile | status | "
-            "samples/s | noise | data wait | NVML util | headroom |", "|" + " --- |" * 15]
+            "samples/s | samples/$ | noise | data wait | NVML util | headroom | verdict |", "|" + " --- |" * 17]
     for r in sorted(rows, key=lambda r: r.number):
         k = r.knobs
         status = r.status if r.ok else f"{r.status}: {r.reason}"
         out.append(f"| {r.number} | {r.stage} | {r.mode} | {k.num_workers} | {k.prefetch_factor or '—'} | "
                    f"{'yes' if k.pin_memory else 'no'} | {k.batch_size} | {k.grad_accum} | {k.compile} | "
-                   f"{status.replace('|', '/')} | {_fmt(r.samples_per_s)} | {_fmt(r.noise_cv, '.1%')} | "
-                   f"{_fmt(r.measurement.get('data_wait_frac'), '.1%')} | "
-                   f"{_fmt(r.measurement.get('nvml_util_gpu_pct'), '.0f')} | {_fmt(r.headroom, '.1%')} |")
+                   f"{status.replace('|', '/')} | {_fmt(r.samples_per_s)} | "
+                   f"{_fmt(s.per_dollar(r.samples_per_s), ',.0f')} | "
+                   f"{_fmt(r.noise_cv, '.1%')} | {_fmt(r.measurement.get('data_wait_frac'), '.1%')} | "
+                   f"{_fmt(r.measurement.get('nvml_util_gpu_pct'), '.0f')} | {_fmt(r.headroom, '.1%')} | "
+                   f"{verdicts[r.number].name if r.number in verdicts else '—'} |")
     return "\n".join(out) + "\n"
 
 
@@ -237,6 +270,7 @@ def rebuild(run_dir: Path) -> tuple[Config, list[TrialRow], RunSummary]:
     meta = read_json(run_dir / "sweep.json") if (run_dir / "sweep.json").exists() else {}
     env = read_json(run_dir / "env.json") if (run_dir / "env.json").exists() else {}
     summary = summarize(cfg, rows, strategy=meta.get("strategy", cfg.strategy), stop_reason=meta.get("stop_reason", ""),
-                        date=env.get("date"))  # the sweep's date, not the rebuild's
+                        date=env.get("date"), env=env,  # the sweep's date, not the rebuild's
+                        warnings=tuple(meta.get("warnings_before", []) + meta.get("warnings_after", [])))
     write_outputs(run_dir, cfg, rows, summary)
     return cfg, rows, summary

@@ -1,0 +1,107 @@
+"""Verdicts on fixtures for every verdict, environment warnings, and two real CPU scenarios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import sleepy_config
+from tunekit import config
+from tunekit.analysis import rows_from_measurements
+from tunekit.contract import Knobs, TrialSpec
+from tunekit.diagnosis import FIXES, VERDICTS, environment_warnings, run_verdicts, trial_verdicts
+from tunekit.launcher import run_trial
+
+
+def _m(n, mode, sps, batch=64, workers=0, pin=False, **extra):
+    base = {"number": n, "stage": mode, "mode": mode, "status": "ok", "samples_per_s": sps, "noise_cv": 0.01,
+            "headroom": 0.5, "cpu_count": 16, "cpu_util_frac": 0.3, "data_wait_frac": 0.0,
+            "params": {"num_workers": workers, "prefetch_factor": 2 if workers else None, "pin_memory": pin,
+                       "batch_size": batch, "grad_accum": 1, "compile": "none"}}
+    return {**base, **extra}
+
+
+CEILINGS = [_m(0, "compute", 500, batch=16), _m(1, "compute", 2000, batch=64), _m(2, "compute", 2100, batch=128)]
+
+CASES = {
+    "data-starved": _m(10, "train", 600, workers=4, data_wait_frac=0.6),
+    "cpu-preprocessing": _m(10, "train", 900, workers=16, data_wait_frac=0.4, cpu_util_frac=0.97),
+    "compute-bound": _m(10, "train", 1950, workers=8, data_wait_frac=0.02),
+    "overhead-bound": _m(10, "train", 480, batch=16, workers=8, data_wait_frac=0.01),
+    "memory-wall": _m(10, "train", 1900, workers=8, headroom=0.12),
+    "h2d-copy": _m(10, "train", 1500, workers=8, data_wait_frac=0.1),
+    "shared-gpu": _m(10, "train", 1500, workers=8, noise_cv=0.2, nvml={"throttle_reasons": ["hw_slowdown"]}),
+}
+
+
+@pytest.mark.parametrize("name", VERDICTS)
+def test_every_verdict_on_fixtures(name: str):
+    ms = [*CEILINGS, CASES[name]]
+    if name == "h2d-copy":
+        ms.append(_m(11, "train", 1800, workers=8, pin=True, data_wait_frac=0.05))
+    verdict = trial_verdicts(rows_from_measurements(ms), min_headroom=0.10, tolerance=0.03)[10]
+    assert verdict.name == name
+    assert verdict.fix == FIXES[name] and verdict.evidence
+    assert name in verdict.sentence() and "First fix" in verdict.sentence()
+
+
+def test_evidence_carries_the_numbers():
+    rows = rows_from_measurements([*CEILINGS, CASES["cpu-preprocessing"]])
+    ev = trial_verdicts(rows, min_headroom=0.10, tolerance=0.03)[10].evidence
+    assert ev["data wait"] == 0.4 and ev["workers"] == 16 and ev["usable CPUs"] == 16
+    assert ev["of compute ceiling"] == pytest.approx(900 / 2000)
+
+
+def test_zero_workers_is_data_starved_however_busy_the_main_process():
+    rows = rows_from_measurements([*CEILINGS, _m(10, "train", 200, data_wait_frac=0.95, cpu_util_frac=0.95)])
+    assert trial_verdicts(rows, min_headroom=0.10, tolerance=0.03)[10].name == "data-starved"
+
+
+def test_run_verdicts_lead_with_the_knee_and_add_oom_and_other_processes():
+    ms = [*CEILINGS, {**_m(3, "compute", None, batch=256), "status": "oom"}, CASES["cpu-preprocessing"]]
+    rows = rows_from_measurements(ms)
+    env = {"gpus": [{"index": 0, "processes": [{"pid": 7, "name": "python"}]}]}
+    found = run_verdicts(rows, rows[-1], min_headroom=0.10, tolerance=0.03, env=env)
+    assert [v.name for v in found] == ["cpu-preprocessing", "shared-gpu", "memory-wall"]
+    assert found[2].evidence == {"OOM at batch": 256, "largest batch that fits": 128}
+
+
+def test_environment_warnings():
+    env = {"cpu": {"affinity": 8}, "shm": {"total_bytes": 64 * 2**20}, "torch_cuda_build": "13.0",
+           "nvml": {"cuda_driver_version": "12.8"},
+           "gpus": [{"index": 0, "name": "H200", "processes": [{"pid": 9, "name": "train.py"}],
+                     "throttle_reasons": ["gpu_idle", "hw_thermal_slowdown"], "temperature_c": 90,
+                     "pcie": {"width": 8, "width_max": 16}}]}
+    text = "\n".join(environment_warnings(env, max_workers=16, batch_bytes=2**20 * 8, prefetch=2))
+    for fragment in ("above the 8 usable CPUs", "/dev/shm holds 0.1 GiB", "built for CUDA 13.0",
+                     "1 other process(es): train.py (pid 9)", "hw_thermal_slowdown", "at 90 C", "x8 of x16"):
+        assert fragment in text
+    assert "gpu_idle" not in text
+    assert environment_warnings({"cpu": {"affinity": 8}, "gpus": []}, max_workers=4) == []
+
+
+def _trial(tmp: Path, cfg: dict, n: int, mode: str, **knobs) -> dict:
+    spec = TrialSpec(number=n, stage=mode, mode=mode, knobs=Knobs(**knobs), config=config.from_dict(cfg).to_dict())
+    m = run_trial(spec, tmp / str(n), 60)
+    assert m["status"] == "ok", m
+    return {**m, "number": n}
+
+
+def test_real_cpu_scenarios(tmp_path: Path):
+    """Per-sample waits with one worker -> data-starved; a heavy step on cheap data -> compute-bound."""
+    slow_data = sleepy_config(**{"workload.dataset_args": {"sample_wait_s": 0.01},
+                                 "workload.model_args": {"step_wait_s": 0.005}})
+    cheap_data = sleepy_config(**{"workload.dataset": "tunekit.workloads.synthetic:tensor_dataset",
+                                  "workload.dataset_args": {"shape": [3, 8, 8]},
+                                  "workload.model_args": {"step_wait_s": 0.03}})
+    starved = [_trial(tmp_path, slow_data, 0, "compute", batch_size=8),
+               _trial(tmp_path, slow_data, 1, "train", num_workers=1, prefetch_factor=2, batch_size=8)]
+    bound = [_trial(tmp_path, cheap_data, 2, "compute", batch_size=8),
+             _trial(tmp_path, cheap_data, 3, "train", num_workers=1, prefetch_factor=2, batch_size=8)]
+    v1 = trial_verdicts(rows_from_measurements(starved), min_headroom=0.10, tolerance=0.03)[1]
+    v2 = trial_verdicts(rows_from_measurements(bound), min_headroom=0.10, tolerance=0.03)[3]
+    assert v1.name == "data-starved", v1.sentence()
+    assert v1.evidence["data wait"] > 0.5 and v1.evidence["of compute ceiling"] < 0.5
+    assert v2.name == "compute-bound", v2.sentence()
+    assert v2.evidence["of compute ceiling"] >= 0.9
