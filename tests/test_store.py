@@ -46,4 +46,6 @@ def test_changed_config_is_refused(tmp_path: Path):
     other = config.from_dict(sleepy_config(**{"search.batch_size": [16]}))
     with pytest.raises(UsageError, match="different config"):
         store.open_study(tmp_path, other, resume=True)
+    (tmp_path / "trials" / "0").mkdir(parents=True)
     assert store.open_study(tmp_path, other, resume=False).trials == []
+    assert not (tmp_path / "trials").exists()  # no stale trial folders beside the new run

@@ -7,6 +7,7 @@ process tree, records it as interrupted and still writes the outputs of the fini
 
 from __future__ import annotations
 
+import json
 import signal
 import statistics
 import subprocess
@@ -97,6 +98,7 @@ def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: floa
     for line in warnings_before:
         console.print(f"[yellow]warning:[/] {line}")
     cuda = probe_cuda(cfg.device)
+    _prepare_dataset(cfg, console)
     rows = store.finished_rows(study)
     if rows:
         console.print(f"resuming: {len(rows)} finished trial(s) in {run_dir / store.STUDY_FILE} are kept")
@@ -136,6 +138,23 @@ def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: floa
                                warnings=tuple(warnings_before + warnings_after))
     report.write_outputs(run_dir, cfg, rows, summary)
     return SweepResult(run_dir, rows, summary, interrupted, ran)
+
+
+def _prepare_dataset(cfg: Config, console: Any) -> None:
+    """Build the dataset once (and any cache it makes) before the first trial, in a subprocess."""
+    wl = {"dataset": cfg.workload.dataset, "dataset_args": cfg.workload.dataset_args}
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tunekit.workloads.prepare", json.dumps(wl)],
+                              capture_output=True, text=True, timeout=max(600.0, cfg.trial.timeout_s))
+    except subprocess.TimeoutExpired:
+        console.print("warning: preparing the dataset timed out; the first trial will finish it")
+        return
+    if proc.returncode != 0:  # the trials will fail and say why; the sweep goes on
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        console.print(f"warning: building the dataset failed: {tail}")
+        return
+    console.print(f"dataset ready: {proc.stdout.strip()} samples ({time.monotonic() - t0:.1f} s)", highlight=False)
 
 
 def _warnings(cfg: Config, env: dict[str, Any], rows: list[TrialRow] | None = None) -> list[str]:

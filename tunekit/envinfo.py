@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-__all__ = ["snapshot", "format_text", "NvmlSampler"]
+__all__ = ["snapshot", "format_text", "NvmlSampler", "cpu_model"]
 
 _GIB = 1024**3
 _SHM_PATH = "/dev/shm"
@@ -124,7 +124,7 @@ def _tunekit_version() -> str | None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _cpu_model() -> str | None:
+def cpu_model() -> str | None:
     """Return the CPU model name from /proc/cpuinfo, or None (non-Linux, or no such line, e.g. on ARM)."""
     try:
         with open(_CPUINFO_PATH, encoding="utf-8", errors="replace") as fh:
@@ -144,7 +144,7 @@ def _cpu_info() -> dict[str, Any]:
         "logical": os.cpu_count(),
         "physical": psutil.cpu_count(logical=False),
         "affinity": affinity,
-        "model": _cpu_model(),
+        "model": cpu_model(),
     }
 
 

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,8 @@ def open_study(run_dir: Path, cfg: Config, *, resume: bool) -> optuna.Study:
     path = run_dir / STUDY_FILE
     if path.exists() and not resume:
         path.unlink()
+        # the old trials' folders would otherwise sit beside the new ones, under the same numbers
+        shutil.rmtree(run_dir / "trials", ignore_errors=True)
     storage = optuna.storages.RDBStorage(f"sqlite:///{path}")
     study = optuna.create_study(study_name="tunekit", storage=storage, direction="maximize",
                                 sampler=optuna.samplers.RandomSampler(seed=0), load_if_exists=True)

@@ -212,6 +212,12 @@ def _device_memory(device: torch.device) -> dict[str, Any]:
     }
 
 
+def _cpu_name() -> str:
+    from tunekit.envinfo import cpu_model
+
+    return f"CPU: {cpu_model() or platform.machine()}"
+
+
 def _versions() -> dict[str, Any]:
     import torchvision
 
@@ -314,8 +320,7 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
         "host_processes": monitor.max_processes,
         "cpu_count": cpus,
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-        or platform.machine(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
         "versions": _versions(),
     }
     out.update(_memory_fields(memory, warmup_peak, out))
