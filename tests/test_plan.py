@@ -46,6 +46,10 @@ def test_stages_follow_in_order_and_pruning_skips_hopeless_worker_counts():
                                                               pin_memory=True),
         _m(13, "end_to_end", "train", 396, num_workers=6)]), strategy="staged", cuda=True)
     assert requests[0].knobs.num_workers == 2 and requests[0].skip and "200.0 samples/s" in requests[0].skip
+    assert requests[0].knobs.pin_memory  # the loader ceiling was measured pinned: it bounds pinned trials only
+    unpinned = plan._maybe_skip(plan.Request("end_to_end", "train", requests[0].knobs.__class__(
+        num_workers=2, prefetch_factor=2, batch_size=8)), rows, cfg)
+    assert unpinned.skip is None
     defaults = plan._maybe_skip(plan.Request("end_to_end", "train", requests[0].knobs.__class__(batch_size=8)),
                                 rows, cfg)
     assert defaults.skip is None  # PyTorch defaults are always measured

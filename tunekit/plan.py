@@ -142,7 +142,10 @@ def _maybe_skip(req: Request, rows: list[TrialRow], cfg: Config) -> Request:
     """Skip an end-to-end trial whose loader ceiling is already below what the knee must reach."""
     if req.knobs.num_workers == 0 and not req.knobs.pin_memory:
         return req  # PyTorch's defaults: always measured, the baseline of every report
-    ceiling = next((r for r in _done(rows, "loader") if r.ok and r.knobs.num_workers == req.knobs.num_workers), None)
+    # The ceiling bounds only trials with its own pin_memory setting: pinning moves work onto the main process (the
+    # pin-memory thread), so the loader can be slower pinned than unpinned when the CPUs are saturated.
+    ceiling = next((r for r in _done(rows, "loader") if r.ok and r.knobs.num_workers == req.knobs.num_workers
+                    and r.knobs.pin_memory == req.knobs.pin_memory), None)
     done = [r for r in _done(rows, "end_to_end") if r.ok]
     if ceiling is None or not done:
         return req
