@@ -18,7 +18,7 @@ def _problems(write_config, data) -> list[str]:
 
 
 def test_shipped_configs_load():
-    for name in ("quickstart", "resnet"):
+    for name in ("quickstart", "resnet", "resnet-cheapdata"):
         cfg = config.load(REPO / "configs" / f"{name}.yaml")
         assert cfg.workload.model and cfg.search.batch_size
     resnet = config.load(REPO / "configs" / "resnet.yaml", check_imports=False)
