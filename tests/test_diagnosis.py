@@ -105,3 +105,12 @@ def test_real_cpu_scenarios(tmp_path: Path):
     assert v1.evidence["data wait"] > 0.5 and v1.evidence["of compute ceiling"] < 0.5
     assert v2.name == "compute-bound", v2.sentence()
     assert v2.evidence["of compute ceiling"] >= 0.9
+
+
+def test_other_processes_count_only_on_the_gpu_the_trials_used():
+    ms = [*CEILINGS, {**CASES["compute-bound"], "device_uuid": "aaaa"}]
+    rows = rows_from_measurements(ms)
+    env = {"gpus": [{"index": 0, "uuid": "GPU-aaaa", "processes": []},
+                    {"index": 1, "uuid": "GPU-bbbb", "processes": [{"pid": 7, "name": "python"}]}]}
+    names = [v.name for v in run_verdicts(rows, rows[-1], min_headroom=0.10, tolerance=0.03, env=env)]
+    assert "shared-gpu" not in names

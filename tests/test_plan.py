@@ -62,3 +62,31 @@ def test_grid_has_every_valid_combination():
     assert len(grid) == (1 + 3 * 2) * 2 * 2
     assert all(r.knobs.prefetch_factor is None for r in grid if r.knobs.num_workers == 0)
     assert len(plan.next_requests(cfg, [], strategy="grid", cuda=False)) == (1 + 3 * 2) * 2  # no pinning on CPU
+
+
+def test_single_end_to_end_config_still_gets_prefetch_and_compile_stages():
+    cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.batch_size": [8]})
+    rows = rows_from_measurements([_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 800, num_workers=8),
+                                   _m(2, "end_to_end", "train", 390, num_workers=8),
+                                   _m(3, "end_to_end", "train", 80)])  # the defaults, always run
+    nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert [(r.stage, r.knobs.prefetch_factor) for r in nxt] == [("prefetch", 4)]
+
+
+def test_defaults_run_even_when_zero_workers_is_not_searched():
+    cfg = _cfg(**{"search.num_workers": [4, 8], "search.pin_memory": [False], "search.batch_size": [8]})
+    rows = rows_from_measurements([_m(0, "compute", "compute", 400),
+                                   *[_m(i + 1, "loader", "loader", 800, num_workers=w) for i, w in enumerate([4, 8])],
+                                   _m(3, "end_to_end", "train", 390, num_workers=8),
+                                   _m(4, "end_to_end", "train", 385, num_workers=4)])
+    nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert (nxt[0].stage, nxt[0].knobs.num_workers, nxt[0].knobs.pin_memory, nxt[0].skip) == \
+        ("end_to_end", 0, False, None)
+
+
+def test_grid_with_a_target_effective_batch_builds_the_pairs():
+    cfg = _cfg(**{"search.num_workers": [0], "search.batch_size": [8, 16, 32], "search.compile": ["none"],
+                  "search.target_effective_batch": 32})
+    shapes = {(r.knobs.batch_size, r.knobs.grad_accum) for r in plan.next_requests(cfg, [], strategy="grid",
+                                                                                  cuda=False)}
+    assert shapes == {(8, 4), (16, 2), (32, 1)}

@@ -103,3 +103,9 @@ def test_report_rebuilds_every_plot_of_a_real_run(tmp_path: Path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", file
         assert f"![{title}](plots/{file})" in report
     assert "14.20×" in report and "NVIDIA H200" in report and "skipped: the loader alone gives" in report
+
+
+def test_batch_data_when_every_batch_failed():
+    rows = rows_from_measurements([_m(0, "grid", "train", None, status="oom", batch=64),
+                                   _m(1, "grid", "train", None, status="oom", batch=128)])
+    assert plots.batch_data(rows, select_knee(rows, SELECTION), "t", 0.1) == "no batch size completed"

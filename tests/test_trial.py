@@ -193,3 +193,27 @@ def test_trial_cli_writes_measurement(write_config, tmp_path: Path):
     assert m["status"] == "ok" and m["params"]["num_workers"] == 2 and m["params"]["batch_size"] == 8
     assert "samples/s:" in proc.stdout
     assert (out / "config.resolved.yaml").exists()
+
+
+def test_trial_dies_with_its_launcher(tmp_path: Path):
+    """A sweep killed with SIGKILL cannot clean up: the trial's own watchdog kills its process group."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    cfg = sleepy_config(**{"workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "hang_at": 3,
+                                                     "pid_dir": str(pids)}})
+    spec = _spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4)
+    code = ("import json, sys; from tunekit.contract import TrialSpec; from tunekit.launcher import run_trial; "
+            f"run_trial(TrialSpec.from_dict(json.loads(sys.argv[1])), {str(tmp_path / 't')!r}, 300)")
+    launcher = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec.to_dict())])
+    deadline = time.monotonic() + 60
+    while len(list(pids.iterdir())) < 2:  # both loader workers are serving (one of them hangs)
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    worker = int((tmp_path / "t" / "worker.pid").read_text())
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 10
+    victims = [worker, *(int(p.name) for p in pids.iterdir())]
+    while any(_alive(pid) for pid in victims):
+        assert time.monotonic() < deadline, [pid for pid in victims if _alive(pid)]
+        time.sleep(0.2)

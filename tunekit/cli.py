@@ -109,7 +109,8 @@ def validate(config_path: str) -> None:
               help="Output folder (default results/<name>-trial).")
 def trial(config_path: str, sets: tuple[str, ...], mode: str, out_dir: str | None) -> None:
     """Run exactly one trial and write OUT/trials/<n>/measurement.json."""
-    from tunekit.contract import write_json_atomic
+    from tunekit.contract import write_json_atomic, write_text_atomic
+    from tunekit.driver import interrupts_as_keyboard_interrupt
     from tunekit.launcher import run_trial
 
     knob_sets, config_sets = _split_sets(sets)
@@ -121,10 +122,11 @@ def trial(config_path: str, sets: tuple[str, ...], mode: str, out_dir: str | Non
     out = Path(out_dir or Path("results") / f"{cfg.name}-trial")
     number = _next_trial_number(out / "trials")
     (out / "trials").mkdir(parents=True, exist_ok=True)
-    (out / "config.resolved.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    write_text_atomic(out / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     spec = TrialSpec(number=number, stage="single", mode=mode, knobs=knobs, config=cfg.to_dict())
     click.echo(f"trial {number}: {_describe(knobs)} ({mode}) on {cfg.device} ...", err=True)
-    result = run_trial(spec, out / "trials" / str(number), cfg.trial.timeout_s)
+    with interrupts_as_keyboard_interrupt():  # SIGTERM/SIGHUP kill the trial's process tree too
+        result = run_trial(spec, out / "trials" / str(number), cfg.trial.timeout_s)
     write_json_atomic(out / "trials" / str(number) / "measurement.json", result)
     click.echo(_summary(result))
     click.echo(f"-> {out / 'trials' / str(number) / 'measurement.json'}")

@@ -103,7 +103,7 @@ class TrialSettings:
 
     warmup_steps: int = field(default=10, metadata=_meta(min=0))
     """Steps run before timing, on top of the pipeline fill (num_workers x prefetch_factor batches)."""
-    measure_windows: int = field(default=3, metadata=_meta(min=1))
+    measure_windows: int = field(default=3, metadata=_meta(min=2))
     """Timed windows; samples/s is their median and the noise their spread."""
     window_s: float = field(default=3.0, metadata=_meta(gt=0))
     """Length of one timed window in seconds."""

@@ -167,7 +167,10 @@ def run_verdicts(rows: list[TrialRow], knee: TrialRow | None, *, min_headroom: f
     found: list[Verdict] = []
     if knee is not None and knee.number in per_trial:
         found.append(per_trial[knee.number])
-    others = [p for p in ((env or {}).get("gpus") or []) if p.get("processes")]
+    used = {str(r.measurement.get("device_uuid")).lower() for r in rows if r.measurement.get("device_uuid")}
+    gpus = [g for g in ((env or {}).get("gpus") or [])
+            if not used or str(g.get("uuid") or "").lower().removeprefix("gpu-") in used]  # only the GPU we used
+    others = [g for g in gpus if g.get("processes")]
     if others:
         procs = sum(len(g["processes"]) for g in others)
         found.append(Verdict("shared-gpu", {"other processes on the GPU at sweep start": procs},

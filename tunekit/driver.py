@@ -7,12 +7,14 @@ process tree, records it as interrupted and still writes the outputs of the fini
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +82,17 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def interrupts_as_keyboard_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, so a killed command still kills its running trial."""
+    previous = {sig: signal.signal(sig, _sigterm_as_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: float, resume: bool,
               quiet: bool = False) -> SweepResult:
     """Run (or resume) a sweep into ``run_dir`` and write its outputs."""
@@ -103,10 +116,10 @@ def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: floa
     if rows:
         console.print(f"resuming: {len(rows)} finished trial(s) in {run_dir / store.STUDY_FILE} are kept")
     budget = _Budget(budget_minutes, cfg.budget.max_trials)
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     interrupted, stop_reason, ran = False, "", 0
+    total = plan.estimate_total(cfg, rows, strategy=strategy, cuda=cuda)
     try:
-        with _Progress(console, plan.estimate_total(cfg, rows, strategy=strategy, cuda=cuda), len(rows)) as bar:
+        with interrupts_as_keyboard_interrupt(), _Progress(console, total, len(rows)) as bar:
             while not stop_reason:
                 requests = plan.next_requests(cfg, rows, strategy=strategy, cuda=cuda)
                 if not requests:
@@ -126,8 +139,6 @@ def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: floa
     except KeyboardInterrupt:
         interrupted, stop_reason = True, "interrupted; rerun the same command to resume"
         console.print("interrupted: the running trial was stopped; writing outputs for the finished trials")
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     warnings_after = [w for w in _warnings(cfg, snapshot(), rows) if w not in warnings_before]
     for line in warnings_after:
         console.print(f"[yellow]warning (after the sweep):[/] {line}")

@@ -34,7 +34,7 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
     Never raises for a failed trial: the status and reason say what happened. KeyboardInterrupt (or any other
     exception in the caller while waiting) kills the trial's process tree before propagating.
     """
-    trial_dir = Path(trial_dir)
+    trial_dir = Path(trial_dir).resolve()  # absolute in the worker's command line, so a resume can find it
     trial_dir.mkdir(parents=True, exist_ok=True)
     spec_path, out_path = trial_dir / "spec.json", trial_dir / "measurement.json"
     write_json_atomic(spec_path, spec.to_dict())

@@ -39,7 +39,7 @@ class Request:
 
 def _pins(cfg: Config, cuda: bool) -> list[bool]:
     # Pinned memory only means something with a CUDA device; on the CPU it would be the same trial twice.
-    pins = [p for p in cfg.search.pin_memory if cuda or not p]
+    pins = sorted({p for p in cfg.search.pin_memory if cuda or not p})  # [False, True]: pinned is the costlier
     return pins or [False]
 
 
@@ -55,9 +55,11 @@ def _base(cfg: Config) -> dict[str, Any]:
 def _grid(cfg: Config, cuda: bool) -> list[Request]:
     s = cfg.search
     out: list[Request] = []
-    accums = s.grad_accum
-    for w, pin, batch, accum, comp in itertools.product(s.num_workers, _pins(cfg, cuda), s.batch_size, accums,
-                                                         s.compile):
+    if s.target_effective_batch:  # only micro-batch x steps pairs that reach the target
+        shapes = [(b, s.target_effective_batch // b) for b in s.batch_size if s.target_effective_batch % b == 0]
+    else:
+        shapes = list(itertools.product(s.batch_size, s.grad_accum))
+    for w, pin, (batch, accum), comp in itertools.product(s.num_workers, _pins(cfg, cuda), shapes, s.compile):
         prefetches = s.prefetch_factor if w > 0 else [None]
         for pf in prefetches:
             knobs = Knobs(num_workers=w, prefetch_factor=pf, pin_memory=pin, batch_size=batch, grad_accum=accum,
@@ -108,10 +110,14 @@ def _staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
     # the tolerance of it cannot be the knee, and are skipped with that evidence instead of run.
     e2e = [Request("end_to_end", "train", Knobs(num_workers=w, batch_size=batch, pin_memory=p, **base))
            for w in sorted(s.num_workers, reverse=True) for p in reversed(pins)]
+    defaults = Request("end_to_end", "train", Knobs(num_workers=0, batch_size=batch, pin_memory=False, **base))
+    if defaults not in e2e:  # PyTorch's defaults are every report's baseline, searched or not
+        e2e.append(defaults)
     pending = _pending(e2e, rows)
     if pending:
         return [_maybe_skip(pending[0], rows, cfg)]
-    knee = select_knee(_done(rows, "end_to_end"), cfg.selection).knee
+    found = select_knee(_done(rows, "end_to_end"), cfg.selection)
+    knee = found.knee or found.best  # with a single config there is no knee yet, but it can still be refined
     if knee is None:
         return []
     k = knee.knobs
@@ -120,7 +126,8 @@ def _staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
                     for pf in s.prefetch_factor if pf != k.prefetch_factor]
         if _pending(prefetch, rows):
             return _pending(prefetch, rows)
-        knee = select_knee(_done(rows, "end_to_end") + _done(rows, "prefetch"), cfg.selection).knee or knee
+        found = select_knee(_done(rows, "end_to_end") + _done(rows, "prefetch"), cfg.selection)
+        knee = found.knee or found.best or knee
         k = knee.knobs
     compile_ = [Request("compile", "train", Knobs(**{**k.to_dict(), "compile": c}))
                 for c in s.compile if c != k.compile]
@@ -128,7 +135,7 @@ def _staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
         return _pending(compile_, rows)
     if s.target_effective_batch:
         ref = select_knee([r for r in rows if r.stage in ("end_to_end", "prefetch", "compile")], cfg.selection)
-        k = (ref.knee or knee).knobs
+        k = (ref.knee or ref.best or knee).knobs
         fits = {r.knobs.batch_size for r in _done(rows, "compute")
                 if r.ok and (r.headroom is None or r.headroom >= cfg.selection.min_headroom)}
         accum = [Request("accumulation", "train",

@@ -195,6 +195,8 @@ def batch_data(rows: list[TrialRow], knee: Knee, title: str, min_headroom: float
         if r.ok and (r.knobs.batch_size not in best_by_batch or _rate(r) > _rate(best_by_batch[r.knobs.batch_size])):
             best_by_batch[r.knobs.batch_size] = r
     oom = tuple(sorted({r.knobs.batch_size for r in source if r.status == "oom"} - set(best_by_batch)))
+    if not best_by_batch:
+        return "no batch size completed"
     if len(best_by_batch) + len(oom) < 2:
         return "the run has fewer than two batch sizes"
     ok_rows = [best_by_batch[b] for b in sorted(best_by_batch)]

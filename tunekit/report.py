@@ -55,23 +55,30 @@ class RunSummary:
         return float(self.knee.knee.samples_per_s or 0) / self.defaults.samples_per_s
 
 
-def _final_rows(cfg: Config, rows: list[TrialRow]) -> list[TrialRow]:
-    if cfg.search.target_effective_batch and any(r.stage == "accumulation" for r in rows):
-        return [r for r in rows if r.stage == "accumulation"]
-    return [r for r in rows if r.stage in _SELECTED_STAGES]
+def _select(cfg: Config, rows: list[TrialRow]) -> Knee:
+    """The knee; with target_effective_batch, only among trials that reach that effective batch."""
+    target = cfg.search.target_effective_batch
+    if not target:
+        return select_knee([r for r in rows if r.stage in _SELECTED_STAGES], cfg.selection)
+    accumulation = [r for r in rows if r.stage == "accumulation" and r.ok
+                    and (r.headroom is None or r.headroom >= cfg.selection.min_headroom)]
+    if accumulation:  # same loader settings, different micro-batch x steps: the fastest wins
+        best = max(accumulation, key=lambda r: r.samples_per_s or 0.0)
+        return Knee(best, best, 1.0, None,
+                    f"Effective batch {target} is reached fastest with micro-batch {best.knobs.batch_size} x "
+                    f"{best.knobs.grad_accum} accumulation steps ({best.samples_per_s:.1f} samples/s).",
+                    tuple(accumulation))
+    reaching = [r for r in rows if r.stage in _SELECTED_STAGES and r.knobs.effective_batch == target]
+    if not any(r.ok for r in reaching):
+        return Knee(None, None, None, None,
+                    f"No recommendation: no completed trial reaches search.target_effective_batch = {target}.")
+    return select_knee(reaching, cfg.selection)
 
 
 def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: str = "",
               date: str | None = None, env: dict[str, Any] | None = None,
               warnings: tuple[str, ...] = ()) -> RunSummary:
-    knee = select_knee(_final_rows(cfg, rows), cfg.selection)
-    if knee.knee is not None and cfg.search.target_effective_batch and knee.knee.stage == "accumulation":
-        # accumulation: the micro-batch x steps that reach the target at the highest samples/s
-        best = knee.best
-        knee = Knee(best, best, 1.0, knee.threshold,
-                    f"Effective batch {cfg.search.target_effective_batch} is reached fastest with micro-batch "
-                    f"{best.knobs.batch_size} x {best.knobs.grad_accum} accumulation steps "
-                    f"({best.samples_per_s:.1f} samples/s).", knee.candidates, knee.excluded_for_headroom)
+    knee = _select(cfg, rows)
     batch = knee.knee.knobs.batch_size if knee.knee else None
     defaults = next((r for r in rows if r.ok and r.mode == "train" and r.knobs.num_workers == 0
                      and not r.knobs.pin_memory and r.knobs.batch_size == batch and r.knobs.compile == "none"

@@ -147,7 +147,7 @@ def _kill_leftover(trial_dir: Path) -> None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return
-    if "tunekit.worker" in cmdline and str(trial_dir) in cmdline:
+    if "tunekit.worker" in cmdline and str(trial_dir.resolve()) in cmdline:
         try:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

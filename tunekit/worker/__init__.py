@@ -7,7 +7,11 @@ cannot report itself (timeouts, signals, a missing or malformed file).
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -20,7 +24,22 @@ EXIT_FAILED = 3
 """Exit code of a worker that classified its own failure and wrote measurement.json."""
 
 
+def _die_with_parent() -> None:
+    """Kill this trial's process group if the launcher dies (SIGKILL, a lost terminal): a trial never outlives the
+    sweep that started it, whatever killed the sweep."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="tunekit-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
+    _die_with_parent()
     spec_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     spec = TrialSpec.from_dict(read_json(spec_path))
     try:

@@ -23,7 +23,7 @@ import psutil
 import torch
 
 from tunekit import __version__
-from tunekit.config import Config, from_dict
+from tunekit.config import Config, cpu_count, from_dict
 from tunekit.contract import TrialSpec
 from tunekit.worker._build import Built, build, make_loader, pick_device, to_device
 from tunekit.worker._monitor import Monitor, TreeCpu
@@ -186,8 +186,10 @@ def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) ->
         consumed += 1
         if waited > blocked:
             break
-    # 3. The configured warm-up steps, rounded up to whole optimizer steps.
-    total = consumed + cfg.trial.warmup_steps * knobs.grad_accum
+    # 3. The configured warm-up steps (at least 3 when compiling: reduce-overhead records its CUDA graphs on the
+    #    second and third calls), rounded up to whole optimizer steps.
+    steps = max(cfg.trial.warmup_steps, 3) if knobs.compile != "none" else cfg.trial.warmup_steps
+    total = consumed + steps * knobs.grad_accum
     total = math.ceil(total / knobs.grad_accum) * knobs.grad_accum
     for _ in range(total - consumed):
         loop.work(loop.fetch())
@@ -280,8 +282,7 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
         warmup_peak = _device_memory(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        monitor.sample_now()
-        monitor.measuring = True
+        monitor.measuring = True  # no work between warm-up and the first window: the loader would refill
         windows = [
             _run_window(loop, device, cfg.trial.window_s, spec.knobs.batch_size, spec.knobs.grad_accum,
                         max(1, knobs.num_workers), cpu)
@@ -294,7 +295,7 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
         monitor.stop()
         # Stop the loader workers now: the closures in `loop` (and a traceback) would keep them alive.
         getattr(loader_iter, "_shutdown_workers", lambda: None)()
-    cpus = len(psutil.Process().cpu_affinity() or []) or (psutil.cpu_count() or 1)
+    cpus = cpu_count()
     result = _summarise(windows, spec, device, cpus)
     consumed = warm["warmup_batches"] + result["measured_steps"] * spec.knobs.grad_accum
     host_total = psutil.virtual_memory().total
@@ -320,6 +321,7 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
         "host_processes": monitor.max_processes,
         "cpu_count": cpus,
         "device": str(device),
+        "device_uuid": str(torch.cuda.get_device_properties(device).uuid) if device.type == "cuda" else None,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
         "versions": _versions(),
     }
