@@ -42,6 +42,11 @@ class TrialRow:
         return self.status == "ok" and self.samples_per_s is not None
 
     @property
+    def rate(self) -> float:
+        """samples/s as a number (0 for a trial without one)."""
+        return float(self.samples_per_s or 0.0)
+
+    @property
     def key(self) -> tuple[Any, ...]:
         return (self.stage, self.mode, *self.knobs.to_dict().values())
 
@@ -103,24 +108,24 @@ def select_knee(rows: list[TrialRow], selection: Selection) -> Knee:
     if len(fitting) < MIN_POINTS:
         extra = (f" ({len(too_tight)} more left less than {selection.min_headroom:.0%} memory headroom)"
                  if too_tight else "")
-        return Knee(None, max(fitting, key=_rate) if fitting else None, None, None,
+        return Knee(None, max(fitting, key=lambda r: r.rate) if fitting else None, None, None,
                     f"No recommendation: only {len(fitting)} config completed within the headroom limit{extra}; "
                     f"a knee needs at least {MIN_POINTS} to compare.", tuple(fitting), too_tight)
-    best = max(fitting, key=_rate)
+    best = max(fitting, key=lambda r: r.rate)
     eligible = []
     for row in fitting:
         allowed = max(selection.tolerance, row.noise_cv, best.noise_cv)
-        if _rate(row) >= _rate(best) * (1.0 - allowed):
+        if row.rate >= best.rate * (1.0 - allowed):
             eligible.append(row)
     knee = min(eligible, key=cost_key)
     allowed = max(selection.tolerance, knee.noise_cv, best.noise_cv)
-    ratio = _rate(knee) / _rate(best)
+    ratio = knee.rate / best.rate
     if knee is best:
         reason = (f"The best config is also the cheapest within {allowed:.1%} of it "
-                  f"({_rate(best):.1f} samples/s).")
+                  f"({best.rate:.1f} samples/s).")
     else:
-        reason = (f"Knee: {describe_knobs(knee.knobs)} reaches {ratio:.1%} of the best ({_rate(knee):.1f} vs "
-                  f"{_rate(best):.1f} samples/s); the shortfall is within max(tolerance {selection.tolerance:.1%}, "
+        reason = (f"Knee: {describe_knobs(knee.knobs)} reaches {ratio:.1%} of the best ({knee.rate:.1f} vs "
+                  f"{best.rate:.1f} samples/s); the shortfall is within max(tolerance {selection.tolerance:.1%}, "
                   f"window noise {max(knee.noise_cv, best.noise_cv):.1%}), and it is cheaper than "
                   f"{describe_knobs(best.knobs)}.")
     return Knee(knee, best, ratio, allowed, reason, tuple(fitting), too_tight)
@@ -132,14 +137,10 @@ def choose_batch(compute_rows: list[TrialRow], selection: Selection) -> int | No
     fitting = [r for r in compute_rows if r.ok and _fits(r, selection)]
     if not fitting:
         return None
-    best = max(fitting, key=_rate)
+    best = max(fitting, key=lambda r: r.rate)
     within = [r for r in fitting
-              if _rate(r) >= _rate(best) * (1.0 - max(selection.tolerance, r.noise_cv, best.noise_cv))]
+              if r.rate >= best.rate * (1.0 - max(selection.tolerance, r.noise_cv, best.noise_cv))]
     return min(r.knobs.batch_size for r in within)
-
-
-def _rate(row: TrialRow) -> float:
-    return float(row.samples_per_s or 0.0)
 
 
 def describe_knobs(k: Knobs) -> str:

@@ -17,7 +17,7 @@ import yaml
 
 from tunekit import config as config_mod
 from tunekit.contract import KNOB_NAMES, Knobs, TrialSpec
-from tunekit.errors import ConfigError, TunekitError, UsageError
+from tunekit.errors import TunekitError, UsageError
 
 __all__ = ["main", "cli"]
 
@@ -109,12 +109,13 @@ def validate(config_path: str) -> None:
               help="Output folder (default results/<name>-trial).")
 def trial(config_path: str, sets: tuple[str, ...], mode: str, out_dir: str | None) -> None:
     """Run exactly one trial and write OUT/trials/<n>/measurement.json."""
+    from tunekit.analysis import describe_knobs
     from tunekit.contract import write_json_atomic, write_text_atomic
     from tunekit.driver import interrupts_as_keyboard_interrupt
     from tunekit.launcher import run_trial
 
     knob_sets, config_sets = _split_sets(sets)
-    raw = _load_raw(config_path)
+    raw = config_mod.read_yaml(config_path)
     for key, value in config_sets.items():
         _set_dotted(raw, key, value)
     cfg = config_mod.from_dict(raw, source=config_path, check_imports=True, default_name=Path(config_path).stem)
@@ -124,7 +125,7 @@ def trial(config_path: str, sets: tuple[str, ...], mode: str, out_dir: str | Non
     (out / "trials").mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     spec = TrialSpec(number=number, stage="single", mode=mode, knobs=knobs, config=cfg.to_dict())
-    click.echo(f"trial {number}: {_describe(knobs)} ({mode}) on {cfg.device} ...", err=True)
+    click.echo(f"trial {number}: {describe_knobs(knobs)} ({mode}) on {cfg.device} ...", err=True)
     with interrupts_as_keyboard_interrupt():  # SIGTERM/SIGHUP kill the trial's process tree too
         result = run_trial(spec, out / "trials" / str(number), cfg.trial.timeout_s)
     write_json_atomic(out / "trials" / str(number) / "measurement.json", result)
@@ -165,18 +166,6 @@ def _split_sets(sets: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str]]:
                 f"--set {key}: unknown knob; allowed: {', '.join(KNOB_NAMES)}, or a dotted config key"
             )
     return knobs, config
-
-
-def _load_raw(path: str) -> Any:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read config: {exc.strerror or exc}"]) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        config_mod.load(path, check_imports=False)  # raises the precise one-line error
-        raise
 
 
 def _set_dotted(raw: Any, key: str, value: str) -> None:
@@ -228,12 +217,6 @@ def _parse_knob(key: str, text: str) -> Any:
 def _next_trial_number(trials: Path) -> int:
     numbers = [int(p.name) for p in trials.glob("*") if p.name.isdigit()] if trials.exists() else []
     return max(numbers, default=-1) + 1
-
-
-def _describe(knobs: Knobs) -> str:
-    pf = f" prefetch={knobs.prefetch_factor}" if knobs.num_workers else ""
-    return (f"workers={knobs.num_workers}{pf} pin={str(knobs.pin_memory).lower()} batch={knobs.batch_size} "
-            f"accum={knobs.grad_accum} compile={knobs.compile}")
 
 
 def _fmt(value: Any, spec: str = ".3f", scale: float = 1.0, unit: str = "") -> str:

@@ -33,6 +33,7 @@ __all__ = [
     "Cost",
     "COMPILE_MODES",
     "load",
+    "read_yaml",
     "from_dict",
     "auto_workers",
     "cpu_count",
@@ -200,19 +201,28 @@ def load(path: str | os.PathLike[str], *, check_imports: bool = True) -> Config:
     Raises:
         ConfigError: listing every problem found, one line each.
     """
+    raw = read_yaml(path)
+    return from_dict(raw, source=str(path), check_imports=check_imports, default_name=Path(path).stem)
+
+
+def read_yaml(path: str | os.PathLike[str]) -> Any:
+    """The parsed YAML of a config file, unvalidated.
+
+    Raises:
+        ConfigError: the file cannot be read or is not valid YAML (one line, with the position).
+    """
     label = str(path)
     try:
         text = Path(path).read_text()
     except OSError as exc:
         raise ConfigError([f"{label}: cannot read config: {exc.strerror or exc}"]) from None
     try:
-        raw = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError([f"{label}: {where}invalid YAML: {problem}"]) from None
-    return from_dict(raw, source=label, check_imports=check_imports, default_name=Path(path).stem)
 
 
 def from_dict(

@@ -62,9 +62,6 @@ def _show(v: Any) -> str:
     return str(v)
 
 
-def _rate(r: TrialRow | None) -> float:
-    return float(r.samples_per_s or 0.0) if r is not None else 0.0
-
 
 class _Context:
     def __init__(self, rows: list[TrialRow], min_headroom: float, tolerance: float):
@@ -74,7 +71,7 @@ class _Context:
         self.compute = {r.knobs.batch_size: r for r in rows if r.ok and r.mode == "compute"}
         self.loader = {(r.knobs.batch_size, r.knobs.num_workers): r for r in rows if r.ok and r.mode == "loader"}
         self.oom_batches = sorted({r.knobs.batch_size for r in rows if r.status == "oom"})
-        per_sample = {b: 1.0 / _rate(r) for b, r in self.compute.items() if _rate(r) > 0}
+        per_sample = {b: 1.0 / r.rate for b, r in self.compute.items() if r.rate > 0}
         self.per_sample = per_sample
         self.best_per_sample = min(per_sample.values()) if per_sample else None
 
@@ -87,7 +84,7 @@ class _Context:
             if (other.ok and k.pin_memory and other.mode == row.mode and k.num_workers == row.knobs.num_workers
                     and k.batch_size == row.knobs.batch_size and k.compile == row.knobs.compile
                     and k.prefetch_factor == row.knobs.prefetch_factor and k.grad_accum == row.knobs.grad_accum):
-                return other, _rate(other) / _rate(row) - 1.0
+                return other, other.rate / row.rate - 1.0
         return None
 
 
@@ -116,7 +113,7 @@ def _classify(row: TrialRow, ctx: _Context) -> Verdict | None:
         return None
     wait = float(m.get("data_wait_frac") or 0.0)
     ceiling = ctx.compute.get(k.batch_size)
-    of_ceiling = _rate(row) / _rate(ceiling) if ceiling is not None and _rate(ceiling) else None
+    of_ceiling = row.rate / ceiling.rate if ceiling is not None and ceiling.rate else None
     cpus = int(m.get("cpu_count") or 0)
     if wait > _STARVED_WAIT and (of_ceiling is None or of_ceiling < _NEAR_CEILING):
         ev = {"data wait": wait}

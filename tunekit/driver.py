@@ -147,7 +147,7 @@ def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: floa
                                                "warnings_after": warnings_after})
     summary = report.summarize(cfg, rows, strategy=strategy, stop_reason=stop_reason, env=env,
                                warnings=tuple(warnings_before + warnings_after))
-    report.write_outputs(run_dir, cfg, rows, summary)
+    report.write_outputs(run_dir, cfg, rows, summary, env)
     return SweepResult(run_dir, rows, summary, interrupted, ran)
 
 

@@ -138,13 +138,10 @@ class PlotResult(NamedTuple):
 Built = Any  # one of the plot dataclasses above
 
 
-def _rate(r: TrialRow) -> float:
-    return float(r.samples_per_s or 0.0)
-
 
 def _point(row: TrialRow) -> Point:
     windows = row.measurement.get("samples_per_s_windows") or [row.samples_per_s]
-    return Point(row.knobs.num_workers, _rate(row), float(min(windows)), float(max(windows)), row.number)
+    return Point(row.knobs.num_workers, row.rate, float(min(windows)), float(max(windows)), row.number)
 
 
 def _knee_batch(knee: Knee) -> int | None:
@@ -176,7 +173,7 @@ def workers_data(rows: list[TrialRow], knee: Knee, title: str) -> WorkersPlot | 
         title=title, series=tuple(Series(k, tuple(v)) for k, v in groups.items()),
         knee=_point(knee.knee) if knee.knee else None, knee_label=label,
         best=_point(knee.best) if knee.best else None, loader_ceiling=loader,
-        compute_ceiling=_rate(compute[0]) if compute else None,
+        compute_ceiling=compute[0].rate if compute else None,
     )
 
 
@@ -192,7 +189,7 @@ def batch_data(rows: list[TrialRow], knee: Knee, title: str, min_headroom: float
                                                            and r.knobs.compile == "none"]
     best_by_batch: dict[int, TrialRow] = {}
     for r in source:
-        if r.ok and (r.knobs.batch_size not in best_by_batch or _rate(r) > _rate(best_by_batch[r.knobs.batch_size])):
+        if r.ok and (r.knobs.batch_size not in best_by_batch or r.rate > best_by_batch[r.knobs.batch_size].rate):
             best_by_batch[r.knobs.batch_size] = r
     oom = tuple(sorted({r.knobs.batch_size for r in source if r.status == "oom"} - set(best_by_batch)))
     if not best_by_batch:
@@ -204,7 +201,7 @@ def batch_data(rows: list[TrialRow], knee: Knee, title: str, min_headroom: float
     device = m.get("headroom_basis") == "device"
     total = m.get("device_mem_total_bytes") if device else m.get("host_mem_total_bytes")
     return BatchPlot(
-        title=title, points=tuple(BatchPoint(r.knobs.batch_size, _rate(r), _peak_gib(r)) for r in ok_rows), oom=oom,
+        title=title, points=tuple(BatchPoint(r.knobs.batch_size, r.rate, _peak_gib(r)) for r in ok_rows), oom=oom,
         limit_gib=None if not total else (1 - min_headroom) * total / _GIB,
         memory_label="peak device memory, reserved (GiB)" if device else "peak host memory, PSS (GiB)",
         chosen=_knee_batch(knee),
@@ -212,7 +209,7 @@ def batch_data(rows: list[TrialRow], knee: Knee, title: str, min_headroom: float
 
 
 def util_data(rows: list[TrialRow], knee: Knee, title: str) -> UtilPlot | str:
-    points = tuple(UtilPoint(float(r.measurement["nvml_util_gpu_pct"]), _rate(r), r.stage, r.number)
+    points = tuple(UtilPoint(float(r.measurement["nvml_util_gpu_pct"]), r.rate, r.stage, r.number)
                    for r in rows if r.ok and r.measurement.get("nvml_util_gpu_pct") is not None)
     if len(points) < 2:
         return "no NVML utilization was sampled (a CPU run, or NVML unavailable)"
@@ -224,7 +221,7 @@ def step_time_data(rows: list[TrialRow], title: str) -> StepTimePlot | str:
     if len(compute) < 2:
         return "the run has fewer than two compute-ceiling trials (batch sizes)"
     return StepTimePlot(title, tuple(
-        StepPoint(r.knobs.batch_size, 1000.0 / _rate(r), 1000.0 * float(r.measurement.get("step_time_s") or 0.0))
+        StepPoint(r.knobs.batch_size, 1000.0 / r.rate, 1000.0 * float(r.measurement.get("step_time_s") or 0.0))
         for r in compute))
 
 
@@ -233,7 +230,7 @@ def fractions_data(rows: list[TrialRow], knee: Knee, title: str) -> FractionsPlo
     if len({r.knobs.num_workers for r in train}) < 2:
         return "the run has fewer than two worker counts measured end to end"
     series: dict[str, dict[int, FractionPoint]] = {}
-    for r in sorted(train, key=lambda r: (r.knobs.num_workers, -_rate(r))):
+    for r in sorted(train, key=lambda r: (r.knobs.num_workers, -r.rate)):
         busy = r.measurement.get("gpu_busy_frac")
         label = f"pin_memory={'on' if r.knobs.pin_memory else 'off'}"
         series.setdefault(label, {}).setdefault(r.knobs.num_workers, FractionPoint(
@@ -252,17 +249,17 @@ def compile_data(rows: list[TrialRow], knee: Knee, title: str) -> CompilePlot | 
             and r.knobs.batch_size == k.batch_size and r.knobs.grad_accum == k.grad_accum]
     order = {m: i for i, m in enumerate(("none", "default", "reduce-overhead", "max-autotune-no-cudagraphs",
                                         "max-autotune"))}
-    by_mode = {r.knobs.compile: r for r in sorted(same, key=_rate)}  # the fastest trial of each mode wins
+    by_mode = {r.knobs.compile: r for r in sorted(same, key=lambda r: r.rate)}  # the fastest trial of each mode wins
     by_mode = dict(sorted(by_mode.items(), key=lambda kv: order.get(kv[0], 99)))
     if len(by_mode) < 2 or "none" not in by_mode:
         return "the run has no eager and compiled trial of the same config to compare"
     eager = by_mode["none"]
     points = []
     for mode, r in by_mode.items():
-        gain = 1.0 / _rate(eager) - 1.0 / _rate(r)  # seconds saved per sample
+        gain = 1.0 / eager.rate - 1.0 / r.rate  # seconds saved per sample
         samples = r.compile_s / gain if mode != "none" and gain > 0 else None
         steps = None if samples is None else samples / (k.batch_size * k.grad_accum)
-        points.append(CompilePoint(mode, _rate(r), r.compile_s, 0.0 if mode == "none" else steps))
+        points.append(CompilePoint(mode, r.rate, r.compile_s, 0.0 if mode == "none" else steps))
     return CompilePlot(title, tuple(points), k.batch_size * k.grad_accum)
 
 

@@ -125,7 +125,8 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
     }
 
 
-def write_outputs(run_dir: Path, cfg: Config, rows: list[TrialRow], summary: RunSummary) -> None:
+def write_outputs(run_dir: Path, cfg: Config, rows: list[TrialRow], summary: RunSummary,
+                  env: dict[str, Any]) -> None:
     """Write trials.csv, recommended.yaml (removed when there is no recommendation), plots/*.png and report.md,
     each atomically."""
     buf = io.StringIO()
@@ -148,7 +149,6 @@ def write_outputs(run_dir: Path, cfg: Config, rows: list[TrialRow], summary: Run
 
     title = f"{summary.name} — {summary.device or 'unknown device'} — {summary.date[:10]}"
     plots = render_all(run_dir, rows, summary.knee, title, cfg.selection.min_headroom)
-    env = read_json(run_dir / "env.json") if (run_dir / "env.json").exists() else {}
     write_text_atomic(run_dir / "report.md", _report_md(rows, summary, plots, env))
 
 
@@ -279,5 +279,5 @@ def rebuild(run_dir: Path) -> tuple[Config, list[TrialRow], RunSummary]:
     summary = summarize(cfg, rows, strategy=meta.get("strategy", cfg.strategy), stop_reason=meta.get("stop_reason", ""),
                         date=env.get("date"), env=env,  # the sweep's date, not the rebuild's
                         warnings=tuple(meta.get("warnings_before", []) + meta.get("warnings_after", [])))
-    write_outputs(run_dir, cfg, rows, summary)
+    write_outputs(run_dir, cfg, rows, summary, env)
     return cfg, rows, summary
