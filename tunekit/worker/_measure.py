@@ -264,11 +264,16 @@ def _summarise(windows: list[_Window], spec: TrialSpec, device: torch.device, cp
 def measure(spec: TrialSpec) -> dict[str, Any]:
     """Run one trial in this process and return its measurement (status ok). Errors propagate to the caller."""
     t_start = time.perf_counter()
+    # Interpreter start plus imports (torch above all): part of every trial's cost, outside its measurement.
+    startup_s = max(0.0, time.time() - psutil.Process().create_time())
     cfg = from_dict(spec.config, check_imports=False)
     torch.manual_seed(0)
+    t_init = time.perf_counter()
     device = pick_device(cfg.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        torch.zeros(1, device=device)  # creates the context now, so build_s holds only the workload
+    cuda_init_s = time.perf_counter() - t_init
     built = build(cfg, spec.knobs, device)
     # The compute ceiling stages one batch on the device: no loader workers may compete with the model.
     knobs = replace(spec.knobs, num_workers=0) if spec.mode == "compute" else spec.knobs
@@ -308,6 +313,8 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
         "params": {**spec.knobs.to_dict(), "non_blocking": spec.knobs.non_blocking},
         **result,
         **warm,
+        "startup_s": startup_s,
+        "cuda_init_s": cuda_init_s,
         "build_s": built.build_s,
         "trial_s": time.perf_counter() - t_start,
         "epoch_boundary_in_trial": False,
