@@ -68,3 +68,13 @@ def test_trials_frame_has_one_row_per_trial_with_knobs_and_status():
     assert {"stage", "num_workers", "prefetch_factor", "pin_memory", "batch_size", "grad_accum", "compile",
             "status", "reason", "samples_per_s"} <= set(frame.columns)
     assert frame.loc[1, "status"] == "oom" and "out of memory" in frame.loc[1, "reason"]
+
+
+def test_an_erratic_cheap_trial_is_not_within_noise():
+    """H200, configs/resnet-reduced.yaml: 12 workers, prefetch 4, pinned ran at 54 % of the best with 55 % window
+    noise; its own noise must not make it the knee. The band is the noise of the upper half (7.2 % here)."""
+    result = select_knee(rows_from_measurements(CASES["erratic_cheap_trial"]["trials"]), SELECTION)
+    assert result.best.number == 6
+    assert result.knee.number == 4  # 16 workers, prefetch 2, unpinned: 93.9 % of the best, within 7.2 %
+    assert result.threshold == pytest.approx(0.072, abs=0.001)
+    assert "median window noise 7.2%" in result.reason

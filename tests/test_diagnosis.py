@@ -58,6 +58,30 @@ def test_zero_workers_is_data_starved_however_busy_the_main_process():
     assert trial_verdicts(rows, min_headroom=0.10, tolerance=0.03)[10].name == "data-starved"
 
 
+def test_noisy_windows_blame_the_gpu_only_when_the_loop_does_not_wait_on_data():
+    # H200, 12 loader workers on 16 CPUs: 55 % window noise from CPU contention, GPU alone and at full clocks
+    starved = _m(10, "train", 900, workers=12, data_wait_frac=0.54, noise_cv=0.55, cpu_util_frac=0.82)
+    verdict = trial_verdicts(rows_from_measurements([*CEILINGS, starved]), min_headroom=0.10, tolerance=0.03)[10]
+    assert verdict.name == "data-starved" and verdict.evidence["window noise (CV)"] == 0.55
+    gpu_bound = _m(10, "train", 1500, workers=8, data_wait_frac=0.02, noise_cv=0.2)
+    verdict = trial_verdicts(rows_from_measurements([*CEILINGS, gpu_bound]), min_headroom=0.10, tolerance=0.03)[10]
+    assert verdict.name == "shared-gpu" and verdict.evidence["window noise (CV)"] == 0.2
+
+
+def test_pinning_that_beats_more_workers_is_h2d_copy_not_data_starved():
+    # H200, ResNet-50 on cheap tensors: unpinned runs wait on data at every worker count; 0 workers pinned is faster
+    ms = [*CEILINGS, _m(10, "train", 1300, workers=2, data_wait_frac=0.27),
+          _m(11, "train", 1350, workers=8, data_wait_frac=0.27), _m(12, "train", 1850, pin=True, data_wait_frac=0.6)]
+    verdicts = trial_verdicts(rows_from_measurements(ms), min_headroom=0.10, tolerance=0.03)
+    assert verdicts[10].name == verdicts[11].name == "h2d-copy"
+    assert verdicts[10].evidence["pinned trial"] == 12
+    assert verdicts[10].evidence["gain with pinning"] == pytest.approx(1850 / 1300 - 1)
+    # a pinned config with more workers is no evidence: more workers may be what helped
+    ms = [*CEILINGS, _m(10, "train", 600, workers=2, data_wait_frac=0.6),
+          _m(11, "train", 1850, workers=8, pin=True, data_wait_frac=0.05)]
+    assert trial_verdicts(rows_from_measurements(ms), min_headroom=0.10, tolerance=0.03)[10].name == "data-starved"
+
+
 def test_run_verdicts_lead_with_the_knee_and_add_oom_and_other_processes():
     ms = [*CEILINGS, {**_m(3, "compute", None, batch=256), "status": "oom"}, CASES["cpu-preprocessing"]]
     rows = rows_from_measurements(ms)

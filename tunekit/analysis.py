@@ -2,20 +2,25 @@
 
 Selection (DESIGN.md): among completed end-to-end trials with headroom >= min_headroom, ordered by cost
 (workers, then prefetch, pin_memory, compile time, then batch and accumulation), the knee is the cheapest config
-whose throughput is not distinguishably below the best: its shortfall is within max(tolerance, the window noise of
-the two trials). Too few points, or none completed, gives no recommendation and a sentence why — never a guess.
+whose throughput is not distinguishably below the best: its shortfall is within max(tolerance, the run's noise).
+The run's noise is the median window CV of the upper half of the candidates (by throughput), where the knee and the
+best compete: one erratic trial widens the band neither for itself nor for the rest (on an H200 a 12-worker trial
+with 55 % window noise at 54 % of the best was once "within noise"), and the steady, data-starved low end does not
+narrow it.
+Too few points, or none completed, gives no recommendation and a sentence why — never a guess.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
 from tunekit.config import Selection
 from tunekit.contract import Knobs
 
 __all__ = ["TrialRow", "Knee", "select_knee", "choose_batch", "rows_from_measurements", "trials_frame",
-           "cost_key", "describe_knobs", "MIN_POINTS"]
+           "cost_key", "describe_knobs", "run_noise", "MIN_POINTS"]
 
 MIN_POINTS = 2
 """Completed candidates a knee needs: with one point there is nothing to compare."""
@@ -112,13 +117,9 @@ def select_knee(rows: list[TrialRow], selection: Selection) -> Knee:
                     f"No recommendation: only {len(fitting)} config completed within the headroom limit{extra}; "
                     f"a knee needs at least {MIN_POINTS} to compare.", tuple(fitting), too_tight)
     best = max(fitting, key=lambda r: r.rate)
-    eligible = []
-    for row in fitting:
-        allowed = max(selection.tolerance, row.noise_cv, best.noise_cv)
-        if row.rate >= best.rate * (1.0 - allowed):
-            eligible.append(row)
-    knee = min(eligible, key=cost_key)
-    allowed = max(selection.tolerance, knee.noise_cv, best.noise_cv)
+    noise = run_noise(fitting)
+    allowed = max(selection.tolerance, noise)
+    knee = min((r for r in fitting if r.rate >= best.rate * (1.0 - allowed)), key=cost_key)
     ratio = knee.rate / best.rate
     if knee is best:
         reason = (f"The best config is also the cheapest within {allowed:.1%} of it "
@@ -126,7 +127,7 @@ def select_knee(rows: list[TrialRow], selection: Selection) -> Knee:
     else:
         reason = (f"Knee: {describe_knobs(knee.knobs)} reaches {ratio:.1%} of the best ({knee.rate:.1f} vs "
                   f"{best.rate:.1f} samples/s); the shortfall is within max(tolerance {selection.tolerance:.1%}, "
-                  f"window noise {max(knee.noise_cv, best.noise_cv):.1%}), and it is cheaper than "
+                  f"the run's median window noise {noise:.1%}), and it is cheaper than "
                   f"{describe_knobs(best.knobs)}.")
     return Knee(knee, best, ratio, allowed, reason, tuple(fitting), too_tight)
 
@@ -138,9 +139,18 @@ def choose_batch(compute_rows: list[TrialRow], selection: Selection) -> int | No
     if not fitting:
         return None
     best = max(fitting, key=lambda r: r.rate)
-    within = [r for r in fitting
-              if r.rate >= best.rate * (1.0 - max(selection.tolerance, r.noise_cv, best.noise_cv))]
+    allowed = max(selection.tolerance, run_noise(fitting))
+    within = [r for r in fitting if r.rate >= best.rate * (1.0 - allowed)]
     return min(r.knobs.batch_size for r in within)
+
+
+def run_noise(rows: list[TrialRow]) -> float:
+    """The noise of a set of comparable trials: the median window CV of those at or above their median
+    throughput (0 for none)."""
+    if not rows:
+        return 0.0
+    middle = median(r.rate for r in rows)
+    return float(median(r.noise_cv for r in rows if r.rate >= middle))
 
 
 def describe_knobs(k: Knobs) -> str:

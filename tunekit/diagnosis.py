@@ -76,23 +76,32 @@ class _Context:
         self.best_per_sample = min(per_sample.values()) if per_sample else None
 
     def pinned_gain(self, row: TrialRow) -> tuple[TrialRow, float] | None:
-        """The pinned twin of an unpinned trial, and its relative gain."""
-        if row.knobs.pin_memory:
+        """For an unpinned trial, the fastest pinned trial of the same batch, accumulation and compile mode with no
+        more workers, and its relative gain: when pinning beats adding workers, the copy is the bound."""
+        if row.knobs.pin_memory or row.mode != "train":
             return None
-        for other in self.rows:
-            k = other.knobs
-            if (other.ok and k.pin_memory and other.mode == row.mode and k.num_workers == row.knobs.num_workers
-                    and k.batch_size == row.knobs.batch_size and k.compile == row.knobs.compile
-                    and k.prefetch_factor == row.knobs.prefetch_factor and k.grad_accum == row.knobs.grad_accum):
-                return other, other.rate / row.rate - 1.0
-        return None
+        k = row.knobs
+        pinned = [o for o in self.rows if o.ok and o.mode == row.mode and o.knobs.pin_memory
+                  and o.knobs.num_workers <= k.num_workers and o.knobs.batch_size == k.batch_size
+                  and o.knobs.compile == k.compile and o.knobs.grad_accum == k.grad_accum]
+        if not pinned:
+            return None
+        best = max(pinned, key=lambda o: o.rate)
+        return best, best.rate / row.rate - 1.0
 
 
 def _classify(row: TrialRow, ctx: _Context) -> Verdict | None:
     m, k = row.measurement, row.knobs
     throttle = sorted(set((m.get("nvml") or {}).get("throttle_reasons") or []) - _BENIGN_THROTTLE)
-    if (row.noise_cv > _NOISY_CV and row.mode != "loader") or throttle:
+    wait = float(m.get("data_wait_frac") or 0.0)
+    # Noisy windows point at the GPU only when the loop is not waiting on data: a saturated input pipeline (CPU
+    # contention among loader workers) makes windows jitter on its own, with the GPU to itself.
+    gpu_bound = row.mode == "compute" or (row.mode == "train" and wait <= _STARVED_WAIT)
+    noisy_gpu = row.noise_cv > _NOISY_CV and gpu_bound
+    if noisy_gpu or throttle:
         ev: dict[str, Any] = {"window noise (CV)": row.noise_cv}
+        if row.mode == "train":
+            ev["data wait"] = wait
         if throttle:
             ev["clock throttle reasons"] = ", ".join(throttle)
         return Verdict("shared-gpu", ev, FIXES["shared-gpu"], row.number)
@@ -111,14 +120,20 @@ def _classify(row: TrialRow, ctx: _Context) -> Verdict | None:
                        FIXES["compute-bound"], row.number)
     if row.mode != "train":
         return None
-    wait = float(m.get("data_wait_frac") or 0.0)
     ceiling = ctx.compute.get(k.batch_size)
     of_ceiling = row.rate / ceiling.rate if ceiling is not None and ceiling.rate else None
     cpus = int(m.get("cpu_count") or 0)
+    twin = ctx.pinned_gain(row)
+    if twin is not None and twin[1] > max(ctx.tolerance, row.noise_cv, twin[0].noise_cv):
+        return Verdict("h2d-copy", {"gain with pinning": twin[1], "pinned trial": twin[0].number,
+                                    "workers (unpinned, pinned)": f"{k.num_workers}, {twin[0].knobs.num_workers}",
+                                    "data wait": wait}, FIXES["h2d-copy"], row.number)
     if wait > _STARVED_WAIT and (of_ceiling is None or of_ceiling < _NEAR_CEILING):
         ev = {"data wait": wait}
         if of_ceiling is not None:
             ev["of compute ceiling"] = of_ceiling
+        if row.noise_cv > _NOISY_CV:
+            ev["window noise (CV)"] = row.noise_cv
         cpu_frac = m.get("cpu_util_frac")
         # with no workers the first fix is to add some, however busy the main process is
         if cpus and k.num_workers and (k.num_workers >= cpus or (cpu_frac is not None and cpu_frac > 0.85)):
@@ -128,10 +143,6 @@ def _classify(row: TrialRow, ctx: _Context) -> Verdict | None:
             return Verdict("cpu-preprocessing", ev, FIXES["cpu-preprocessing"], row.number)
         ev["workers"] = k.num_workers
         return Verdict("data-starved", ev, FIXES["data-starved"], row.number)
-    twin = ctx.pinned_gain(row)
-    if twin is not None and twin[1] > ctx.tolerance:
-        return Verdict("h2d-copy", {"gain with pinning": twin[1], "pinned trial": twin[0].number},
-                       FIXES["h2d-copy"], row.number)
     if of_ceiling is not None and of_ceiling >= _NEAR_CEILING:
         if ctx.best_per_sample and k.batch_size in ctx.per_sample:
             ratio = ctx.per_sample[k.batch_size] / ctx.best_per_sample
@@ -164,6 +175,11 @@ def run_verdicts(rows: list[TrialRow], knee: TrialRow | None, *, min_headroom: f
     found: list[Verdict] = []
     if knee is not None and knee.number in per_trial:
         found.append(per_trial[knee.number])
+    # why the PyTorch defaults were slow, when that differs from the knee's story (e.g. h2d-copy on cheap data)
+    defaults = [r for r in rows if r.mode == "train" and r.knobs.num_workers == 0 and not r.knobs.pin_memory
+                and (knee is None or (r.knobs.batch_size, r.knobs.compile) == (knee.knobs.batch_size, "none"))]
+    if defaults and defaults[0].number in per_trial and knee is not None and defaults[0].number != knee.number:
+        found.append(per_trial[defaults[0].number])
     used = {str(r.measurement.get("device_uuid")).lower() for r in rows if r.measurement.get("device_uuid")}
     gpus = [g for g in ((env or {}).get("gpus") or [])
             if not used or str(g.get("uuid") or "").lower().removeprefix("gpu-") in used]  # only the GPU we used
