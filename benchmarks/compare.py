@@ -9,7 +9,10 @@
     python benchmarks/compare.py configs/resnet.yaml --grid-set 'search.num_workers=[0,4,8,12,16]' \
         --grid-set 'search.batch_size=[256,512]' --grid-set 'search.compile=[none]' --out results/compare
 
-Prints a table and writes compare.csv. Targets: recommendation >= 0.97 x grid best; staged sweep time <= 0.10 x
+With ``--staged-run DIR --grid-run DIR`` it skips both sweeps and re-measures the configs of two finished runs
+(their wall times then come from the runs' trials). The grid's entry is its best trial, not its knee.
+
+Prints a table and writes compare.csv (rewritten after every trial, so a cut-off run keeps what it measured). Targets: recommendation >= 0.97 x grid best; staged sweep time <= 0.10 x
 the full grid's time (estimated as full-grid trial count x the mean grid trial time when the full grid is too long).
 """
 
@@ -55,6 +58,25 @@ def _set_dotted(raw: dict, key: str, value: Any) -> None:
     raw[last] = value
 
 
+def _best_knobs(run: Path) -> dict[str, Any] | None:
+    """The knobs of the fastest completed trial of a run (trials.csv)."""
+    ok = [t for t in csv.DictReader(open(run / "trials.csv")) if t["status"] == "ok" and t.get("stage") in
+          ("end_to_end", "prefetch", "compile", "accumulation", "grid")]
+    if not ok:
+        return None
+    t = max(ok, key=lambda t: float(t["samples_per_s"]))
+    knobs = {"num_workers": int(t["num_workers"]), "pin_memory": t["pin_memory"] == "True",
+             "batch_size": int(t["batch_size"]), "grad_accum": int(t["grad_accum"]), "compile": t["compile"]}
+    if knobs["num_workers"]:
+        knobs["prefetch_factor"] = int(float(t["prefetch_factor"]))
+    return knobs
+
+
+def _trial_time(run: Path) -> float:
+    """A finished run's trial time: the sum of its trials' launcher wall times."""
+    return sum(float(t["launcher_wall_s"]) for t in csv.DictReader(open(run / "trials.csv")) if t.get("launcher_wall_s"))
+
+
 def _knobs(rec_path: Path) -> dict[str, Any] | None:
     if not rec_path.exists():
         return None
@@ -73,6 +95,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--hand-batch", type=int, default=256)
     parser.add_argument("--out", type=Path, default=Path("results/compare"))
+    parser.add_argument("--staged-run", type=Path, help="reuse this finished staged run instead of sweeping")
+    parser.add_argument("--grid-run", type=Path, help="reuse this finished grid run instead of sweeping")
     args = parser.parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -83,10 +107,15 @@ def main() -> None:
     grid_config = out / "grid.yaml"
     grid_config.write_text(yaml.safe_dump(raw, sort_keys=False))
 
-    staged_s = _sweep(args.config, out / "staged")
-    grid_s = _sweep(grid_config, out / "grid", "--strategy", "grid")
-    staged_trials = list(csv.DictReader(open(out / "staged" / "trials.csv")))
-    grid_trials = list(csv.DictReader(open(out / "grid" / "trials.csv")))
+    if args.staged_run and args.grid_run:
+        staged_dir, grid_dir = args.staged_run, args.grid_run
+        staged_s, grid_s = _trial_time(staged_dir), _trial_time(grid_dir)
+    else:
+        staged_dir, grid_dir = out / "staged", out / "grid"
+        staged_s = _sweep(args.config, staged_dir)
+        grid_s = _sweep(grid_config, grid_dir, "--strategy", "grid")
+    staged_trials = list(csv.DictReader(open(staged_dir / "trials.csv")))
+    grid_trials = list(csv.DictReader(open(grid_dir / "trials.csv")))
     cfg = config_mod.load(args.config, check_imports=False)
     full_grid = len(plan.next_requests(cfg, [], strategy="grid", cuda=True))
     mean_grid_trial = statistics.fmean(float(t["launcher_wall_s"]) for t in grid_trials if t.get("launcher_wall_s"))
@@ -95,8 +124,8 @@ def main() -> None:
     candidates = {
         "PyTorch defaults": {"num_workers": 0, "pin_memory": False, "batch_size": args.hand_batch},
         "hand-tuned": {"num_workers": cpus, "prefetch_factor": 2, "pin_memory": True, "batch_size": args.hand_batch},
-        "tunekit staged": _knobs(out / "staged" / "recommended.yaml"),
-        "grid best": _knobs(out / "grid" / "recommended.yaml"),
+        "tunekit staged": _knobs(staged_dir / "recommended.yaml"),
+        "grid best": _best_knobs(grid_dir),
     }
     measured: dict[str, list[float]] = {k: [] for k, v in candidates.items() if v is not None}
     for _ in range(args.repeats):  # interleaved, so drift hits every config alike
@@ -104,25 +133,37 @@ def main() -> None:
             m = _trial(args.config, out / "side-by-side" / name.replace(" ", "-"), candidates[name])
             if m["status"] == "ok":
                 measured[name].append(m["samples_per_s"])
-    rates = {k: statistics.median(v) for k, v in measured.items() if v}
-    grid_best = rates.get("grid best")
-    rows = [{"config": k, "knobs": json.dumps(candidates[k]), "samples_per_s": round(v, 1),
-             "vs_grid_best": round(v / grid_best, 3) if grid_best else None} for k, v in rates.items()]
-    rows.append({"config": "staged sweep wall time (s)", "knobs": f"{len(staged_trials)} trials",
-                 "samples_per_s": round(staged_s, 1), "vs_grid_best": None})
-    rows.append({"config": "reduced grid wall time (s)", "knobs": f"{len(grid_trials)} trials",
-                 "samples_per_s": round(grid_s, 1), "vs_grid_best": None})
-    rows.append({"config": "full grid, estimated (s)", "knobs": f"{full_grid} trials x {mean_grid_trial:.1f} s",
-                 "samples_per_s": round(full_grid * mean_grid_trial, 1),
-                 "vs_grid_best": round(staged_s / (full_grid * mean_grid_trial), 3)})
-    with open(out / "compare.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+            rows = _table(candidates, measured, staged_trials, grid_trials, staged_s, grid_s, full_grid,
+                          mean_grid_trial)
+            _write(out / "compare.csv", rows)
     print("config | knobs | samples/s (or seconds) | ratio")
     for r in rows:
         print(f"{r['config']} | {r['knobs']} | {r['samples_per_s']} | {r['vs_grid_best']}")
 
+
+def _table(candidates: dict, measured: dict, staged_trials: list, grid_trials: list, staged_s: float,
+           grid_s: float, full_grid: int, mean_grid_trial: float) -> list[dict[str, Any]]:
+    rates = {k: statistics.median(v) for k, v in measured.items() if v}
+    grid_best = rates.get("grid best")
+    rows = [{"config": k, "knobs": json.dumps(candidates[k]), "samples_per_s": round(v, 1),
+             "vs_grid_best": round(v / grid_best, 3) if grid_best else None} for k, v in rates.items()]
+    rows.append({"config": "staged sweep time (s)", "knobs": f"{len(staged_trials)} trials",
+                 "samples_per_s": round(staged_s, 1), "vs_grid_best": None})
+    rows.append({"config": "reduced grid time (s)", "knobs": f"{len(grid_trials)} trials",
+                 "samples_per_s": round(grid_s, 1), "vs_grid_best": None})
+    rows.append({"config": "full grid, estimated (s)", "knobs": f"{full_grid} trials x {mean_grid_trial:.1f} s",
+                 "samples_per_s": round(full_grid * mean_grid_trial, 1),
+                 "vs_grid_best": round(staged_s / (full_grid * mean_grid_trial), 3)})
+    return rows
+
+
+def _write(path: Path, rows: list[dict[str, Any]]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
 
 if __name__ == "__main__":
     main()
