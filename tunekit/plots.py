@@ -168,7 +168,7 @@ def workers_data(rows: list[TrialRow], knee: Knee, title: str) -> WorkersPlot | 
     compute = [r for r in rows if r.ok and r.mode == "compute" and (batch is None or r.knobs.batch_size == batch)]
     label = ""
     if knee.knee is not None and knee.ratio is not None:
-        label = f"knee: {knee.knee.knobs.num_workers} workers, {knee.ratio:.0%} of best"
+        label = f"knee: {knee.knee.knobs.num_workers} workers, {knee.ratio:.1%} of best"
     return WorkersPlot(
         title=title, series=tuple(Series(k, tuple(v)) for k, v in groups.items()),
         knee=_point(knee.knee) if knee.knee else None, knee_label=label,
@@ -312,7 +312,8 @@ def draw_workers(plot: WorkersPlot, path: Path) -> None:
     ax.set_ylabel("samples/s (median of windows; bars: window range)")
     ax.set_ylim(bottom=0)
     ax.set_xlim(left=-0.5)
-    ax.legend(fontsize=8, loc="center left")
+    # outside the axes: inside, it covered the few-worker points that matter most
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     _save(fig, path)
 
 
