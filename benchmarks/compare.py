@@ -12,8 +12,9 @@
 With ``--staged-run DIR --grid-run DIR`` it skips both sweeps and re-measures the configs of two finished runs
 (their wall times then come from the runs' trials). The grid's entry is its best trial, not its knee.
 
-Prints a table and writes compare.csv (rewritten after every trial, so a cut-off run keeps what it measured). Targets: recommendation >= 0.97 x grid best; staged sweep time <= 0.10 x
-the full grid's time (estimated as full-grid trial count x the mean grid trial time when the full grid is too long).
+Prints a table and writes compare.csv (rewritten after every trial, so a cut-off run keeps what it measured).
+Targets: recommendation >= 0.97 x grid best; staged sweep time <= 0.10 x the full grid's time (estimated as
+full-grid trial count x the mean grid trial time when the full grid is too long).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def _best_knobs(run: Path) -> dict[str, Any] | None:
 
 def _trial_time(run: Path) -> float:
     """A finished run's trial time: the sum of its trials' launcher wall times."""
-    return sum(float(t["launcher_wall_s"]) for t in csv.DictReader(open(run / "trials.csv")) if t.get("launcher_wall_s"))
+    trials = csv.DictReader(open(run / "trials.csv"))
+    return sum(float(t["launcher_wall_s"]) for t in trials if t.get("launcher_wall_s"))
 
 
 def _knobs(rec_path: Path) -> dict[str, Any] | None:

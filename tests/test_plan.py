@@ -90,3 +90,42 @@ def test_grid_with_a_target_effective_batch_builds_the_pairs():
     shapes = {(r.knobs.batch_size, r.knobs.grad_accum) for r in plan.next_requests(cfg, [], strategy="grid",
                                                                                   cuda=False)}
     assert shapes == {(8, 4), (16, 2), (32, 1)}
+
+
+def _data_bound_rows(knee_rate):
+    """batch 32 chosen by the compute ceiling; 8 workers end to end at batch 32 give knee_rate."""
+    return rows_from_measurements([
+        _m(0, "compute", "compute", 300, batch_size=8), _m(1, "compute", "compute", 600, batch_size=16),
+        _m(2, "compute", "compute", 1000, batch_size=32), _m(3, "loader", "loader", 900, num_workers=8, batch_size=32),
+        _m(4, "end_to_end", "train", knee_rate, num_workers=8, batch_size=32),
+        _m(5, "end_to_end", "train", 80, batch_size=32)])
+
+
+def test_a_data_bound_knee_tries_smaller_batches_while_they_keep_up():
+    cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.prefetch_factor": [2]})
+    rows = _data_bound_rows(400)  # 40 % of the compute ceiling at batch 32: the loader is the bound
+    nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert [(r.stage, r.knobs.batch_size, r.knobs.num_workers, r.skip) for r in nxt] == [("batch", 16, 8, None)]
+    rows += rows_from_measurements([_m(6, "batch", "train", 420, num_workers=8, batch_size=16)])
+    nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    # batch 8's compute ceiling (300/s) cannot reach 97 % of 420/s: skipped with that evidence
+    assert (nxt[0].stage, nxt[0].knobs.batch_size) == ("batch", 8)
+    assert nxt[0].skip and "compute ceiling at batch 8 is 300.0 samples/s" in nxt[0].skip
+    rows += rows_from_measurements([{**_m(7, "batch", "train", None, num_workers=8, batch_size=8),
+                                     "status": "skipped"}])
+    nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert [(r.stage, r.knobs.batch_size, r.knobs.compile) for r in nxt] == [("compile", 16, "default")]
+
+
+def test_a_smaller_batch_that_falls_behind_ends_the_batch_stage():
+    cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.prefetch_factor": [2]})
+    rows = _data_bound_rows(400) + rows_from_measurements([_m(6, "batch", "train", 350, num_workers=8,
+                                                              batch_size=16)])
+    nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert [(r.stage, r.knobs.batch_size) for r in nxt] == [("compile", 32)]
+
+
+def test_a_compute_bound_knee_keeps_its_batch():
+    cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.prefetch_factor": [2]})
+    nxt = plan.next_requests(cfg, _data_bound_rows(950), strategy="staged", cuda=False)  # 95 % of the ceiling
+    assert [(r.stage, r.knobs.batch_size) for r in nxt] == [("compile", 32)]

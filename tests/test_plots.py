@@ -87,7 +87,7 @@ def test_workers_data_marks_knee_and_best():
     assert [s.label for s in data.series] == ["pin_memory=off, loading in the main process",
                                             "pin_memory=off, prefetch=2"]
     assert data.knee.workers == 4 and data.best.workers == 8
-    assert data.knee_label == "knee: 4 workers, 98% of best"
+    assert data.knee_label == "knee: 4 workers, 98.4% of best"
 
 
 def test_report_rebuilds_every_plot_of_a_real_run(tmp_path: Path):
@@ -109,3 +109,25 @@ def test_batch_data_when_every_batch_failed():
     rows = rows_from_measurements([_m(0, "grid", "train", None, status="oom", batch=64),
                                    _m(1, "grid", "train", None, status="oom", batch=128)])
     assert plots.batch_data(rows, select_knee(rows, SELECTION), "t", 0.1) == "no batch size completed"
+
+
+def test_a_knee_at_a_smaller_batch_is_marked_on_the_swept_workers_axis():
+    """The batch stage can move the knee to a smaller batch measured at one worker count only: the workers plot
+    stays at the swept batch and names the knee's batch."""
+    from tunekit.analysis import rows_from_measurements, select_knee
+    from tunekit.config import Selection
+    from tunekit.plots import workers_data
+
+    def t(n, w, batch, sps, stage="end_to_end"):
+        return {"number": n, "stage": stage, "mode": "train", "status": "ok", "samples_per_s": sps,
+                "noise_cv": 0.01, "headroom": 0.5,
+                "params": {"num_workers": w, "prefetch_factor": 2 if w else None, "pin_memory": False,
+                           "batch_size": batch, "grad_accum": 1, "compile": "none"}}
+    rows = rows_from_measurements([t(0, 0, 512, 200), t(1, 8, 512, 1500), t(2, 16, 512, 2500),
+                                   t(3, 16, 256, 2800, stage="batch")])
+    knee = select_knee(rows, Selection(tolerance=0.03, min_headroom=0.1))
+    plot = workers_data(rows, knee, "t")
+    assert not isinstance(plot, str)
+    assert sorted(p.workers for s in plot.series for p in s.points) == [0, 8, 16]
+    assert plot.knee_label == "knee: 16 workers, batch 256, 100.0% of best"
+    assert plot.best_label == "best (batch 256)"

@@ -12,7 +12,8 @@ from typing import Any
 
 from tunekit.analysis import TrialRow
 
-__all__ = ["VERDICTS", "FIXES", "Verdict", "trial_verdicts", "run_verdicts", "environment_warnings"]
+__all__ = ["VERDICTS", "FIXES", "Verdict", "trial_verdicts", "run_verdicts", "environment_warnings", "STARVED_WAIT",
+           "NEAR_CEILING"]
 
 VERDICTS: tuple[str, ...] = ("shared-gpu", "memory-wall", "cpu-preprocessing", "data-starved", "h2d-copy",
                              "overhead-bound", "compute-bound")
@@ -38,8 +39,8 @@ FIXES: dict[str, str] = {
 
 _BENIGN_THROTTLE = {"gpu_idle", "sw_power_cap", "applications_clocks_setting"}
 _NOISY_CV = 0.10  # window noise far above the ~1-4 % of a quiet machine
-_STARVED_WAIT = 0.20
-_NEAR_CEILING = 0.90
+STARVED_WAIT = 0.20
+NEAR_CEILING = 0.90
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def _classify(row: TrialRow, ctx: _Context) -> Verdict | None:
     wait = float(m.get("data_wait_frac") or 0.0)
     # Noisy windows point at the GPU only when the loop is not waiting on data: a saturated input pipeline (CPU
     # contention among loader workers) makes windows jitter on its own, with the GPU to itself.
-    gpu_bound = row.mode == "compute" or (row.mode == "train" and wait <= _STARVED_WAIT)
+    gpu_bound = row.mode == "compute" or (row.mode == "train" and wait <= STARVED_WAIT)
     noisy_gpu = row.noise_cv > _NOISY_CV and gpu_bound
     if noisy_gpu or throttle:
         ev: dict[str, Any] = {"window noise (CV)": row.noise_cv}
@@ -128,7 +129,7 @@ def _classify(row: TrialRow, ctx: _Context) -> Verdict | None:
         return Verdict("h2d-copy", {"gain with pinning": twin[1], "pinned trial": twin[0].number,
                                     "workers (unpinned, pinned)": f"{k.num_workers}, {twin[0].knobs.num_workers}",
                                     "data wait": wait}, FIXES["h2d-copy"], row.number)
-    if wait > _STARVED_WAIT and (of_ceiling is None or of_ceiling < _NEAR_CEILING):
+    if wait > STARVED_WAIT and (of_ceiling is None or of_ceiling < NEAR_CEILING):
         ev = {"data wait": wait}
         if of_ceiling is not None:
             ev["of compute ceiling"] = of_ceiling
@@ -143,7 +144,7 @@ def _classify(row: TrialRow, ctx: _Context) -> Verdict | None:
             return Verdict("cpu-preprocessing", ev, FIXES["cpu-preprocessing"], row.number)
         ev["workers"] = k.num_workers
         return Verdict("data-starved", ev, FIXES["data-starved"], row.number)
-    if of_ceiling is not None and of_ceiling >= _NEAR_CEILING:
+    if of_ceiling is not None and of_ceiling >= NEAR_CEILING:
         if ctx.best_per_sample and k.batch_size in ctx.per_sample:
             ratio = ctx.per_sample[k.batch_size] / ctx.best_per_sample
             if ratio > 1.3:

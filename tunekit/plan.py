@@ -2,7 +2,15 @@
 
 ``staged`` follows the seeds' order from the outside in: (1) compute ceiling per batch size, (2) loader ceiling
 per worker count, (3) end to end workers x pin_memory at the chosen batch, (4) prefetch_factor at the knee,
-(5) compile modes at the knee, (6) accumulation to reach target_effective_batch. Each stage depends on what the
+(4b) smaller batches at the knee when the input pipeline is the bound, (5) compile modes at the knee,
+(6) accumulation to reach target_effective_batch.
+
+Stage 4b departs from DESIGN.md, which fixes the batch from the compute ceiling alone. On an H200 with CPU-decoded
+JPEGs (configs/resnet.yaml) the compute ceiling chose batch 512, 4 % faster than 256 on a staged batch, while end
+to end 16 workers at batch 256 ran 10 % faster than at 512: when the loader is the bound, smaller batches flow
+better. So when the knee is below 90 % of the compute ceiling at its batch, the knee's config is tried at the next
+smaller batch that fits, and the next, while each keeps within noise of the best; a batch whose compute ceiling
+cannot reach the best is skipped with that evidence. Each stage depends on what the
 earlier ones measured, so the plan is recomputed from the finished trials every time the driver asks; a request
 that already has a finished trial is never returned again. ``grid`` runs every valid combination.
 """
@@ -13,13 +21,15 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from tunekit.analysis import TrialRow, choose_batch, select_knee
+from tunekit.analysis import TrialRow, choose_batch, run_noise, select_knee
 from tunekit.config import Config
 from tunekit.contract import Knobs
+from tunekit.diagnosis import NEAR_CEILING
 
 __all__ = ["Request", "STAGES", "next_requests", "estimate_total"]
 
-STAGES: tuple[str, ...] = ("compute", "loader", "end_to_end", "prefetch", "compile", "accumulation", "grid")
+STAGES: tuple[str, ...] = ("compute", "loader", "end_to_end", "prefetch", "batch", "compile", "accumulation",
+                           "grid")
 
 
 @dataclass(frozen=True)
@@ -129,12 +139,21 @@ def _staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
         found = select_knee(_done(rows, "end_to_end") + _done(rows, "prefetch"), cfg.selection)
         knee = found.knee or found.best or knee
         k = knee.knobs
+    smaller = _batch_stage(cfg, rows, knee)
+    if smaller:
+        return smaller
+    if _done(rows, "batch"):
+        found = select_knee(_done(rows, "end_to_end") + _done(rows, "prefetch") + _done(rows, "batch"),
+                            cfg.selection)
+        knee = found.knee or found.best or knee
+        k = knee.knobs
     compile_ = [Request("compile", "train", Knobs(**{**k.to_dict(), "compile": c}))
                 for c in s.compile if c != k.compile]
     if _pending(compile_, rows):
         return _pending(compile_, rows)
     if s.target_effective_batch:
-        ref = select_knee([r for r in rows if r.stage in ("end_to_end", "prefetch", "compile")], cfg.selection)
+        ref = select_knee([r for r in rows if r.stage in ("end_to_end", "prefetch", "batch", "compile")],
+                          cfg.selection)
         k = (ref.knee or ref.best or knee).knobs
         fits = {r.knobs.batch_size for r in _done(rows, "compute")
                 if r.ok and (r.headroom is None or r.headroom >= cfg.selection.min_headroom)}
@@ -142,6 +161,37 @@ def _staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
                          Knobs(**{**k.to_dict(), "batch_size": b, "grad_accum": s.target_effective_batch // b}))
                  for b in s.batch_size if s.target_effective_batch % b == 0 and b in fits]
         return _pending(accum, rows)
+    return []
+
+
+def _batch_stage(cfg: Config, rows: list[TrialRow], knee: TrialRow) -> list[Request]:
+    """Stage 4b (see the module docstring): the knee's config at smaller batches, one at a time, while the input
+    pipeline is the bound and each smaller batch stays within noise of the best."""
+    if cfg.search.target_effective_batch:
+        return []  # the accumulation stage chooses the micro-batch
+    min_headroom = cfg.selection.min_headroom
+    ceilings = {r.knobs.batch_size: r for r in _done(rows, "compute")
+                if r.ok and (r.headroom is None or r.headroom >= min_headroom)}
+    at_knee = ceilings.get(knee.knobs.batch_size)
+    if at_knee is None or knee.rate >= NEAR_CEILING * at_knee.rate:
+        return []  # the model is the bound: a smaller batch only adds per-step overhead
+    for batch in sorted((b for b in ceilings if b < knee.knobs.batch_size), reverse=True):
+        req = Request("batch", "train", Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))
+        row = next((r for r in rows if r.key == req.key), None)
+        trials = [r for r in rows if r.stage in ("end_to_end", "prefetch", "batch") and r.ok
+                  and (r.headroom is None or r.headroom >= min_headroom)]
+        best = max(trials, key=lambda r: r.rate)
+        needed = best.rate * (1 - max(cfg.selection.tolerance, run_noise(trials)))
+        if row is None:
+            ceiling = ceilings[batch]
+            if ceiling.rate * (1 + max(cfg.selection.tolerance, ceiling.noise_cv)) < needed:
+                return [Request(req.stage, req.mode, req.knobs, skip=(
+                    f"the compute ceiling at batch {batch} is {ceiling.rate:.1f} samples/s (trial "
+                    f"{ceiling.number}), below the {needed:.1f} needed to come within tolerance of the best "
+                    f"config so far ({best.rate:.1f}, trial {best.number})"))]
+            return [req]
+        if not row.ok or row.rate < needed:
+            return []  # this batch fell behind (or failed): a smaller one will not do better
     return []
 
 
@@ -187,6 +237,8 @@ def estimate_total(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bo
                   for r in computed)
     n_compute = len(computed) if stopped else len(s.batch_size)
     total = n_compute + len(s.num_workers) * (1 + pins) + (len(s.prefetch_factor) - 1) + (len(s.compile) - 1)
+    if not s.target_effective_batch:
+        total += min(1, len(s.batch_size) - 1)  # stage 4b usually tries one smaller batch, when data-bound
     if s.target_effective_batch:
         total += sum(1 for b in s.batch_size if s.target_effective_batch % b == 0)
     return max(total, len(rows))

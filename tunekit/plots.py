@@ -48,6 +48,7 @@ class WorkersPlot:
     best: Point | None
     loader_ceiling: tuple[Point, ...]
     compute_ceiling: float | None
+    best_label: str = "best"
 
 
 class BatchPoint(NamedTuple):
@@ -154,8 +155,22 @@ def _train_at(rows: list[TrialRow], batch: int | None) -> list[TrialRow]:
             and (batch is None or r.knobs.batch_size == batch)]
 
 
+def _swept_batch(rows: list[TrialRow], knee: Knee) -> int | None:
+    """The batch at which the most worker counts ran end to end (the knee's batch on a tie): the workers axis.
+    A knee found later at a smaller batch (the batch stage) is marked on it with its batch named."""
+    counts: dict[int, set[int]] = {}
+    for r in _train_at(rows, None):
+        counts.setdefault(r.knobs.batch_size, set()).add(r.knobs.num_workers)
+    if not counts:
+        return _knee_batch(knee)
+    top = max(len(v) for v in counts.values())
+    chosen = _knee_batch(knee)
+    return chosen if chosen in counts and len(counts[chosen]) == top else max(
+        (b for b, v in counts.items() if len(v) == top))
+
+
 def workers_data(rows: list[TrialRow], knee: Knee, title: str) -> WorkersPlot | str:
-    batch = _knee_batch(knee)
+    batch = _swept_batch(rows, knee)
     train = _train_at(rows, batch)
     if len({r.knobs.num_workers for r in train}) < 2:
         return "the run has fewer than two worker counts measured end to end"
@@ -166,14 +181,18 @@ def workers_data(rows: list[TrialRow], knee: Knee, title: str) -> WorkersPlot | 
     loader = tuple(sorted((_point(r) for r in rows if r.ok and r.mode == "loader"
                            and (batch is None or r.knobs.batch_size == batch)), key=lambda p: p.workers))
     compute = [r for r in rows if r.ok and r.mode == "compute" and (batch is None or r.knobs.batch_size == batch)]
+    def at(row: TrialRow) -> str:
+        return "" if row.knobs.batch_size == batch else f", batch {row.knobs.batch_size}"
+
     label = ""
     if knee.knee is not None and knee.ratio is not None:
-        label = f"knee: {knee.knee.knobs.num_workers} workers, {knee.ratio:.1%} of best"
+        label = f"knee: {knee.knee.knobs.num_workers} workers{at(knee.knee)}, {knee.ratio:.1%} of best"
     return WorkersPlot(
         title=title, series=tuple(Series(k, tuple(v)) for k, v in groups.items()),
         knee=_point(knee.knee) if knee.knee else None, knee_label=label,
         best=_point(knee.best) if knee.best else None, loader_ceiling=loader,
         compute_ceiling=compute[0].rate if compute else None,
+        best_label=f"best{' (' + at(knee.best)[2:] + ')' if knee.best and at(knee.best) else ''}",
     )
 
 
@@ -226,7 +245,7 @@ def step_time_data(rows: list[TrialRow], title: str) -> StepTimePlot | str:
 
 
 def fractions_data(rows: list[TrialRow], knee: Knee, title: str) -> FractionsPlot | str:
-    train = _train_at(rows, _knee_batch(knee))
+    train = _train_at(rows, _swept_batch(rows, knee))
     if len({r.knobs.num_workers for r in train}) < 2:
         return "the run has fewer than two worker counts measured end to end"
     series: dict[str, dict[int, FractionPoint]] = {}
@@ -304,7 +323,7 @@ def draw_workers(plot: WorkersPlot, path: Path) -> None:
         ax.axhline(plot.compute_ceiling, color="black", linestyle="--", linewidth=1, label="compute ceiling")
     if plot.best is not None:
         ax.plot(plot.best.workers, plot.best.samples_per_s, marker="*", markersize=16, color="gold",
-                markeredgecolor="black", linestyle="none", label="best", zorder=5)
+                markeredgecolor="black", linestyle="none", label=plot.best_label, zorder=5)
     if plot.knee is not None:
         ax.plot(plot.knee.workers, plot.knee.samples_per_s, marker="o", markersize=14, markerfacecolor="none",
                 markeredgecolor="red", markeredgewidth=2, linestyle="none", label=plot.knee_label, zorder=6)

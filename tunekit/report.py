@@ -22,7 +22,7 @@ from tunekit.recommended import recommendation_dict
 
 __all__ = ["RunSummary", "summarize", "write_outputs", "rebuild", "summary_table"]
 
-_SELECTED_STAGES = ("end_to_end", "prefetch", "compile", "grid")
+_SELECTED_STAGES = ("end_to_end", "prefetch", "batch", "compile", "grid")
 
 
 @dataclass(frozen=True)
