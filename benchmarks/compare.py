@@ -62,7 +62,7 @@ def _set_dotted(raw: dict, key: str, value: Any) -> None:
 def _best_knobs(run: Path) -> dict[str, Any] | None:
     """The knobs of the fastest completed trial of a run (trials.csv)."""
     ok = [t for t in csv.DictReader(open(run / "trials.csv")) if t["status"] == "ok" and t.get("stage") in
-          ("end_to_end", "prefetch", "compile", "accumulation", "grid")]
+          ("end_to_end", "prefetch", "batch", "compile", "accumulation", "grid")]
     if not ok:
         return None
     t = max(ok, key=lambda t: float(t["samples_per_s"]))
@@ -100,6 +100,10 @@ def main() -> None:
     parser.add_argument("--staged-run", type=Path, help="reuse this finished staged run instead of sweeping")
     parser.add_argument("--grid-run", type=Path, help="reuse this finished grid run instead of sweeping")
     args = parser.parse_args()
+    if bool(args.staged_run) != bool(args.grid_run):
+        parser.error("--staged-run and --grid-run go together")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     raw = yaml.safe_load(args.config.read_text())

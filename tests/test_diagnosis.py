@@ -75,6 +75,7 @@ def test_pinning_that_beats_more_workers_is_h2d_copy_not_data_starved():
     verdicts = trial_verdicts(rows_from_measurements(ms), min_headroom=0.10, tolerance=0.03)
     assert verdicts[10].name == verdicts[11].name == "h2d-copy"
     assert verdicts[10].evidence["pinned trial"] == 12
+    assert verdicts[11].evidence["fastest unpinned trial with as many workers or fewer"] == 11
     assert verdicts[10].evidence["gain with pinning"] == pytest.approx(1850 / 1300 - 1)
     # a pinned config with more workers is no evidence: more workers may be what helped
     ms = [*CEILINGS, _m(10, "train", 600, workers=2, data_wait_frac=0.6),
@@ -138,3 +139,11 @@ def test_other_processes_count_only_on_the_gpu_the_trials_used():
                     {"index": 1, "uuid": "GPU-bbbb", "processes": [{"pid": 7, "name": "python"}]}]}
     names = [v.name for v in run_verdicts(rows, rows[-1], min_headroom=0.10, tolerance=0.03, env=env)]
     assert "shared-gpu" not in names
+
+
+def test_fewer_workers_doing_as_well_unpinned_is_not_h2d_copy():
+    # 16 workers oversubscribe 16 CPUs; 8 workers do as well unpinned as pinned: pinning is not what helps
+    ms = [*CEILINGS, _m(10, "train", 900, workers=16, data_wait_frac=0.4, cpu_util_frac=0.97),
+          _m(11, "train", 1480, workers=8, data_wait_frac=0.1), _m(12, "train", 1500, workers=8, pin=True)]
+    assert trial_verdicts(rows_from_measurements(ms), min_headroom=0.10, tolerance=0.03)[10].name == \
+        "cpu-preprocessing"

@@ -129,3 +129,20 @@ def test_a_compute_bound_knee_keeps_its_batch():
     cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.prefetch_factor": [2]})
     nxt = plan.next_requests(cfg, _data_bound_rows(950), strategy="staged", cuda=False)  # 95 % of the ceiling
     assert [(r.stage, r.knobs.batch_size) for r in nxt] == [("compile", 32)]
+
+
+def test_a_much_faster_smaller_batch_does_not_end_the_stage_at_the_larger_one():
+    """Each batch is judged against itself and larger batches: batch 16 beating batch 32 by far must not make
+    batch 32 look as if it fell behind, which would end the stage before batch 8."""
+    cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.prefetch_factor": [2],
+                  "search.batch_size": [8, 16, 32, 64]})
+    rows = rows_from_measurements([
+        _m(0, "compute", "compute", 700, batch_size=8), _m(1, "compute", "compute", 800, batch_size=16),
+        _m(2, "compute", "compute", 900, batch_size=32), _m(3, "compute", "compute", 1000, batch_size=64),
+        _m(4, "loader", "loader", 900, num_workers=8, batch_size=64),
+        _m(5, "end_to_end", "train", 400, num_workers=8, batch_size=64),
+        _m(6, "end_to_end", "train", 80, batch_size=64),
+        _m(7, "batch", "train", 410, num_workers=8, batch_size=32), _m(8, "batch", "train", 600, num_workers=8,
+                                                                      batch_size=16)])
+    nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert [(r.stage, r.knobs.batch_size, r.skip) for r in nxt] == [("batch", 8, None)]

@@ -20,7 +20,7 @@ from tunekit.config import Selection
 from tunekit.contract import Knobs
 
 __all__ = ["TrialRow", "Knee", "select_knee", "choose_batch", "rows_from_measurements", "trials_frame",
-           "cost_key", "describe_knobs", "run_noise", "MIN_POINTS"]
+           "cost_key", "describe_knobs", "run_noise", "defaults_trial", "MIN_POINTS"]
 
 MIN_POINTS = 2
 """Completed candidates a knee needs: with one point there is nothing to compare."""
@@ -151,6 +151,20 @@ def run_noise(rows: list[TrialRow]) -> float:
         return 0.0
     middle = median(r.rate for r in rows)
     return float(median(r.noise_cv for r in rows if r.rate >= middle))
+
+
+def defaults_trial(rows: list[TrialRow], knee: TrialRow | None) -> TrialRow | None:
+    """The completed PyTorch-defaults trial (0 workers, no pinning, eager): at the knee's batch and accumulation
+    when there is one, else the end-to-end one (the batch stage can move the knee off the swept batch)."""
+    found = [r for r in rows if r.ok and r.mode == "train" and r.knobs.num_workers == 0 and not r.knobs.pin_memory
+             and r.knobs.compile == "none"]
+    if knee is not None:
+        same = [r for r in found if (r.knobs.batch_size, r.knobs.grad_accum)
+                == (knee.knobs.batch_size, knee.knobs.grad_accum)]
+        if same:
+            return same[0]
+    found.sort(key=lambda r: (r.stage != "end_to_end", r.number))
+    return found[0] if found else None
 
 
 def describe_knobs(k: Knobs) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunekit.analysis import TrialRow
+from tunekit.analysis import TrialRow, defaults_trial
 
 __all__ = ["VERDICTS", "FIXES", "Verdict", "trial_verdicts", "run_verdicts", "environment_warnings", "STARVED_WAIT",
            "NEAR_CEILING"]
@@ -76,19 +76,23 @@ class _Context:
         self.per_sample = per_sample
         self.best_per_sample = min(per_sample.values()) if per_sample else None
 
-    def pinned_gain(self, row: TrialRow) -> tuple[TrialRow, float] | None:
-        """For an unpinned trial, the fastest pinned trial of the same batch, accumulation and compile mode with no
-        more workers, and its relative gain: when pinning beats adding workers, the copy is the bound."""
+    def pinned_gain(self, row: TrialRow) -> tuple[TrialRow, float, TrialRow] | None:
+        """For an unpinned trial: the fastest pinned trial of the same batch, accumulation and compile mode with no
+        more workers, and its gain over the fastest unpinned one of those (this trial included). When pinning
+        beats every unpinned config with as many workers or fewer, the copy is the bound; when fewer workers
+        alone do as well, it is not (oversubscribed CPUs, say)."""
         if row.knobs.pin_memory or row.mode != "train":
             return None
         k = row.knobs
-        pinned = [o for o in self.rows if o.ok and o.mode == row.mode and o.knobs.pin_memory
-                  and o.knobs.num_workers <= k.num_workers and o.knobs.batch_size == k.batch_size
-                  and o.knobs.compile == k.compile and o.knobs.grad_accum == k.grad_accum]
+        peers = [o for o in self.rows if o.ok and o.mode == row.mode and o.knobs.num_workers <= k.num_workers
+                 and o.knobs.batch_size == k.batch_size and o.knobs.compile == k.compile
+                 and o.knobs.grad_accum == k.grad_accum]
+        pinned = [o for o in peers if o.knobs.pin_memory]
+        unpinned = [o for o in peers if not o.knobs.pin_memory] or [row]
         if not pinned:
             return None
-        best = max(pinned, key=lambda o: o.rate)
-        return best, best.rate / row.rate - 1.0
+        best, base = max(pinned, key=lambda o: o.rate), max(unpinned, key=lambda o: o.rate)
+        return (best, best.rate / base.rate - 1.0, base) if base.rate > 0 else None
 
 
 def _classify(row: TrialRow, ctx: _Context) -> Verdict | None:
@@ -127,7 +131,7 @@ def _classify(row: TrialRow, ctx: _Context) -> Verdict | None:
     twin = ctx.pinned_gain(row)
     if twin is not None and twin[1] > max(ctx.tolerance, row.noise_cv, twin[0].noise_cv):
         return Verdict("h2d-copy", {"gain with pinning": twin[1], "pinned trial": twin[0].number,
-                                    "workers (unpinned, pinned)": f"{k.num_workers}, {twin[0].knobs.num_workers}",
+                                    "fastest unpinned trial with as many workers or fewer": twin[2].number,
                                     "data wait": wait}, FIXES["h2d-copy"], row.number)
     if wait > STARVED_WAIT and (of_ceiling is None or of_ceiling < NEAR_CEILING):
         ev = {"data wait": wait}
@@ -177,10 +181,9 @@ def run_verdicts(rows: list[TrialRow], knee: TrialRow | None, *, min_headroom: f
     if knee is not None and knee.number in per_trial:
         found.append(per_trial[knee.number])
     # why the PyTorch defaults were slow, when that differs from the knee's story (e.g. h2d-copy on cheap data)
-    defaults = [r for r in rows if r.mode == "train" and r.knobs.num_workers == 0 and not r.knobs.pin_memory
-                and (knee is None or (r.knobs.batch_size, r.knobs.compile) == (knee.knobs.batch_size, "none"))]
-    if defaults and defaults[0].number in per_trial and knee is not None and defaults[0].number != knee.number:
-        found.append(per_trial[defaults[0].number])
+    defaults = defaults_trial(rows, knee) if knee is not None else None
+    if defaults is not None and defaults.number in per_trial and defaults.number != knee.number:
+        found.append(per_trial[defaults.number])
     used = {str(r.measurement.get("device_uuid")).lower() for r in rows if r.measurement.get("device_uuid")}
     gpus = [g for g in ((env or {}).get("gpus") or [])
             if not used or str(g.get("uuid") or "").lower().removeprefix("gpu-") in used]  # only the GPU we used
@@ -195,7 +198,10 @@ def run_verdicts(rows: list[TrialRow], knee: TrialRow | None, *, min_headroom: f
                                              "largest batch that fits": max(fitting) if fitting else None},
                              FIXES["memory-wall"]))
     batch = knee.knobs.batch_size if knee is not None else None
-    if ctx.best_per_sample and batch in ctx.per_sample and len(ctx.per_sample) >= 2:
+    ceiling = ctx.compute.get(batch)
+    # a data-bound knee is not held back by per-step overhead: a larger batch was measured slower end to end
+    data_bound = knee is not None and ceiling is not None and knee.rate < NEAR_CEILING * ceiling.rate
+    if ctx.best_per_sample and batch in ctx.per_sample and len(ctx.per_sample) >= 2 and not data_bound:
         ratio = ctx.per_sample[batch] / ctx.best_per_sample
         if ratio > 1.3:  # the chosen batch still pays a fixed cost that a larger one would amortise
             found.append(Verdict("overhead-bound", {f"per-sample time at batch {batch} vs the best batch":

@@ -178,7 +178,10 @@ def _batch_stage(cfg: Config, rows: list[TrialRow], knee: TrialRow) -> list[Requ
     for batch in sorted((b for b in ceilings if b < knee.knobs.batch_size), reverse=True):
         req = Request("batch", "train", Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))
         row = next((r for r in rows if r.key == req.key), None)
+        # judged against this batch and the larger ones only: a smaller batch that later ran faster must not
+        # make this one look as if it fell behind
         trials = [r for r in rows if r.stage in ("end_to_end", "prefetch", "batch") and r.ok
+                  and (r.stage != "batch" or r.knobs.batch_size >= batch)
                   and (r.headroom is None or r.headroom >= min_headroom)]
         best = max(trials, key=lambda r: r.rate)
         needed = best.rate * (1 - max(cfg.selection.tolerance, run_noise(trials)))

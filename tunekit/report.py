@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tunekit.analysis import Knee, TrialRow, describe_knobs, select_knee, trials_frame
+from tunekit.analysis import Knee, TrialRow, defaults_trial, describe_knobs, select_knee, trials_frame
 from tunekit.config import Config
 from tunekit.contract import read_json, write_text_atomic
 from tunekit.diagnosis import Verdict, run_verdicts, trial_verdicts
@@ -79,10 +79,7 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
               date: str | None = None, env: dict[str, Any] | None = None,
               warnings: tuple[str, ...] = ()) -> RunSummary:
     knee = _select(cfg, rows)
-    batch = knee.knee.knobs.batch_size if knee.knee else None
-    defaults = next((r for r in rows if r.ok and r.mode == "train" and r.knobs.num_workers == 0
-                     and not r.knobs.pin_memory and r.knobs.batch_size == batch and r.knobs.compile == "none"
-                     and r.knobs.grad_accum == (knee.knee.knobs.grad_accum if knee.knee else 1)), None)
+    defaults = defaults_trial(rows, knee.knee) if knee.knee else None
     ref = knee.knee or knee.best or next((r for r in rows if r.ok), None)
     m = ref.measurement if ref else {}
     return RunSummary(
@@ -167,7 +164,10 @@ def _recommendation_md(rows: list[TrialRow], s: RunSummary) -> list[str]:
         out += [f"Best measured: {describe_knobs(best.knobs)} at {best.samples_per_s:.1f} samples/s (trial "
                 f"{best.number}); the knee reaches {s.knee.ratio:.1%} of it.", ""]
     if s.defaults is not None:
-        out += [f"PyTorch defaults (0 workers, no pinning, same batch): {s.defaults.samples_per_s:.1f} samples/s "
+        dk, kk = s.defaults.knobs, s.knee.knee.knobs
+        same = "same batch" if (dk.batch_size, dk.grad_accum) == (kk.batch_size, kk.grad_accum) else (
+            f"batch {dk.batch_size}" + (f", accumulation {dk.grad_accum}" if dk.grad_accum > 1 else ""))
+        out += [f"PyTorch defaults (0 workers, no pinning, {same}): {s.defaults.samples_per_s:.1f} samples/s "
                 f"(trial {s.defaults.number}); the recommendation is **{s.speedup_vs_defaults:.2f}×** that.", ""]
     if k.headroom is not None:
         out += [f"Memory headroom at the knee: {k.headroom:.1%} of {k.measurement.get('headroom_basis')} memory.", ""]
