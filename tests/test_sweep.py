@@ -152,3 +152,26 @@ def test_report_rebuilds_from_the_study(write_config, tmp_path: Path):
     missing = subprocess.run([sys.executable, "-m", "tunekit", "report", str(tmp_path)], capture_output=True,
                              text=True, timeout=60)
     assert missing.returncode == 2 and "no study.db here" in missing.stderr
+
+
+def test_a_data_bound_knee_moves_to_a_smaller_batch_end_to_end(write_config, tmp_path: Path):
+    """Stage 4b end to end. The model's step costs 20 ms whatever the batch, so the compute ceiling prefers the
+    largest batch (32 -> 1600/s); but 2 workers at 10 ms per sample give 200/s at any batch. The knee (40 % of its
+    compute ceiling) is tried at batches 16 and 8, which keep up, and the cheapest of them within noise wins."""
+    config = write_config(_knee_config(**{"search.num_workers": [2], "search.batch_size": [8, 16, 32],
+                                          "search.pin_memory": [False]}))
+    run = _sweep(config, tmp_path / "run")
+    assert run.returncode == 0, run.stderr
+    trials = pd.read_csv(tmp_path / "run" / "trials.csv")
+    assert list(trials["stage"].unique()) == ["compute", "loader", "end_to_end", "batch"]
+    batch = trials[trials["stage"] == "batch"]
+    assert list(batch["batch_size"]) == [16, 8] and set(batch["status"]) == {"ok"}
+    rec = tunekit.load_recommended(tmp_path / "run" / "recommended.yaml")
+    assert rec.num_workers == 2 and rec.batch_size < 32
+    assert rec.evidence["samples_per_s"] >= 0.95 * rec.evidence["best_samples_per_s"]
+    assert rec.evidence["samples_per_s"] == pytest.approx(200, rel=0.15)  # 2 workers x 100 samples/s
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "PyTorch defaults (0 workers, no pinning, batch 32)" in report
+    # batch 8 costs 4x the per-sample compute time of batch 32, yet end to end it is not slower: no "grow the batch"
+    assert rec.evidence["diagnosis"] and not any("overhead-bound" in d for d in rec.evidence["diagnosis"])
+    assert (tmp_path / "run" / "plots" / "workers.png").exists()
