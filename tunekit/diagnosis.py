@@ -88,7 +88,7 @@ class _Context:
                  and o.knobs.batch_size == k.batch_size and o.knobs.compile == k.compile
                  and o.knobs.grad_accum == k.grad_accum]
         pinned = [o for o in peers if o.knobs.pin_memory]
-        unpinned = [o for o in peers if not o.knobs.pin_memory] or [row]
+        unpinned = [o for o in peers if not o.knobs.pin_memory]  # holds this trial itself
         if not pinned:
             return None
         best, base = max(pinned, key=lambda o: o.rate), max(unpinned, key=lambda o: o.rate)

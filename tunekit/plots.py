@@ -161,12 +161,8 @@ def _swept_batch(rows: list[TrialRow], knee: Knee) -> int | None:
     counts: dict[int, set[int]] = {}
     for r in _train_at(rows, None):
         counts.setdefault(r.knobs.batch_size, set()).add(r.knobs.num_workers)
-    if not counts:
-        return _knee_batch(knee)
-    top = max(len(v) for v in counts.values())
     chosen = _knee_batch(knee)
-    return chosen if chosen in counts and len(counts[chosen]) == top else max(
-        (b for b, v in counts.items() if len(v) == top))
+    return max(counts, key=lambda b: (len(counts[b]), b == chosen, b)) if counts else chosen
 
 
 def workers_data(rows: list[TrialRow], knee: Knee, title: str) -> WorkersPlot | str:
