@@ -55,6 +55,20 @@ def test_stages_follow_in_order_and_pruning_skips_hopeless_worker_counts():
     assert defaults.skip is None  # PyTorch defaults are always measured
 
 
+def test_pruning_uses_the_runs_noise_not_one_noisy_best_trial():
+    cfg = _cfg(**{"search.batch_size": [8]})
+    ms = [_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 320, num_workers=2, pin_memory=True)]
+    best = _m(2, "end_to_end", "train", 400, num_workers=8, pin_memory=True)
+    best["noise_cv"] = 0.30  # one wild window: under its own noise, 2 workers' 320/s ceiling would look reachable
+    ms += [best, _m(3, "end_to_end", "train", 390, num_workers=8), _m(4, "end_to_end", "train", 385, num_workers=6,
+                                                                     pin_memory=True)]
+    rows = rows_from_measurements(ms)
+    req = plan._maybe_skip(plan.Request("end_to_end", "train", rows[-1].knobs.__class__(
+        num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=8)), rows, cfg)
+    # run noise = median CV of the upper half (0.30, 0.01) -> 0.155: needed = 400 * 0.845 = 338 > 320 * 1.03
+    assert req.skip and "338.0 needed" in req.skip
+
+
 def test_grid_has_every_valid_combination():
     cfg = _cfg(**{"search.batch_size": [8]})
     grid = plan.next_requests(cfg, [], strategy="grid", cuda=True)

@@ -210,9 +210,11 @@ def _maybe_skip(req: Request, rows: list[TrialRow], cfg: Config) -> Request:
     if ceiling is None or not done:
         return req
     tol = cfg.selection.tolerance
-    best = max(done, key=lambda r: r.samples_per_s or 0.0)
+    fitting = [r for r in done if r.headroom is None or r.headroom >= cfg.selection.min_headroom] or done
+    best = max(fitting, key=lambda r: r.rate)
     bound = (ceiling.samples_per_s or 0.0) * (1 + max(tol, ceiling.noise_cv))
-    needed = (best.samples_per_s or 0.0) * (1 - max(tol, best.noise_cv))
+    # the same band the knee is chosen with (analysis.select_knee): one noisy best trial must not widen it
+    needed = best.rate * (1 - max(tol, run_noise(fitting)))
     if bound >= needed:
         return req
     return Request(req.stage, req.mode, req.knobs, skip=(
