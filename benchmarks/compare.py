@@ -12,7 +12,9 @@
 With ``--staged-run DIR --grid-run DIR`` it skips both sweeps and re-measures the configs of two finished runs
 (their wall times then come from the runs' trials). The grid's entry is its best trial, not its knee.
 
-Prints a table and writes compare.csv (rewritten after every trial, so a cut-off run keeps what it measured).
+Prints a table and writes compare.csv (rewritten after every trial, so a cut-off run keeps what it measured). Run
+again with the same ``--out``, it resumes: trials already in ``side-by-side/`` with the same knobs count towards
+``--repeats``, and only the missing rounds run (``--table-only`` runs none and only rebuilds the table).
 Targets: recommendation >= 0.97 x grid best; staged sweep time <= 0.10 x the full grid's time (estimated as
 full-grid trial count x the mean grid trial time when the full grid is too long).
 """
@@ -52,6 +54,20 @@ def _trial(config: Path, out: Path, knobs: dict[str, Any]) -> dict:
     return json.loads((latest / "measurement.json").read_text())
 
 
+def _previous(trials_dir: Path, knobs: dict[str, Any]) -> tuple[int, list[float]]:
+    """Trials of an earlier, cut-off compare with these knobs: how many finished, and the samples/s of the ok ones."""
+    done, rates = 0, []
+    paths = sorted(trials_dir.glob("*/measurement.json"), key=lambda p: int(p.parent.name)) if trials_dir.is_dir() else []
+    for path in paths:
+        m = json.loads(path.read_text())
+        if any(m.get("params", {}).get(k) != v for k, v in knobs.items()):
+            continue  # another config under the same name (the recommendation changed): not a round of this one
+        done += 1
+        if m["status"] == "ok":
+            rates.append(m["samples_per_s"])
+    return done, rates
+
+
 def _set_dotted(raw: dict, key: str, value: Any) -> None:
     *parents, last = key.split(".")
     for part in parents:
@@ -79,6 +95,29 @@ def _trial_time(run: Path) -> float:
     return sum(float(t["launcher_wall_s"]) for t in trials if t.get("launcher_wall_s"))
 
 
+def _full_grid_estimate(modes: list[str], grid_trials: list[dict], staged_trials: list[dict]) -> tuple[float, str]:
+    """The full grid's time, too long to run: its trials counted per compile mode, times the mean trial time of that
+    mode in the reduced grid run, or in the staged run for a mode the reduced grid left out (a compiled trial takes
+    its compile warm-up on top: pricing it as an eager one would shrink the grid and flatter nobody)."""
+    def mean(trials: list[dict], mode: str) -> float | None:
+        times = [float(t["launcher_wall_s"]) for t in trials
+                 if t.get("launcher_wall_s") and t["status"] != "skipped" and t.get("compile", "none") == mode]
+        return statistics.fmean(times) if times else None
+
+    total, parts = 0.0, []
+    for mode in sorted(set(modes), key=modes.index):
+        n = modes.count(mode)
+        per, source = mean(grid_trials, mode), "grid"
+        if per is None:
+            per, source = mean(staged_trials, mode), "staged"
+        if per is None:  # measured nowhere: price it as the reduced grid's mean trial
+            per, source = statistics.fmean(float(t["launcher_wall_s"]) for t in grid_trials
+                                           if t.get("launcher_wall_s")), "grid, all modes"
+        total += n * per
+        parts.append(f"{n} x {per:.1f} s (compile {mode}, {source})")
+    return total, " + ".join(parts)
+
+
 def _knobs(rec_path: Path) -> dict[str, Any] | None:
     if not rec_path.exists():
         return None
@@ -99,6 +138,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results/compare"))
     parser.add_argument("--staged-run", type=Path, help="reuse this finished staged run instead of sweeping")
     parser.add_argument("--grid-run", type=Path, help="reuse this finished grid run instead of sweeping")
+    parser.add_argument("--hand-workers", type=int, help="workers of the hand-tuned config (default: the CPU count)")
+    parser.add_argument("--table-only", action="store_true", help="run no trial; tabulate those in --out")
     args = parser.parse_args()
     if bool(args.staged_run) != bool(args.grid_run):
         parser.error("--staged-run and --grid-run go together")
@@ -123,43 +164,57 @@ def main() -> None:
     staged_trials = list(csv.DictReader(open(staged_dir / "trials.csv")))
     grid_trials = list(csv.DictReader(open(grid_dir / "trials.csv")))
     cfg = config_mod.load(args.config, check_imports=False)
-    full_grid = len(plan.next_requests(cfg, [], strategy="grid", cuda=True))
-    mean_grid_trial = statistics.fmean(float(t["launcher_wall_s"]) for t in grid_trials if t.get("launcher_wall_s"))
+    full_grid = _full_grid_estimate([r.knobs.compile for r in plan.next_requests(cfg, [], strategy="grid", cuda=True)],
+                                    grid_trials, staged_trials)
 
-    cpus = len(os.sched_getaffinity(0))
+    cpus = args.hand_workers or len(os.sched_getaffinity(0))
     candidates = {
         "PyTorch defaults": {"num_workers": 0, "pin_memory": False, "batch_size": args.hand_batch},
         "hand-tuned": {"num_workers": cpus, "prefetch_factor": 2, "pin_memory": True, "batch_size": args.hand_batch},
         "tunekit staged": _knobs(staged_dir / "recommended.yaml"),
         "grid best": _best_knobs(grid_dir),
     }
-    measured: dict[str, list[float]] = {k: [] for k, v in candidates.items() if v is not None}
-    for _ in range(args.repeats):  # interleaved, so drift hits every config alike
+    measured: dict[str, list[float]] = {}
+    finished: dict[str, int] = {}
+    for name, knobs in candidates.items():
+        if knobs is not None:
+            finished[name], measured[name] = _previous(out / "side-by-side" / name.replace(" ", "-") / "trials",
+                                                       knobs)
+
+    def table() -> list[dict[str, Any]]:
+        rows = _table(candidates, measured, staged_trials, grid_trials, staged_s, grid_s, full_grid)
+        _write(out / "compare.csv", rows)
+        return rows
+
+    rows = table()
+    for round_ in range(0 if args.table_only else args.repeats):  # interleaved, so drift hits every config alike
         for name in measured:
+            if finished[name] > round_:
+                continue  # measured by an earlier, cut-off run
             m = _trial(args.config, out / "side-by-side" / name.replace(" ", "-"), candidates[name])
+            finished[name] += 1
             if m["status"] == "ok":
                 measured[name].append(m["samples_per_s"])
-            rows = _table(candidates, measured, staged_trials, grid_trials, staged_s, grid_s, full_grid,
-                          mean_grid_trial)
-            _write(out / "compare.csv", rows)
-    print("config | knobs | samples/s (or seconds) | ratio")
+            rows = table()
+    print("config | knobs | samples/s (or seconds), median | ratio | runs: min-max")
     for r in rows:
-        print(f"{r['config']} | {r['knobs']} | {r['samples_per_s']} | {r['vs_grid_best']}")
+        print(f"{r['config']} | {r['knobs']} | {r['samples_per_s']} | {r['vs_grid_best']} | {r['runs'] or ''}")
 
 
 def _table(candidates: dict, measured: dict, staged_trials: list, grid_trials: list, staged_s: float,
-           grid_s: float, full_grid: int, mean_grid_trial: float) -> list[dict[str, Any]]:
+           grid_s: float, full_grid: tuple[float, str]) -> list[dict[str, Any]]:
     rates = {k: statistics.median(v) for k, v in measured.items() if v}
     grid_best = rates.get("grid best")
     rows = [{"config": k, "knobs": json.dumps(candidates[k]), "samples_per_s": round(v, 1),
-             "vs_grid_best": round(v / grid_best, 3) if grid_best else None} for k, v in rates.items()]
+             "vs_grid_best": round(v / grid_best, 3) if grid_best else None,
+             "runs": f"{len(measured[k])}: {min(measured[k]):.1f}-{max(measured[k]):.1f}"} for k, v in rates.items()]
     rows.append({"config": "staged sweep time (s)", "knobs": f"{len(staged_trials)} trials",
-                 "samples_per_s": round(staged_s, 1), "vs_grid_best": None})
+                 "samples_per_s": round(staged_s, 1), "vs_grid_best": None, "runs": None})
     rows.append({"config": "reduced grid time (s)", "knobs": f"{len(grid_trials)} trials",
-                 "samples_per_s": round(grid_s, 1), "vs_grid_best": None})
-    rows.append({"config": "full grid, estimated (s)", "knobs": f"{full_grid} trials x {mean_grid_trial:.1f} s",
-                 "samples_per_s": round(full_grid * mean_grid_trial, 1),
-                 "vs_grid_best": round(staged_s / (full_grid * mean_grid_trial), 3)})
+                 "samples_per_s": round(grid_s, 1), "vs_grid_best": None, "runs": None})
+    full_s, how = full_grid
+    rows.append({"config": "full grid, estimated (s)", "knobs": how, "samples_per_s": round(full_s, 1),
+                 "vs_grid_best": round(staged_s / full_s, 3), "runs": None})
     return rows
 
 

@@ -1,0 +1,27 @@
+"""benchmarks/compare.py resumes a cut-off side-by-side run from the trials it left behind."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("compare", Path(__file__).parent.parent / "benchmarks" / "compare.py")
+compare = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(compare)
+
+
+def _trial(trials: Path, n: int, status: str, sps, **params) -> None:
+    (trials / str(n)).mkdir(parents=True)
+    if status != "cut":  # a trial killed mid-run leaves its folder without a measurement
+        m = {"status": status, "samples_per_s": sps, "params": {"grad_accum": 1, "compile": "none", **params}}
+        (trials / str(n) / "measurement.json").write_text(json.dumps(m))
+
+
+def test_previous_rounds_count_only_finished_trials_of_the_same_knobs(tmp_path):
+    knobs = {"num_workers": 4, "prefetch_factor": 2, "pin_memory": True, "batch_size": 64}
+    _trial(tmp_path, 0, "ok", 100.0, **knobs)
+    _trial(tmp_path, 1, "cut", None)
+    _trial(tmp_path, 2, "ok", 50.0, **{**knobs, "batch_size": 32})  # the recommendation changed since
+    _trial(tmp_path, 10, "oom", None, **knobs)
+    _trial(tmp_path, 11, "ok", 110.0, **knobs)
+    assert compare._previous(tmp_path, knobs) == (3, [100.0, 110.0])
+    assert compare._previous(tmp_path / "missing", knobs) == (0, [])
