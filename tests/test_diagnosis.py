@@ -147,3 +147,24 @@ def test_fewer_workers_doing_as_well_unpinned_is_not_h2d_copy():
           _m(11, "train", 1480, workers=8, data_wait_frac=0.1), _m(12, "train", 1500, workers=8, pin=True)]
     assert trial_verdicts(rows_from_measurements(ms), min_headroom=0.10, tolerance=0.03)[10].name == \
         "cpu-preprocessing"
+
+
+def test_a_full_stream_below_the_ceiling_unpinned_is_h2d_copy_until_pinning_is_measured():
+    # The H200 knee of configs/resnet.yaml: unpinned, the stream is busy 97 % at 60 % of the compute ceiling (the
+    # pageable copy of each batch sits on it), while the host also waits 34 % on data.
+    knee = _m(10, "train", 1200, workers=16, data_wait_frac=0.34, cpu_util_frac=0.97, gpu_busy_frac=0.97)
+    alone = trial_verdicts(rows_from_measurements([*CEILINGS, knee]), min_headroom=0.10, tolerance=0.03)[10]
+    assert alone.name == "h2d-copy" and alone.evidence["pinned"] == "not measured"
+    assert alone.evidence["GPU busy (events)"] == 0.97
+    # measured pinned, it lost (the pin-memory thread competes with 16 decoding workers): the CPU is the bound
+    pinned = _m(11, "train", 1030, workers=16, pin=True, data_wait_frac=0.53, cpu_util_frac=0.98, gpu_busy_frac=0.56)
+    both = trial_verdicts(rows_from_measurements([*CEILINGS, knee, pinned]), min_headroom=0.10, tolerance=0.03)
+    assert both[10].name == "cpu-preprocessing"
+    assert both[10].evidence["with pinning (trial 11)"] == "-14.2%" and both[10].evidence["GPU busy (events)"] == 0.97
+    assert "GPU busy (events)" not in both[11].evidence  # pinned: its copies are not from pageable memory
+
+
+def test_an_idle_stream_keeps_the_data_verdict():
+    starved = _m(10, "train", 600, workers=4, data_wait_frac=0.6, gpu_busy_frac=0.3)
+    verdict = trial_verdicts(rows_from_measurements([*CEILINGS, starved]), min_headroom=0.10, tolerance=0.03)[10]
+    assert verdict.name == "data-starved" and "GPU busy (events)" not in verdict.evidence

@@ -13,7 +13,7 @@ from typing import Any
 from tunekit.analysis import TrialRow, defaults_trial
 
 __all__ = ["VERDICTS", "FIXES", "Verdict", "trial_verdicts", "run_verdicts", "environment_warnings", "STARVED_WAIT",
-           "NEAR_CEILING"]
+           "NEAR_CEILING", "STREAM_FULL"]
 
 VERDICTS: tuple[str, ...] = ("shared-gpu", "memory-wall", "cpu-preprocessing", "data-starved", "h2d-copy",
                              "overhead-bound", "compute-bound")
@@ -41,6 +41,7 @@ _BENIGN_THROTTLE = {"gpu_idle", "sw_power_cap", "applications_clocks_setting"}
 _NOISY_CV = 0.10  # window noise far above the ~1-4 % of a quiet machine
 STARVED_WAIT = 0.20
 NEAR_CEILING = 0.90
+STREAM_FULL = 0.90  # CUDA-event spans over wall time: the stream has (almost) no idle gap between steps
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class _Context:
         per_sample = {b: 1.0 / r.rate for b, r in self.compute.items() if r.rate > 0}
         self.per_sample = per_sample
         self.best_per_sample = min(per_sample.values()) if per_sample else None
+        self.pinned_measured = any(r.ok and r.mode == "train" and r.knobs.pin_memory for r in rows)
 
     def pinned_gain(self, row: TrialRow) -> tuple[TrialRow, float, TrialRow] | None:
         """For an unpinned trial: the fastest pinned trial of the same batch, accumulation and compile mode with no
@@ -133,10 +135,23 @@ def _classify(row: TrialRow, ctx: _Context) -> Verdict | None:
         return Verdict("h2d-copy", {"gain with pinning": twin[1], "pinned trial": twin[0].number,
                                     "fastest unpinned trial with as many workers or fewer": twin[2].number,
                                     "data wait": wait}, FIXES["h2d-copy"], row.number)
+    # An unpinned step whose stream is never idle yet runs well below the compute ceiling spends the difference
+    # on the stream in copies from pageable memory (slow, and the host blocks on them while queued compute drains,
+    # so its data wait overlaps GPU work instead of idling the GPU).
+    busy = m.get("gpu_busy_frac")
+    stream_full = (not k.pin_memory and busy is not None and float(busy) >= STREAM_FULL
+                   and of_ceiling is not None and of_ceiling < NEAR_CEILING)
+    if stream_full and not ctx.pinned_measured:  # pinning was not tried in this run: it is the first thing to try
+        return Verdict("h2d-copy", {"GPU busy (events)": float(busy), "of compute ceiling": of_ceiling,
+                                    "data wait": wait, "pinned": "not measured"}, FIXES["h2d-copy"], row.number)
     if wait > STARVED_WAIT and (of_ceiling is None or of_ceiling < NEAR_CEILING):
         ev = {"data wait": wait}
         if of_ceiling is not None:
             ev["of compute ceiling"] = of_ceiling
+        if stream_full:  # pinning was measured and did not pay: say so, with the numbers
+            ev["GPU busy (events)"] = float(busy)
+            if twin is not None:
+                ev[f"with pinning (trial {twin[0].number})"] = f"{twin[1]:+.1%}"
         if row.noise_cv > _NOISY_CV:
             ev["window noise (CV)"] = row.noise_cv
         cpu_frac = m.get("cpu_util_frac")
