@@ -14,7 +14,8 @@ With ``--staged-run DIR --grid-run DIR`` it skips both sweeps and re-measures th
 
 Prints a table and writes compare.csv (rewritten after every trial, so a cut-off run keeps what it measured). Run
 again with the same ``--out``, it resumes: trials already in ``side-by-side/`` with the same knobs count towards
-``--repeats``, and only the missing rounds run (``--table-only`` runs none and only rebuilds the table).
+``--repeats``, and only the missing rounds run (``--table-only`` runs none and only rebuilds the table). The
+table pools every finished trial of a config, so a config re-measured by hand has more runs than the others.
 Targets: recommendation >= 0.97 x grid best; staged sweep time <= 0.10 x the full grid's time (estimated as
 full-grid trial count x the mean grid trial time when the full grid is too long).
 """
@@ -49,22 +50,30 @@ def _trial(config: Path, out: Path, knobs: dict[str, Any]) -> dict:
     cmd = [sys.executable, "-m", "tunekit", "trial", str(config), "--out", str(out)]
     for key, value in knobs.items():
         cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
-    subprocess.run(cmd, capture_output=True, text=True, check=False)
-    latest = max((out / "trials").iterdir(), key=lambda p: int(p.name))
-    return json.loads((latest / "measurement.json").read_text())
+    trials = out / "trials"
+    before = {p.name for p in trials.iterdir()} if trials.is_dir() else set()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    made = [p for p in trials.iterdir() if p.name not in before] if trials.is_dir() else []
+    if len(made) != 1 or not (made[0] / "measurement.json").exists():  # killed, or failed before its trial began
+        return {"status": "crashed", "reason": (proc.stderr.strip().splitlines() or ["no measurement"])[-1]}
+    return json.loads((made[0] / "measurement.json").read_text())
 
 
 def _previous(trials_dir: Path, knobs: dict[str, Any]) -> tuple[int, list[float]]:
     """Trials of an earlier, cut-off compare with these knobs: how many finished, and the samples/s of the ok ones."""
-    done, rates = 0, []
-    paths = sorted(trials_dir.glob("*/measurement.json"), key=lambda p: int(p.parent.name)) if trials_dir.is_dir() else []
-    for path in paths:
+    done, rates, others = 0, [], 0
+    paths = [p for p in trials_dir.glob("*/measurement.json") if p.parent.name.isdigit()] if trials_dir.is_dir() else []
+    for path in sorted(paths, key=lambda p: int(p.parent.name)):
         m = json.loads(path.read_text())
         if any(m.get("params", {}).get(k) != v for k, v in knobs.items()):
-            continue  # another config under the same name (the recommendation changed): not a round of this one
+            others += 1  # another config under the same name (the recommendation changed): not a round of this one
+            continue
         done += 1
         if m["status"] == "ok":
             rates.append(m["samples_per_s"])
+    if others:
+        print(f"{trials_dir}: {others} earlier trial(s) ran other knobs than {json.dumps(knobs)}; not counted",
+              file=sys.stderr)
     return done, rates
 
 
@@ -111,8 +120,8 @@ def _full_grid_estimate(modes: list[str], grid_trials: list[dict], staged_trials
         if per is None:
             per, source = mean(staged_trials, mode), "staged"
         if per is None:  # measured nowhere: price it as the reduced grid's mean trial
-            per, source = statistics.fmean(float(t["launcher_wall_s"]) for t in grid_trials
-                                           if t.get("launcher_wall_s")), "grid, all modes"
+            walls = [float(t["launcher_wall_s"]) for t in grid_trials if t.get("launcher_wall_s")]
+            per, source = (statistics.fmean(walls), "grid, all modes") if walls else (0.0, "unmeasured")
         total += n * per
         parts.append(f"{n} x {per:.1f} s (compile {mode}, {source})")
     return total, " + ".join(parts)
@@ -169,8 +178,10 @@ def main() -> None:
 
     cpus = args.hand_workers or len(os.sched_getaffinity(0))
     candidates = {
-        "PyTorch defaults": {"num_workers": 0, "pin_memory": False, "batch_size": args.hand_batch},
-        "hand-tuned": {"num_workers": cpus, "prefetch_factor": 2, "pin_memory": True, "batch_size": args.hand_batch},
+        "PyTorch defaults": {"num_workers": 0, "pin_memory": False, "batch_size": args.hand_batch, "grad_accum": 1,
+                             "compile": "none"},
+        "hand-tuned": {"num_workers": cpus, "prefetch_factor": 2, "pin_memory": True, "batch_size": args.hand_batch,
+                       "grad_accum": 1, "compile": "none"},
         "tunekit staged": _knobs(staged_dir / "recommended.yaml"),
         "grid best": _best_knobs(grid_dir),
     }
@@ -214,7 +225,7 @@ def _table(candidates: dict, measured: dict, staged_trials: list, grid_trials: l
                  "samples_per_s": round(grid_s, 1), "vs_grid_best": None, "runs": None})
     full_s, how = full_grid
     rows.append({"config": "full grid, estimated (s)", "knobs": how, "samples_per_s": round(full_s, 1),
-                 "vs_grid_best": round(staged_s / full_s, 3), "runs": None})
+                 "vs_grid_best": round(staged_s / full_s, 3) if full_s else None, "runs": None})
     return rows
 
 

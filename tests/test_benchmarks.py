@@ -25,3 +25,10 @@ def test_previous_rounds_count_only_finished_trials_of_the_same_knobs(tmp_path):
     _trial(tmp_path, 11, "ok", 110.0, **knobs)
     assert compare._previous(tmp_path, knobs) == (3, [100.0, 110.0])
     assert compare._previous(tmp_path / "missing", knobs) == (0, [])
+
+
+def test_a_trial_that_left_no_measurement_is_a_failed_round_not_the_previous_one(tmp_path):
+    _trial(tmp_path / "trials", 0, "ok", 100.0, num_workers=0)
+    # a command that fails before it starts a trial: the earlier trial must not be read again as this round's
+    m = compare._trial(tmp_path / "no-such-config.yaml", tmp_path, {"num_workers": 0})
+    assert m["status"] == "crashed" and m["reason"]

@@ -150,18 +150,35 @@ def test_fewer_workers_doing_as_well_unpinned_is_not_h2d_copy():
 
 
 def test_a_full_stream_below_the_ceiling_unpinned_is_h2d_copy_until_pinning_is_measured():
-    # The H200 knee of configs/resnet.yaml: unpinned, the stream is busy 97 % at 60 % of the compute ceiling (the
-    # pageable copy of each batch sits on it), while the host also waits 34 % on data.
+    # Unpinned, the stream is busy 97 % at 60 % of the compute ceiling (the pageable copy of each batch sits on it)
+    # while the host waits 34 % on data, with CPUs to spare: pinning, never measured, is the first thing to try.
+    copy = _m(10, "train", 1200, workers=8, data_wait_frac=0.34, cpu_util_frac=0.4, gpu_busy_frac=0.97)
+    alone = trial_verdicts(rows_from_measurements([*CEILINGS, copy]), min_headroom=0.10, tolerance=0.03)[10]
+    assert alone.name == "h2d-copy" and alone.evidence["pinned"] == "not measured at this batch"
+    assert alone.evidence["GPU busy (events)"] == 0.97
+    # measured pinned at another batch only: still not measured for this one
+    other = _m(11, "train", 1900, batch=128, workers=8, pin=True, gpu_busy_frac=0.99)
+    assert trial_verdicts(rows_from_measurements([*CEILINGS, copy, other]), min_headroom=0.10,
+                          tolerance=0.03)[10].name == "h2d-copy"
+
+
+def test_a_full_stream_on_saturated_cpus_stays_cpu_preprocessing_with_what_pinning_measured():
+    # The H200 knee of configs/resnet.yaml: 16 workers on 16 CPUs at 97 %; events also hold late launches there
     knee = _m(10, "train", 1200, workers=16, data_wait_frac=0.34, cpu_util_frac=0.97, gpu_busy_frac=0.97)
     alone = trial_verdicts(rows_from_measurements([*CEILINGS, knee]), min_headroom=0.10, tolerance=0.03)[10]
-    assert alone.name == "h2d-copy" and alone.evidence["pinned"] == "not measured"
-    assert alone.evidence["GPU busy (events)"] == 0.97
-    # measured pinned, it lost (the pin-memory thread competes with 16 decoding workers): the CPU is the bound
+    assert alone.name == "cpu-preprocessing" and alone.evidence["pinned"] == "not measured at this batch"
+    # measured pinned, it lost (the pin-memory thread competes with 16 decoding workers)
     pinned = _m(11, "train", 1030, workers=16, pin=True, data_wait_frac=0.53, cpu_util_frac=0.98, gpu_busy_frac=0.56)
-    both = trial_verdicts(rows_from_measurements([*CEILINGS, knee, pinned]), min_headroom=0.10, tolerance=0.03)
-    assert both[10].name == "cpu-preprocessing"
-    assert both[10].evidence["with pinning (trial 11)"] == "-14.2%" and both[10].evidence["GPU busy (events)"] == 0.97
+    faster = _m(12, "train", 1260, workers=16, data_wait_frac=0.3, cpu_util_frac=0.97, gpu_busy_frac=0.97,
+                params={"num_workers": 16, "prefetch_factor": 4, "pin_memory": False, "batch_size": 64,
+                        "grad_accum": 1, "compile": "none"})
+    both = trial_verdicts(rows_from_measurements([*CEILINGS, knee, pinned, faster]), min_headroom=0.10,
+                          tolerance=0.03)
+    assert both[10].name == "cpu-preprocessing" and both[10].evidence["GPU busy (events)"] == 0.97
+    assert both[10].evidence["pinned (trial 11) vs this"] == "-14.2%"  # against this trial, not the fastest
+    assert both[12].evidence["pinned (trial 11) vs this"] == "-18.3%"
     assert "GPU busy (events)" not in both[11].evidence  # pinned: its copies are not from pageable memory
+    assert "pinned (trial 11) vs this -14.2%" in both[10].sentence()
 
 
 def test_an_idle_stream_keeps_the_data_verdict():

@@ -160,3 +160,13 @@ def test_a_much_faster_smaller_batch_does_not_end_the_stage_at_the_larger_one():
                                                                       batch_size=16)])
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
     assert [(r.stage, r.knobs.batch_size, r.skip) for r in nxt] == [("batch", 8, None)]
+
+
+def test_no_pruning_against_trials_that_leave_too_little_headroom():
+    cfg = _cfg(**{"search.batch_size": [8]})
+    ms = [_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 100, num_workers=2, pin_memory=True),
+          _m(2, "end_to_end", "train", 400, headroom=0.02, num_workers=8, pin_memory=True)]
+    rows = rows_from_measurements(ms)
+    req = plan._maybe_skip(plan.Request("end_to_end", "train", rows[-1].knobs.__class__(
+        num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=8)), rows, cfg)
+    assert req.skip is None  # the 8-worker trial cannot be the knee: it is no yardstick for 2 workers, which may fit

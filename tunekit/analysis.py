@@ -4,7 +4,8 @@ Selection (DESIGN.md): among completed end-to-end trials with headroom >= min_he
 (workers, then prefetch, pin_memory, compile time, then batch and accumulation), the knee is the cheapest config
 whose throughput is not distinguishably below the best: its shortfall is within max(tolerance, the run's noise).
 The run's noise is the median window CV of the upper half of the candidates (by throughput), where the knee and the
-best compete: one erratic trial widens the band neither for itself nor for the rest (on an H200 a 12-worker trial
+best compete: once that half holds three trials or more, one erratic trial widens the band neither for itself nor
+for the rest (with two, the median is their mean) (on an H200 a 12-worker trial
 with 55 % window noise at 54 % of the best was once "within noise"), and the steady, data-starved low end does not
 narrow it.
 Too few points, or none completed, gives no recommendation and a sentence why — never a guess.

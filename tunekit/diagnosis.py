@@ -76,7 +76,6 @@ class _Context:
         per_sample = {b: 1.0 / r.rate for b, r in self.compute.items() if r.rate > 0}
         self.per_sample = per_sample
         self.best_per_sample = min(per_sample.values()) if per_sample else None
-        self.pinned_measured = any(r.ok and r.mode == "train" and r.knobs.pin_memory for r in rows)
 
     def pinned_gain(self, row: TrialRow) -> tuple[TrialRow, float, TrialRow] | None:
         """For an unpinned trial: the fastest pinned trial of the same batch, accumulation and compile mode with no
@@ -138,25 +137,32 @@ def _classify(row: TrialRow, ctx: _Context) -> Verdict | None:
     # An unpinned step whose stream is never idle yet runs well below the compute ceiling spends the difference
     # on the stream in copies from pageable memory (slow, and the host blocks on them while queued compute drains,
     # so its data wait overlaps GPU work instead of idling the GPU).
+    # (CUDA-event spans wrap the whole step, so they also hold launches a CPU-starved host makes late: with the
+    # CPUs saturated, the stream figure is evidence for the data verdict, not a copy verdict of its own.)
     busy = m.get("gpu_busy_frac")
     stream_full = (not k.pin_memory and busy is not None and float(busy) >= STREAM_FULL
                    and of_ceiling is not None and of_ceiling < NEAR_CEILING)
-    if stream_full and not ctx.pinned_measured:  # pinning was not tried in this run: it is the first thing to try
+    cpu_frac = m.get("cpu_util_frac")
+    cpu_saturated = bool(cpus and k.num_workers and (k.num_workers >= cpus
+                                                     or (cpu_frac is not None and cpu_frac > 0.85)))
+    if stream_full and twin is None and not cpu_saturated:  # pinning not measured here: the first thing to try
         return Verdict("h2d-copy", {"GPU busy (events)": float(busy), "of compute ceiling": of_ceiling,
-                                    "data wait": wait, "pinned": "not measured"}, FIXES["h2d-copy"], row.number)
+                                    "data wait": wait, "pinned": "not measured at this batch"},
+                       FIXES["h2d-copy"], row.number)
     if wait > STARVED_WAIT and (of_ceiling is None or of_ceiling < NEAR_CEILING):
         ev = {"data wait": wait}
         if of_ceiling is not None:
             ev["of compute ceiling"] = of_ceiling
-        if stream_full:  # pinning was measured and did not pay: say so, with the numbers
+        if stream_full:  # the host's wait overlaps GPU work: say so, and what pinning measured against this trial
             ev["GPU busy (events)"] = float(busy)
-            if twin is not None:
-                ev[f"with pinning (trial {twin[0].number})"] = f"{twin[1]:+.1%}"
+            if twin is None:
+                ev["pinned"] = "not measured at this batch"
+            elif row.rate > 0:
+                ev[f"pinned (trial {twin[0].number}) vs this"] = f"{twin[0].rate / row.rate - 1:+.1%}"
         if row.noise_cv > _NOISY_CV:
             ev["window noise (CV)"] = row.noise_cv
-        cpu_frac = m.get("cpu_util_frac")
         # with no workers the first fix is to add some, however busy the main process is
-        if cpus and k.num_workers and (k.num_workers >= cpus or (cpu_frac is not None and cpu_frac > 0.85)):
+        if cpu_saturated:
             ev.update({"workers": k.num_workers, "usable CPUs": cpus})
             if cpu_frac is not None:
                 ev["CPU busy"] = float(cpu_frac)

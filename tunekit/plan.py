@@ -210,7 +210,9 @@ def _maybe_skip(req: Request, rows: list[TrialRow], cfg: Config) -> Request:
     if ceiling is None or not done:
         return req
     tol = cfg.selection.tolerance
-    fitting = [r for r in done if r.headroom is None or r.headroom >= cfg.selection.min_headroom] or done
+    fitting = [r for r in done if r.headroom is None or r.headroom >= cfg.selection.min_headroom]
+    if not fitting:
+        return req  # nothing the knee could be chosen from yet: nothing to measure against
     best = max(fitting, key=lambda r: r.rate)
     bound = (ceiling.samples_per_s or 0.0) * (1 + max(tol, ceiling.noise_cv))
     # the same band the knee is chosen with (analysis.select_knee): one noisy best trial must not widen it
