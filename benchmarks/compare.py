@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from _common import run_trial, write_csv
 
 from tunekit import config as config_mod
 from tunekit import load_recommended, plan
@@ -44,19 +45,6 @@ def _sweep(config: Path, out: Path, *extra: str) -> float:
     subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(config), "--out", str(out), "--no-resume",
                     "--quiet", *extra], check=False)
     return time.perf_counter() - t0
-
-
-def _trial(config: Path, out: Path, knobs: dict[str, Any]) -> dict:
-    cmd = [sys.executable, "-m", "tunekit", "trial", str(config), "--out", str(out)]
-    for key, value in knobs.items():
-        cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
-    trials = out / "trials"
-    before = {p.name for p in trials.iterdir()} if trials.is_dir() else set()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    made = [p for p in trials.iterdir() if p.name not in before] if trials.is_dir() else []
-    if len(made) != 1 or not (made[0] / "measurement.json").exists():  # killed, or failed before its trial began
-        return {"status": "crashed", "reason": (proc.stderr.strip().splitlines() or ["no measurement"])[-1]}
-    return json.loads((made[0] / "measurement.json").read_text())
 
 
 def _previous(trials_dir: Path, knobs: dict[str, Any]) -> tuple[int, list[float]]:
@@ -194,7 +182,7 @@ def main() -> None:
 
     def table() -> list[dict[str, Any]]:
         rows = _table(candidates, measured, staged_trials, grid_trials, staged_s, grid_s, full_grid)
-        _write(out / "compare.csv", rows)
+        write_csv(out / "compare.csv", rows)
         return rows
 
     rows = table()
@@ -202,7 +190,8 @@ def main() -> None:
         for name in measured:
             if finished[name] > round_:
                 continue  # measured by an earlier, cut-off run
-            m = _trial(args.config, out / "side-by-side" / name.replace(" ", "-"), candidates[name])
+            sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in candidates[name].items()]
+            m, _ = run_trial(args.config, out / "side-by-side" / name.replace(" ", "-"), sets)
             finished[name] += 1
             if m["status"] == "ok":
                 measured[name].append(m["samples_per_s"])
@@ -228,14 +217,6 @@ def _table(candidates: dict, measured: dict, staged_trials: list, grid_trials: l
                  "vs_grid_best": round(staged_s / full_s, 3) if full_s else None, "runs": None})
     return rows
 
-
-def _write(path: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
 
 if __name__ == "__main__":
     main()

@@ -14,13 +14,14 @@ Target: overhead = 1 - trial / plain <= 1 %.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _common import run_trial, write_csv
 
 _PLAIN = r"""
 import json, sys, time, torch
@@ -59,15 +60,6 @@ print(json.dumps({"samples_per_s": n * knobs.batch_size / (time.perf_counter() -
 """
 
 
-def _trial(config: str, sets: list[str], out: Path) -> dict:
-    cmd = [sys.executable, "-m", "tunekit", "trial", config, "--out", str(out)]
-    for s in sets:
-        cmd += ["--set", s]
-    subprocess.run(cmd, capture_output=True, text=True, check=False)
-    latest = max((out / "trials").iterdir(), key=lambda p: int(p.name))
-    return json.loads((latest / "measurement.json").read_text())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config")
@@ -78,11 +70,10 @@ def main() -> None:
     out = Path(args.out)
     rows = []
     for i in range(args.repeats):
-        m = _trial(args.config, args.sets, out / "trial")
+        m, trial_dir = run_trial(args.config, out / "trial", args.sets)
         if m["status"] != "ok":
             sys.exit(f"trial failed: {m['status']}: {m['reason']}")
-        cfg = json.loads((out / "trial" / "trials" / str(max(int(p.name) for p in (out / "trial" / "trials")
-                                                                 .iterdir())) / "spec.json").read_text())
+        cfg = json.loads((trial_dir / "spec.json").read_text())
         # the plain loop: same warm-up batches, as long as the trial's windows together
         t0 = time.perf_counter()
         plain = subprocess.run([sys.executable, "-c", _PLAIN, json.dumps(cfg["config"]), json.dumps(cfg["knobs"]),
@@ -94,11 +85,7 @@ def main() -> None:
                      "trial_mean_of_windows": statistics.fmean(m["samples_per_s_windows"]),
                      "plain_samples_per_s": p["samples_per_s"], "plain_wall_s": time.perf_counter() - t0,
                      "device": m["device_name"]})
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "overhead.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(out / "overhead.csv", rows)
     trial = statistics.median(r["trial_mean_of_windows"] for r in rows)
     plain = statistics.median(r["plain_samples_per_s"] for r in rows)
     print("repeat | trial samples/s (median, mean of windows) | plain loop samples/s")

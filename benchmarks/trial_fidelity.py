@@ -12,25 +12,10 @@ Target: |short / long - 1| <= 3 %.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
-
-
-def _trial(config: str, out: Path, sets: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "tunekit", "trial", config, "--out", str(out)]
-    for item in sets:
-        cmd += ["--set", item]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    print(proc.stdout.strip(), file=sys.stderr)
-    if proc.returncode != 0:
-        print(proc.stderr.strip(), file=sys.stderr)
-    latest = max((out / "trials").iterdir(), key=lambda p: int(p.name))
-    return json.loads((latest / "measurement.json").read_text())
+from _common import run_trial, write_csv
 
 
 def _row(workers: int, short: dict, long: dict) -> dict:
@@ -78,14 +63,11 @@ def main() -> None:
     for workers in args.workers:
         base = [f"num_workers={workers}", f"batch_size={args.batch}", f"pin_memory={str(workers > 0).lower()}",
                 *args.sets]
-        short = _trial(args.config, out / f"w{workers}", base)
-        long = _trial(args.config, out / f"w{workers}-long", [*base, f"trial.window_s={window * args.factor}"])
+        short, _ = run_trial(args.config, out / f"w{workers}", base, echo=True)
+        long, _ = run_trial(args.config, out / f"w{workers}-long", [*base, f"trial.window_s={window * args.factor}"],
+                            echo=True)
         rows.append(_row(workers, short, long))
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "fidelity.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(out / "fidelity.csv", rows)
     keys = list(rows[0])
     print(" | ".join(keys))
     for row in rows:

@@ -1,10 +1,13 @@
-"""benchmarks/compare.py resumes a cut-off side-by-side run from the trials it left behind."""
+"""benchmarks/: compare.py resumes a cut-off side-by-side run; a trial that left no measurement is not another's."""
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("compare", Path(__file__).parent.parent / "benchmarks" / "compare.py")
+_BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+sys.path.insert(0, str(_BENCHMARKS))  # as when a script runs: its folder first, for benchmarks/_common.py
+_spec = importlib.util.spec_from_file_location("compare", _BENCHMARKS / "compare.py")
 compare = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(compare)
 
@@ -30,5 +33,5 @@ def test_previous_rounds_count_only_finished_trials_of_the_same_knobs(tmp_path):
 def test_a_trial_that_left_no_measurement_is_a_failed_round_not_the_previous_one(tmp_path):
     _trial(tmp_path / "trials", 0, "ok", 100.0, num_workers=0)
     # a command that fails before it starts a trial: the earlier trial must not be read again as this round's
-    m = compare._trial(tmp_path / "no-such-config.yaml", tmp_path, {"num_workers": 0})
-    assert m["status"] == "crashed" and m["reason"]
+    m, trial_dir = compare.run_trial(tmp_path / "no-such-config.yaml", tmp_path, ["num_workers=0"])
+    assert m["status"] == "crashed" and m["reason"] and trial_dir is None

@@ -194,10 +194,12 @@ def trial_verdicts(rows: list[TrialRow], *, min_headroom: float, tolerance: floa
 
 
 def run_verdicts(rows: list[TrialRow], knee: TrialRow | None, *, min_headroom: float, tolerance: float,
-                 env: dict[str, Any] | None = None) -> list[Verdict]:
-    """The run's verdicts, the primary one first: the knee's own, then what the rest of the run shows."""
+                 env: dict[str, Any] | None = None, per_trial: dict[int, Verdict] | None = None) -> list[Verdict]:
+    """The run's verdicts, the primary one first: the knee's own, then what the rest of the run shows.
+    ``per_trial`` is :func:`trial_verdicts` of the same rows, when the caller has it already."""
     ctx = _Context(rows, min_headroom, tolerance)
-    per_trial = trial_verdicts(rows, min_headroom=min_headroom, tolerance=tolerance)
+    if per_trial is None:
+        per_trial = trial_verdicts(rows, min_headroom=min_headroom, tolerance=tolerance)
     found: list[Verdict] = []
     if knee is not None and knee.number in per_trial:
         found.append(per_trial[knee.number])

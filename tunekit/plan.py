@@ -214,7 +214,7 @@ def _maybe_skip(req: Request, rows: list[TrialRow], cfg: Config) -> Request:
     if not fitting:
         return req  # nothing the knee could be chosen from yet: nothing to measure against
     best = max(fitting, key=lambda r: r.rate)
-    bound = (ceiling.samples_per_s or 0.0) * (1 + max(tol, ceiling.noise_cv))
+    bound = ceiling.rate * (1 + max(tol, ceiling.noise_cv))
     # the same band the knee is chosen with (analysis.select_knee): one noisy best trial must not widen it
     needed = best.rate * (1 - max(tol, run_noise(fitting)))
     if bound >= needed:
@@ -244,8 +244,8 @@ def estimate_total(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bo
                   for r in computed)
     n_compute = len(computed) if stopped else len(s.batch_size)
     total = n_compute + len(s.num_workers) * (1 + pins) + (len(s.prefetch_factor) - 1) + (len(s.compile) - 1)
-    if not s.target_effective_batch:
-        total += min(1, len(s.batch_size) - 1)  # stage 4b usually tries one smaller batch, when data-bound
     if s.target_effective_batch:
         total += sum(1 for b in s.batch_size if s.target_effective_batch % b == 0)
+    else:
+        total += min(1, len(s.batch_size) - 1)  # stage 4b usually tries one smaller batch, when data-bound
     return max(total, len(rows))

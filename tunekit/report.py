@@ -82,14 +82,16 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
     defaults = defaults_trial(rows, knee.knee) if knee.knee else None
     ref = knee.knee or knee.best or next((r for r in rows if r.ok), None)
     m = ref.measurement if ref else {}
+    sel = cfg.selection
+    per_trial = trial_verdicts(rows, min_headroom=sel.min_headroom, tolerance=sel.tolerance)
     return RunSummary(
         name=cfg.name, strategy=strategy, knee=knee, defaults=defaults, trials=len(rows),
         failed=sum(1 for r in rows if not r.ok and r.status != "skipped"), device=m.get("device_name"),
         versions=m.get("versions") or {},
         date=date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), stop_reason=stop_reason,
-        verdicts=tuple(run_verdicts(rows, knee.knee, min_headroom=cfg.selection.min_headroom,
-                                    tolerance=cfg.selection.tolerance, env=env)),
-        trial_verdicts=trial_verdicts(rows, min_headroom=cfg.selection.min_headroom, tolerance=cfg.selection.tolerance),
+        verdicts=tuple(run_verdicts(rows, knee.knee, min_headroom=sel.min_headroom, tolerance=sel.tolerance, env=env,
+                                    per_trial=per_trial)),
+        trial_verdicts=per_trial,
         per_hour=cfg.cost.per_hour, warnings=tuple(warnings),
     )
 
@@ -186,7 +188,7 @@ def _recommendation_md(rows: list[TrialRow], s: RunSummary) -> list[str]:
     return out
 
 
-def _environment_md(env: dict[str, Any], s: RunSummary) -> list[str]:
+def _environment_md(env: dict[str, Any]) -> list[str]:
     if not env:
         return ["No env.json in this run.", ""]
     pk, cpu, mem = env.get("packages") or {}, env.get("cpu") or {}, env.get("memory") or {}
@@ -227,7 +229,7 @@ def _report_md(rows: list[TrialRow], s: RunSummary, plots: list[Any], env: dict[
     skipped = [p for p in plots if not p.path]
     if skipped:
         out += ["Not drawn, for lack of data:", ""] + [f"- {p.title}: {p.reason}." for p in skipped] + [""]
-    out += ["## Environment", "", *_environment_md(env, s)]
+    out += ["## Environment", "", *_environment_md(env)]
     out += ["## Trials", "", "| # | stage | mode | workers | prefetch | pin | batch | accum | compile | status | "
             "samples/s | samples/$ | noise | data wait | NVML util | headroom | verdict |", "|" + " --- |" * 17]
     for r in sorted(rows, key=lambda r: r.number):

@@ -1,0 +1,42 @@
+"""What the benchmark scripts share: one trial through the real CLI, and an atomic CSV."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tunekit.contract import read_json
+
+
+def run_trial(config: str | Path, out: Path, sets: list[str], *,
+              echo: bool = False) -> tuple[dict[str, Any], Path | None]:
+    """``tunekit trial CONFIG --out OUT --set …``: its measurement and trial folder. A command that left no
+    measurement (killed, or failed before its trial began) gives a crashed one and no folder, never an earlier
+    trial's."""
+    cmd = [sys.executable, "-m", "tunekit", "trial", str(config), "--out", str(out)]
+    for item in sets:
+        cmd += ["--set", item]
+    trials = out / "trials"
+    before = {p.name for p in trials.iterdir()} if trials.is_dir() else set()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if echo:
+        print(proc.stdout.strip(), file=sys.stderr)
+    made = [p for p in trials.iterdir() if p.name not in before] if trials.is_dir() else []
+    if len(made) != 1 or not (made[0] / "measurement.json").exists():
+        return {"status": "crashed", "reason": (proc.stderr.strip().splitlines() or ["no measurement"])[-1]}, None
+    return read_json(made[0] / "measurement.json"), made[0]
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Rows as CSV, written atomically (a cut-off benchmark leaves the previous table, never half of one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
