@@ -119,7 +119,7 @@ def test_real_cpu_scenarios(tmp_path: Path):
                                  "workload.model_args": {"step_wait_s": 0.005}})
     cheap_data = sleepy_config(**{"workload.dataset": "tunekit.workloads.synthetic:tensor_dataset",
                                   "workload.dataset_args": {"shape": [3, 8, 8]},
-                                  "workload.model_args": {"step_wait_s": 0.03}})
+                                  "workload.model_args": {"step_wait_s": 0.06}})
     starved = [_trial(tmp_path, slow_data, 0, "compute", batch_size=8),
                _trial(tmp_path, slow_data, 1, "train", num_workers=1, prefetch_factor=2, batch_size=8)]
     bound = [_trial(tmp_path, cheap_data, 2, "compute", batch_size=8),
