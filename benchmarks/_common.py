@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import csv
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from tunekit.contract import read_json
+from tunekit._files import atomic_path, read_json
 
 
 def run_trial(config: str | Path, out: Path, sets: list[str], *,
@@ -33,10 +32,7 @@ def run_trial(config: str | Path, out: Path, sets: list[str], *,
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     """Rows as CSV, written atomically (a cut-off benchmark leaves the previous table, never half of one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", newline="") as fh:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    os.replace(tmp, path)

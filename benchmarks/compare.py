@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import yaml
 from _common import run_trial, write_csv
 
 from tunekit import config as config_mod
-from tunekit import load_recommended, plan
+from tunekit import load_recommended, plan, rules
 
 
 def _sweep(config: Path, out: Path, *extra: str) -> float:
@@ -65,17 +64,10 @@ def _previous(trials_dir: Path, knobs: dict[str, Any]) -> tuple[int, list[float]
     return done, rates
 
 
-def _set_dotted(raw: dict, key: str, value: Any) -> None:
-    *parents, last = key.split(".")
-    for part in parents:
-        raw = raw.setdefault(part, {})
-    raw[last] = value
-
-
 def _best_knobs(run: Path) -> dict[str, Any] | None:
     """The knobs of the fastest completed trial of a run (trials.csv)."""
-    ok = [t for t in csv.DictReader(open(run / "trials.csv")) if t["status"] == "ok" and t.get("stage") in
-          ("end_to_end", "prefetch", "batch", "compile", "accumulation", "grid")]
+    ok = [t for t in csv.DictReader(open(run / "trials.csv")) if t["status"] == "ok"
+          and t.get("stage") in rules.KNEE_STAGES]
     if not ok:
         return None
     t = max(ok, key=lambda t: float(t["samples_per_s"]))
@@ -126,7 +118,7 @@ def _knobs(rec_path: Path) -> dict[str, Any] | None:
     return knobs
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", type=Path)
     parser.add_argument("--grid-set", action="append", default=[], help="KEY=YAML override for the grid run")
@@ -142,30 +134,28 @@ def main() -> None:
         parser.error("--staged-run and --grid-run go together")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def _runs(args: argparse.Namespace) -> tuple[Path, Path, float, float]:
+    """The staged and grid runs (swept now, or given) and their times."""
+    if args.staged_run and args.grid_run:
+        return args.staged_run, args.grid_run, _trial_time(args.staged_run), _trial_time(args.grid_run)
     raw = yaml.safe_load(args.config.read_text())
     for item in args.grid_set:
         key, _, value = item.partition("=")
-        _set_dotted(raw, key, yaml.safe_load(value))
-    grid_config = out / "grid.yaml"
+        config_mod.set_dotted(raw, key, yaml.safe_load(value))
+    grid_config = args.out / "grid.yaml"
     grid_config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    staged_dir, grid_dir = args.out / "staged", args.out / "grid"
+    staged_s = _sweep(args.config, staged_dir)
+    grid_s = _sweep(grid_config, grid_dir, "--strategy", "grid")
+    return staged_dir, grid_dir, staged_s, grid_s
 
-    if args.staged_run and args.grid_run:
-        staged_dir, grid_dir = args.staged_run, args.grid_run
-        staged_s, grid_s = _trial_time(staged_dir), _trial_time(grid_dir)
-    else:
-        staged_dir, grid_dir = out / "staged", out / "grid"
-        staged_s = _sweep(args.config, staged_dir)
-        grid_s = _sweep(grid_config, grid_dir, "--strategy", "grid")
-    staged_trials = list(csv.DictReader(open(staged_dir / "trials.csv")))
-    grid_trials = list(csv.DictReader(open(grid_dir / "trials.csv")))
-    cfg = config_mod.load(args.config, check_imports=False)
-    full_grid = _full_grid_estimate([r.knobs.compile for r in plan.next_requests(cfg, [], strategy="grid", cuda=True)],
-                                    grid_trials, staged_trials)
 
-    cpus = args.hand_workers or len(os.sched_getaffinity(0))
-    candidates = {
+def _candidates(args: argparse.Namespace, staged_dir: Path, grid_dir: Path) -> dict[str, dict[str, Any] | None]:
+    cpus = args.hand_workers or config_mod.cpu_count()
+    return {
         "PyTorch defaults": {"num_workers": 0, "pin_memory": False, "batch_size": args.hand_batch, "grad_accum": 1,
                              "compile": "none"},
         "hand-tuned": {"num_workers": cpus, "prefetch_factor": 2, "pin_memory": True, "batch_size": args.hand_batch,
@@ -173,6 +163,19 @@ def main() -> None:
         "tunekit staged": _knobs(staged_dir / "recommended.yaml"),
         "grid best": _best_knobs(grid_dir),
     }
+
+
+def main() -> None:
+    args = _arguments()
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    staged_dir, grid_dir, staged_s, grid_s = _runs(args)
+    staged_trials = list(csv.DictReader(open(staged_dir / "trials.csv")))
+    grid_trials = list(csv.DictReader(open(grid_dir / "trials.csv")))
+    cfg = config_mod.load(args.config, check_imports=False)
+    full_grid = _full_grid_estimate([r.knobs.compile for r in plan.next_requests(cfg, [], strategy="grid", cuda=True)],
+                                    grid_trials, staged_trials)
+    candidates = _candidates(args, staged_dir, grid_dir)
     measured: dict[str, list[float]] = {}
     finished: dict[str, int] = {}
     for name, knobs in candidates.items():

@@ -6,101 +6,142 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import sleepy_config
+from tests.conftest import measurement, sleepy_config
 from tunekit import config
-from tunekit.analysis import rows_from_measurements
+from tunekit.config import Selection
 from tunekit.contract import Knobs, TrialSpec
-from tunekit.diagnosis import FIXES, VERDICTS, environment_warnings, run_verdicts, trial_verdicts
+from tunekit.diagnosis import VERDICTS, run_verdicts, trial_verdicts
+from tunekit.env import environment_warnings
 from tunekit.launcher import run_trial
+from tunekit.records import rows_from_measurements
 
-
-def _m(n, mode, sps, batch=64, workers=0, pin=False, **extra):
-    base = {"number": n, "stage": mode, "mode": mode, "status": "ok", "samples_per_s": sps, "noise_cv": 0.01,
-            "headroom": 0.5, "cpu_count": 16, "cpu_util_frac": 0.3, "data_wait_frac": 0.0,
-            "params": {"num_workers": workers, "prefetch_factor": 2 if workers else None, "pin_memory": pin,
-                       "batch_size": batch, "grad_accum": 1, "compile": "none"}}
-    return {**base, **extra}
-
-
-CEILINGS = [_m(0, "compute", 500, batch=16), _m(1, "compute", 2000, batch=64), _m(2, "compute", 2100, batch=128)]
+SELECTION = Selection(tolerance=0.03, min_headroom=0.10)
+CEILINGS = [
+    measurement(0, "compute", "compute", 500, batch_size=16),
+    measurement(1, "compute", "compute", 2000, batch_size=64),
+    measurement(2, "compute", "compute", 2100, batch_size=128),
+]
 
 CASES = {
-    "data-starved": _m(10, "train", 600, workers=4, data_wait_frac=0.6),
-    "cpu-preprocessing": _m(10, "train", 900, workers=16, data_wait_frac=0.4, cpu_util_frac=0.97),
-    "compute-bound": _m(10, "train", 1950, workers=8, data_wait_frac=0.02),
-    "overhead-bound": _m(10, "train", 480, batch=16, workers=8, data_wait_frac=0.01),
-    "memory-wall": _m(10, "train", 1900, workers=8, headroom=0.12),
-    "h2d-copy": _m(10, "train", 1500, workers=8, data_wait_frac=0.1),
-    "shared-gpu": _m(10, "train", 1500, workers=8, noise_cv=0.2, nvml={"throttle_reasons": ["hw_slowdown"]}),
+    "data-starved": measurement(10, "train", "train", 600, num_workers=4, data_wait_frac=0.6),
+    "cpu-preprocessing": measurement(10, "train", "train", 900, num_workers=16, data_wait_frac=0.4, cpu_util_frac=0.97),
+    "compute-bound": measurement(10, "train", "train", 1950, num_workers=8, data_wait_frac=0.02),
+    "overhead-bound": measurement(10, "train", "train", 480, batch_size=16, num_workers=8, data_wait_frac=0.01),
+    "memory-wall": measurement(10, "train", "train", 1900, num_workers=8, headroom=0.12),
+    "h2d-copy": measurement(10, "train", "train", 1500, num_workers=8, data_wait_frac=0.1),
+    # 87 % of the compute ceiling with 3 % data wait and no small-batch penalty: no bound stands out
+    "unattributed": measurement(10, "train", "train", 1740, num_workers=8, data_wait_frac=0.03),
+    "shared-gpu": measurement(
+        10, "train", "train", 1500, num_workers=8, noise_cv=0.2, nvml={"throttle_reasons": ["hw_slowdown"]}
+    ),
 }
+
+
+FIX_WORDS = {"shared-gpu": "idle GPU", "memory-wall": "accumulation", "h2d-copy": "pin_memory=True",
+             "cpu-preprocessing": "on the GPU", "data-starved": "faster storage", "overhead-bound": "larger batch",
+             "compute-bound": "the model itself", "unattributed": "profile"}
 
 
 @pytest.mark.parametrize("name", VERDICTS)
 def test_every_verdict_on_fixtures(name: str):
     ms = [*CEILINGS, CASES[name]]
     if name == "h2d-copy":
-        ms.append(_m(11, "train", 1800, workers=8, pin=True, data_wait_frac=0.05))
-    verdict = trial_verdicts(rows_from_measurements(ms), min_headroom=0.10, tolerance=0.03)[10]
+        ms.append(measurement(11, "train", "train", 1800, num_workers=8, pin_memory=True, data_wait_frac=0.05))
+    verdict = trial_verdicts(rows_from_measurements(ms), SELECTION)[10]
     assert verdict.name == name
-    assert verdict.fix == FIXES[name] and verdict.evidence
-    assert name in verdict.sentence() and "First fix" in verdict.sentence()
+    assert verdict.evidence and verdict.fix
+    assert verdict.sentence().startswith(f"{name}: ") and "First fix" in verdict.sentence()
+    assert FIX_WORDS[name] in verdict.fix  # the fix that fits the cause, not another verdict's
 
 
 def test_evidence_carries_the_numbers():
     rows = rows_from_measurements([*CEILINGS, CASES["cpu-preprocessing"]])
-    ev = trial_verdicts(rows, min_headroom=0.10, tolerance=0.03)[10].evidence
+    ev = trial_verdicts(rows, SELECTION)[10].evidence
     assert ev["data wait"] == 0.4 and ev["workers"] == 16 and ev["usable CPUs"] == 16
     assert ev["of compute ceiling"] == pytest.approx(900 / 2000)
 
 
 def test_zero_workers_is_data_starved_however_busy_the_main_process():
-    rows = rows_from_measurements([*CEILINGS, _m(10, "train", 200, data_wait_frac=0.95, cpu_util_frac=0.95)])
-    assert trial_verdicts(rows, min_headroom=0.10, tolerance=0.03)[10].name == "data-starved"
+    rows = rows_from_measurements(
+        [*CEILINGS, measurement(10, "train", "train", 200, data_wait_frac=0.95, cpu_util_frac=0.95)]
+    )
+    assert trial_verdicts(rows, SELECTION)[10].name == "data-starved"
 
 
 def test_noisy_windows_blame_the_gpu_only_when_the_loop_does_not_wait_on_data():
     # H200, 12 loader workers on 16 CPUs: 55 % window noise from CPU contention, GPU alone and at full clocks
-    starved = _m(10, "train", 900, workers=12, data_wait_frac=0.54, noise_cv=0.55, cpu_util_frac=0.82)
-    verdict = trial_verdicts(rows_from_measurements([*CEILINGS, starved]), min_headroom=0.10, tolerance=0.03)[10]
+    starved = measurement(
+        10, "train", "train", 900, num_workers=12, data_wait_frac=0.54, noise_cv=0.55, cpu_util_frac=0.82
+    )
+    verdict = trial_verdicts(rows_from_measurements([*CEILINGS, starved]), SELECTION)[10]
     assert verdict.name == "data-starved" and verdict.evidence["window noise (CV)"] == 0.55
-    gpu_bound = _m(10, "train", 1500, workers=8, data_wait_frac=0.02, noise_cv=0.2)
-    verdict = trial_verdicts(rows_from_measurements([*CEILINGS, gpu_bound]), min_headroom=0.10, tolerance=0.03)[10]
+    gpu_bound = measurement(10, "train", "train", 1500, num_workers=8, data_wait_frac=0.02, noise_cv=0.2)
+    verdict = trial_verdicts(rows_from_measurements([*CEILINGS, gpu_bound]), SELECTION)[10]
     assert verdict.name == "shared-gpu" and verdict.evidence["window noise (CV)"] == 0.2
 
 
 def test_pinning_that_beats_more_workers_is_h2d_copy_not_data_starved():
     # H200, ResNet-50 on cheap tensors: unpinned runs wait on data at every worker count; 0 workers pinned is faster
-    ms = [*CEILINGS, _m(10, "train", 1300, workers=2, data_wait_frac=0.27),
-          _m(11, "train", 1350, workers=8, data_wait_frac=0.27), _m(12, "train", 1850, pin=True, data_wait_frac=0.6)]
-    verdicts = trial_verdicts(rows_from_measurements(ms), min_headroom=0.10, tolerance=0.03)
+    ms = [
+        *CEILINGS,
+        measurement(10, "train", "train", 1300, num_workers=2, data_wait_frac=0.27),
+        measurement(11, "train", "train", 1350, num_workers=8, data_wait_frac=0.27),
+        measurement(12, "train", "train", 1850, pin_memory=True, data_wait_frac=0.6),
+    ]
+    verdicts = trial_verdicts(rows_from_measurements(ms), SELECTION)
     assert verdicts[10].name == verdicts[11].name == "h2d-copy"
     assert verdicts[10].evidence["pinned trial"] == 12
     assert verdicts[11].evidence["fastest unpinned trial with as many workers or fewer"] == 11
     assert verdicts[10].evidence["gain with pinning"] == pytest.approx(1850 / 1300 - 1)
     # a pinned config with more workers is no evidence: more workers may be what helped
-    ms = [*CEILINGS, _m(10, "train", 600, workers=2, data_wait_frac=0.6),
-          _m(11, "train", 1850, workers=8, pin=True, data_wait_frac=0.05)]
-    assert trial_verdicts(rows_from_measurements(ms), min_headroom=0.10, tolerance=0.03)[10].name == "data-starved"
+    ms = [
+        *CEILINGS,
+        measurement(10, "train", "train", 600, num_workers=2, data_wait_frac=0.6),
+        measurement(11, "train", "train", 1850, num_workers=8, pin_memory=True, data_wait_frac=0.05),
+    ]
+    assert trial_verdicts(rows_from_measurements(ms), SELECTION)[10].name == "data-starved"
 
 
 def test_run_verdicts_lead_with_the_knee_and_add_oom_and_other_processes():
-    ms = [*CEILINGS, {**_m(3, "compute", None, batch=256), "status": "oom"}, CASES["cpu-preprocessing"]]
+    ms = [
+        *CEILINGS,
+        {**measurement(3, "compute", "compute", None, batch_size=256), "status": "oom"},
+        CASES["cpu-preprocessing"],
+    ]
     rows = rows_from_measurements(ms)
     env = {"gpus": [{"index": 0, "processes": [{"pid": 7, "name": "python"}]}]}
-    found = run_verdicts(rows, rows[-1], min_headroom=0.10, tolerance=0.03, env=env)
+    found = run_verdicts(rows, rows[-1], trial_verdicts(rows, SELECTION), SELECTION, env)
     assert [v.name for v in found] == ["cpu-preprocessing", "shared-gpu", "memory-wall"]
     assert found[2].evidence == {"OOM at batch": 256, "largest batch that fits": 128}
 
 
 def test_environment_warnings():
-    env = {"cpu": {"affinity": 8}, "shm": {"total_bytes": 64 * 2**20}, "torch_cuda_build": "13.0",
-           "nvml": {"cuda_driver_version": "12.8"},
-           "gpus": [{"index": 0, "name": "H200", "processes": [{"pid": 9, "name": "train.py"}],
-                     "throttle_reasons": ["gpu_idle", "hw_thermal_slowdown"], "temperature_c": 90,
-                     "pcie": {"width": 8, "width_max": 16}}]}
+    env = {
+        "cpu": {"affinity": 8},
+        "shm": {"total_bytes": 64 * 2**20},
+        "torch_cuda_build": "13.0",
+        "nvml": {"cuda_driver_version": "12.8"},
+        "gpus": [
+            {
+                "index": 0,
+                "name": "H200",
+                "processes": [{"pid": 9, "name": "train.py"}],
+                "throttle_reasons": ["gpu_idle", "hw_thermal_slowdown"],
+                "temperature_c": 90,
+                "pcie": {"width": 8, "width_max": 16},
+            }
+        ],
+    }
     text = "\n".join(environment_warnings(env, max_workers=16, batch_bytes=2**20 * 8, prefetch=2))
-    for fragment in ("above the 8 usable CPUs", "/dev/shm holds 0.1 GiB", "built for CUDA 13.0",
-                     "1 other process(es): train.py (pid 9)", "hw_thermal_slowdown", "at 90 C", "x8 of x16"):
+    for fragment in (
+        "above the 8 usable CPUs",
+        "/dev/shm holds 0.1 GiB",
+        "built for CUDA 13.0",
+        "1 other process(es): train.py (pid 9)",
+        "hw_thermal_slowdown",
+        "at 90 C",
+        "x8 of x16",
+    ):
         assert fragment in text
     assert "gpu_idle" not in text
     assert environment_warnings({"cpu": {"affinity": 8}, "gpus": []}, max_workers=4) == []
@@ -115,17 +156,26 @@ def _trial(tmp: Path, cfg: dict, n: int, mode: str, **knobs) -> dict:
 
 def test_real_cpu_scenarios(tmp_path: Path):
     """Per-sample waits with one worker -> data-starved; a heavy step on cheap data -> compute-bound."""
-    slow_data = sleepy_config(**{"workload.dataset_args": {"sample_wait_s": 0.01},
-                                 "workload.model_args": {"step_wait_s": 0.005}})
-    cheap_data = sleepy_config(**{"workload.dataset": "tunekit.workloads.synthetic:tensor_dataset",
-                                  "workload.dataset_args": {"shape": [3, 8, 8]},
-                                  "workload.model_args": {"step_wait_s": 0.06}})
-    starved = [_trial(tmp_path, slow_data, 0, "compute", batch_size=8),
-               _trial(tmp_path, slow_data, 1, "train", num_workers=1, prefetch_factor=2, batch_size=8)]
-    bound = [_trial(tmp_path, cheap_data, 2, "compute", batch_size=8),
-             _trial(tmp_path, cheap_data, 3, "train", num_workers=1, prefetch_factor=2, batch_size=8)]
-    v1 = trial_verdicts(rows_from_measurements(starved), min_headroom=0.10, tolerance=0.03)[1]
-    v2 = trial_verdicts(rows_from_measurements(bound), min_headroom=0.10, tolerance=0.03)[3]
+    slow_data = sleepy_config(
+        **{"workload.dataset_args": {"sample_wait_s": 0.01}, "workload.model_args": {"step_wait_s": 0.005}}
+    )
+    cheap_data = sleepy_config(
+        **{
+            "workload.dataset": "tunekit.workloads.synthetic:tensor_dataset",
+            "workload.dataset_args": {"shape": [3, 8, 8]},
+            "workload.model_args": {"step_wait_s": 0.06},
+        }
+    )
+    starved = [
+        _trial(tmp_path, slow_data, 0, "compute", batch_size=8),
+        _trial(tmp_path, slow_data, 1, "train", num_workers=1, prefetch_factor=2, batch_size=8),
+    ]
+    bound = [
+        _trial(tmp_path, cheap_data, 2, "compute", batch_size=8),
+        _trial(tmp_path, cheap_data, 3, "train", num_workers=1, prefetch_factor=2, batch_size=8),
+    ]
+    v1 = trial_verdicts(rows_from_measurements(starved), SELECTION)[1]
+    v2 = trial_verdicts(rows_from_measurements(bound), SELECTION)[3]
     assert v1.name == "data-starved", v1.sentence()
     assert v1.evidence["data wait"] > 0.5 and v1.evidence["of compute ceiling"] < 0.5
     assert v2.name == "compute-bound", v2.sentence()
@@ -135,45 +185,79 @@ def test_real_cpu_scenarios(tmp_path: Path):
 def test_other_processes_count_only_on_the_gpu_the_trials_used():
     ms = [*CEILINGS, {**CASES["compute-bound"], "device_uuid": "aaaa"}]
     rows = rows_from_measurements(ms)
-    env = {"gpus": [{"index": 0, "uuid": "GPU-aaaa", "processes": []},
-                    {"index": 1, "uuid": "GPU-bbbb", "processes": [{"pid": 7, "name": "python"}]}]}
-    names = [v.name for v in run_verdicts(rows, rows[-1], min_headroom=0.10, tolerance=0.03, env=env)]
+    env = {
+        "gpus": [
+            {"index": 0, "uuid": "GPU-aaaa", "processes": []},
+            {"index": 1, "uuid": "GPU-bbbb", "processes": [{"pid": 7, "name": "python"}]},
+        ]
+    }
+    names = [v.name for v in run_verdicts(rows, rows[-1], trial_verdicts(rows, SELECTION), SELECTION, env)]
     assert "shared-gpu" not in names
 
 
 def test_fewer_workers_doing_as_well_unpinned_is_not_h2d_copy():
     # 16 workers oversubscribe 16 CPUs; 8 workers do as well unpinned as pinned: pinning is not what helps
-    ms = [*CEILINGS, _m(10, "train", 900, workers=16, data_wait_frac=0.4, cpu_util_frac=0.97),
-          _m(11, "train", 1480, workers=8, data_wait_frac=0.1), _m(12, "train", 1500, workers=8, pin=True)]
-    assert trial_verdicts(rows_from_measurements(ms), min_headroom=0.10, tolerance=0.03)[10].name == \
-        "cpu-preprocessing"
+    ms = [
+        *CEILINGS,
+        measurement(10, "train", "train", 900, num_workers=16, data_wait_frac=0.4, cpu_util_frac=0.97),
+        measurement(11, "train", "train", 1480, num_workers=8, data_wait_frac=0.1),
+        measurement(12, "train", "train", 1500, num_workers=8, pin_memory=True),
+    ]
+    assert trial_verdicts(rows_from_measurements(ms), SELECTION)[10].name == "cpu-preprocessing"
 
 
 def test_a_full_stream_below_the_ceiling_unpinned_is_h2d_copy_until_pinning_is_measured():
     # Unpinned, the stream is busy 97 % at 60 % of the compute ceiling (the pageable copy of each batch sits on it)
     # while the host waits 34 % on data, with CPUs to spare: pinning, never measured, is the first thing to try.
-    copy = _m(10, "train", 1200, workers=8, data_wait_frac=0.34, cpu_util_frac=0.4, gpu_busy_frac=0.97)
-    alone = trial_verdicts(rows_from_measurements([*CEILINGS, copy]), min_headroom=0.10, tolerance=0.03)[10]
+    copy = measurement(
+        10, "train", "train", 1200, num_workers=8, data_wait_frac=0.34, cpu_util_frac=0.4, gpu_busy_frac=0.97
+    )
+    alone = trial_verdicts(rows_from_measurements([*CEILINGS, copy]), SELECTION)[10]
     assert alone.name == "h2d-copy" and alone.evidence["pinned"] == "not measured at this batch"
     assert alone.evidence["GPU busy (events)"] == 0.97
     # measured pinned at another batch only: still not measured for this one
-    other = _m(11, "train", 1900, batch=128, workers=8, pin=True, gpu_busy_frac=0.99)
-    assert trial_verdicts(rows_from_measurements([*CEILINGS, copy, other]), min_headroom=0.10,
-                          tolerance=0.03)[10].name == "h2d-copy"
+    other = measurement(11, "train", "train", 1900, batch_size=128, num_workers=8, pin_memory=True, gpu_busy_frac=0.99)
+    assert trial_verdicts(rows_from_measurements([*CEILINGS, copy, other]), SELECTION)[10].name == "h2d-copy"
 
 
 def test_a_full_stream_on_saturated_cpus_stays_cpu_preprocessing_with_what_pinning_measured():
     # The H200 knee of configs/resnet.yaml: 16 workers on 16 CPUs at 97 %; events also hold late launches there
-    knee = _m(10, "train", 1200, workers=16, data_wait_frac=0.34, cpu_util_frac=0.97, gpu_busy_frac=0.97)
-    alone = trial_verdicts(rows_from_measurements([*CEILINGS, knee]), min_headroom=0.10, tolerance=0.03)[10]
+    knee = measurement(
+        10, "train", "train", 1200, num_workers=16, data_wait_frac=0.34, cpu_util_frac=0.97, gpu_busy_frac=0.97
+    )
+    alone = trial_verdicts(rows_from_measurements([*CEILINGS, knee]), SELECTION)[10]
     assert alone.name == "cpu-preprocessing" and alone.evidence["pinned"] == "not measured at this batch"
     # measured pinned, it lost (the pin-memory thread competes with 16 decoding workers)
-    pinned = _m(11, "train", 1030, workers=16, pin=True, data_wait_frac=0.53, cpu_util_frac=0.98, gpu_busy_frac=0.56)
-    faster = _m(12, "train", 1260, workers=16, data_wait_frac=0.3, cpu_util_frac=0.97, gpu_busy_frac=0.97,
-                params={"num_workers": 16, "prefetch_factor": 4, "pin_memory": False, "batch_size": 64,
-                        "grad_accum": 1, "compile": "none"})
-    both = trial_verdicts(rows_from_measurements([*CEILINGS, knee, pinned, faster]), min_headroom=0.10,
-                          tolerance=0.03)
+    pinned = measurement(
+        11,
+        "train",
+        "train",
+        1030,
+        num_workers=16,
+        pin_memory=True,
+        data_wait_frac=0.53,
+        cpu_util_frac=0.98,
+        gpu_busy_frac=0.56,
+    )
+    faster = measurement(
+        12,
+        "train",
+        "train",
+        1260,
+        num_workers=16,
+        data_wait_frac=0.3,
+        cpu_util_frac=0.97,
+        gpu_busy_frac=0.97,
+        params={
+            "num_workers": 16,
+            "prefetch_factor": 4,
+            "pin_memory": False,
+            "batch_size": 64,
+            "grad_accum": 1,
+            "compile": "none",
+        },
+    )
+    both = trial_verdicts(rows_from_measurements([*CEILINGS, knee, pinned, faster]), SELECTION)
     assert both[10].name == "cpu-preprocessing" and both[10].evidence["GPU busy (events)"] == 0.97
     assert both[10].evidence["pinned (trial 11) vs this"] == "-14.2%"  # against this trial, not the fastest
     assert both[12].evidence["pinned (trial 11) vs this"] == "-18.3%"
@@ -182,6 +266,52 @@ def test_a_full_stream_on_saturated_cpus_stays_cpu_preprocessing_with_what_pinni
 
 
 def test_an_idle_stream_keeps_the_data_verdict():
-    starved = _m(10, "train", 600, workers=4, data_wait_frac=0.6, gpu_busy_frac=0.3)
-    verdict = trial_verdicts(rows_from_measurements([*CEILINGS, starved]), min_headroom=0.10, tolerance=0.03)[10]
+    starved = measurement(10, "train", "train", 600, num_workers=4, data_wait_frac=0.6, gpu_busy_frac=0.3)
+    verdict = trial_verdicts(rows_from_measurements([*CEILINGS, starved]), SELECTION)[10]
     assert verdict.name == "data-starved" and "GPU busy (events)" not in verdict.evidence
+
+
+def _loader_bound(tmp_path: Path, dataset_args: dict, workers: int, first: int) -> dict:
+    """A compute ceiling and one end-to-end trial of a sleepy model fed by ``dataset_args`` at ``workers``."""
+    cfg = sleepy_config(**{"workload.dataset_args": dataset_args, "workload.model_args": {"step_wait_s": 0.005}})
+    rows = rows_from_measurements([
+        _trial(tmp_path, cfg, first, "compute", batch_size=8),
+        _trial(tmp_path, cfg, first + 1, "train", num_workers=workers, prefetch_factor=2, batch_size=8)])
+    return trial_verdicts(rows, SELECTION)[first + 1]
+
+
+@pytest.mark.parametrize("over", [0, 1])
+def test_waiting_workers_are_data_starved_and_computing_workers_cpu_preprocessing(tmp_path: Path, over: int):
+    """Both loaders at the same worker count, at and above the core count, on this box: workers that sleep (slow
+    storage) leave the CPUs idle -> data-starved with the storage fix; workers that burn CPU saturate them ->
+    cpu-preprocessing. The worker count alone decides neither."""
+    workers = config.cpu_count() * (1 + over)
+    sleeping = _loader_bound(tmp_path, {"sample_wait_s": 0.02}, workers, 0)
+    burning = _loader_bound(tmp_path, {"sample_wait_s": 0.0, "sample_cpu_s": 0.01}, workers, 2)
+    assert sleeping.name == "data-starved", sleeping.sentence()
+    assert sleeping.evidence["CPU busy"] < 0.5 and "waiting, not computing" in str(sleeping.evidence["workers"])
+    assert "faster storage" in sleeping.fix and "beyond the usable core count" in sleeping.fix
+    assert burning.name == "cpu-preprocessing", burning.sentence()
+    # saturated by the trial itself, or by the trial plus whatever else runs on this box
+    assert max(burning.evidence["CPU busy"], burning.evidence.get("machine CPU busy", 0.0)) > 0.85
+
+
+def test_a_loader_ceiling_that_stopped_rising_on_busy_cpus_is_cpu_preprocessing():
+    ceilings = [measurement(20 + i, "loader", "loader", rate, num_workers=w, data_wait_frac=0.99)
+                for i, (w, rate) in enumerate([(2, 400), (4, 700), (8, 710)])]
+    trial = measurement(10, "train", "train", 690, num_workers=8, data_wait_frac=0.5, cpu_util_frac=0.6)
+    verdict = trial_verdicts(rows_from_measurements([*CEILINGS, *ceilings, trial]), SELECTION)[10]
+    assert verdict.name == "cpu-preprocessing" and "710.0 at 8 workers vs 700.0 at 4" in verdict.evidence[
+        "loader ceiling"]
+    rising = [*ceilings[:2], measurement(22, "loader", "loader", 1300, num_workers=8, data_wait_frac=0.99)]
+    verdict = trial_verdicts(rows_from_measurements([*CEILINGS, *rising, trial]), SELECTION)[10]
+    assert verdict.name == "data-starved"  # more workers still help: add them
+
+
+def test_the_run_names_the_memory_boundary_of_a_batch_over_the_headroom_limit():
+    ms = [*CEILINGS, measurement(3, "compute", "compute", 2150, batch_size=256, headroom=0.084),
+          CASES["compute-bound"]]
+    rows = rows_from_measurements(ms)
+    found = run_verdicts(rows, rows[-1], trial_verdicts(rows, SELECTION), SELECTION)
+    wall = next(v for v in found if v.name == "memory-wall")
+    assert wall.evidence == {"headroom at batch 256": 0.084, "limit": 0.10, "largest batch that fits": 128}

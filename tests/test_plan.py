@@ -1,8 +1,11 @@
 from __future__ import annotations
 
-from tests.conftest import sleepy_config
+import functools
+
+from tests.conftest import measurement, sleepy_config
 from tunekit import config, plan
-from tunekit.analysis import rows_from_measurements
+from tunekit.plan import _staged
+from tunekit.records import rows_from_measurements
 
 
 def _cfg(**overrides):
@@ -12,13 +15,12 @@ def _cfg(**overrides):
     return config.from_dict(sleepy_config(**base))
 
 
-def _m(n, stage, mode, sps, status="ok", headroom=0.5, **knobs):
-    params = {"num_workers": 0, "prefetch_factor": None, "pin_memory": False, "batch_size": 8, "grad_accum": 1,
-              "compile": "none", **knobs}
-    if params["num_workers"]:
-        params["prefetch_factor"] = params["prefetch_factor"] or 2
-    return {"number": n, "stage": stage, "mode": mode, "status": status, "params": params, "samples_per_s": sps,
-            "noise_cv": 0.01, "headroom": headroom}
+
+_m = functools.partial(measurement, batch_size=8)
+
+
+def _maybe_skip(req, rows, cfg):
+    return _staged._maybe_skip(req, _staged._Sweep(cfg, rows, cuda=True))
 
 
 def test_compute_stage_stops_at_the_first_oom():
@@ -47,10 +49,10 @@ def test_stages_follow_in_order_and_pruning_skips_hopeless_worker_counts():
         _m(13, "end_to_end", "train", 396, num_workers=6)]), strategy="staged", cuda=True)
     assert requests[0].knobs.num_workers == 2 and requests[0].skip and "200.0 samples/s" in requests[0].skip
     assert requests[0].knobs.pin_memory  # the loader ceiling was measured pinned: it bounds pinned trials only
-    unpinned = plan._maybe_skip(plan.Request("end_to_end", "train", requests[0].knobs.__class__(
+    unpinned = _maybe_skip(plan.Request("end_to_end", "train", requests[0].knobs.__class__(
         num_workers=2, prefetch_factor=2, batch_size=8)), rows, cfg)
     assert unpinned.skip is None
-    defaults = plan._maybe_skip(plan.Request("end_to_end", "train", requests[0].knobs.__class__(batch_size=8)),
+    defaults = _maybe_skip(plan.Request("end_to_end", "train", requests[0].knobs.__class__(batch_size=8)),
                                 rows, cfg)
     assert defaults.skip is None  # PyTorch defaults are always measured
 
@@ -63,7 +65,7 @@ def test_pruning_uses_the_runs_noise_not_one_noisy_best_trial():
     ms += [best, _m(3, "end_to_end", "train", 390, num_workers=8), _m(4, "end_to_end", "train", 385, num_workers=6,
                                                                      pin_memory=True)]
     rows = rows_from_measurements(ms)
-    req = plan._maybe_skip(plan.Request("end_to_end", "train", rows[-1].knobs.__class__(
+    req = _maybe_skip(plan.Request("end_to_end", "train", rows[-1].knobs.__class__(
         num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=8)), rows, cfg)
     # run noise = median CV of the upper half (0.30, 0.01) -> 0.155: needed = 400 * 0.845 = 338 > 320 * 1.03
     assert req.skip and "338.0 needed" in req.skip
@@ -167,6 +169,6 @@ def test_no_pruning_against_trials_that_leave_too_little_headroom():
     ms = [_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 100, num_workers=2, pin_memory=True),
           _m(2, "end_to_end", "train", 400, headroom=0.02, num_workers=8, pin_memory=True)]
     rows = rows_from_measurements(ms)
-    req = plan._maybe_skip(plan.Request("end_to_end", "train", rows[-1].knobs.__class__(
+    req = _maybe_skip(plan.Request("end_to_end", "train", rows[-1].knobs.__class__(
         num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=8)), rows, cfg)
     assert req.skip is None  # the 8-worker trial cannot be the knee: it is no yardstick for 2 workers, which may fit

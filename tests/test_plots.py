@@ -9,32 +9,27 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, measurement
 from tests.test_analysis import CASES, SELECTION
-from tunekit import plots
-from tunekit.analysis import rows_from_measurements, select_knee
+from tunekit.analysis import select_knee
+from tunekit.records import rows_from_measurements
+from tunekit.report import plots
 
-
-def _m(n, stage, mode, sps, status="ok", batch=64, workers=0, compile="none", compile_s=0.0, **extra):
-    return {"number": n, "stage": stage, "mode": mode, "status": status, "reason": "" if status == "ok" else status,
-            "params": {"num_workers": workers, "prefetch_factor": 2 if workers else None, "pin_memory": False,
-                       "batch_size": batch, "grad_accum": 1, "compile": compile},
-            "samples_per_s": sps if status == "ok" else None, "noise_cv": 0.01, "headroom": 0.5,
-            "compile_s": compile_s, "headroom_basis": "device", "device_mem_total_bytes": 100 * 2**30,
-            "samples_per_s_windows": [sps * 0.98, sps, sps * 1.01] if status == "ok" else None, **extra}
-
+_DEVICE = {"headroom_basis": "device", "device_mem_total_bytes": 100 * 2**30}
+GIB = 2**30
 
 RUN = [
-    _m(0, "compute", "compute", 1000, batch=64, step_time_s=0.064, device_mem_peak_reserved_bytes=10 * 2**30),
-    _m(1, "compute", "compute", 1600, batch=128, step_time_s=0.08, device_mem_peak_reserved_bytes=20 * 2**30),
-    _m(2, "compute", "compute", None, status="oom", batch=256),
-    _m(3, "end_to_end", "train", 200, batch=64, workers=0, data_wait_frac=0.8, gpu_busy_frac=0.2,
-       nvml_util_gpu_pct=30.0),
-    _m(4, "end_to_end", "train", 900, batch=64, workers=8, data_wait_frac=0.1, gpu_busy_frac=0.85,
-       nvml_util_gpu_pct=80.0),
-    _m(5, "end_to_end", "train", None, status="crashed", batch=64, workers=16),
-    _m(6, "compile", "train", 1000, batch=64, workers=8, compile="default", compile_s=50.0, nvml_util_gpu_pct=85.0),
-    _m(7, "compile", "train", 850, batch=64, workers=8, compile="max-autotune", compile_s=200.0),
+    measurement(0, "compute", "compute", 1000, step_time_s=0.064, device_mem_peak_reserved_bytes=10 * GIB, **_DEVICE),
+    measurement(1, "compute", "compute", 1600, batch_size=128, step_time_s=0.08,
+                device_mem_peak_reserved_bytes=20 * GIB, **_DEVICE),
+    measurement(2, "compute", "compute", None, status="oom", batch_size=256, **_DEVICE),
+    measurement(3, "end_to_end", "train", 200, data_wait_frac=0.8, gpu_busy_frac=0.2, nvml_util_gpu_pct=30.0),
+    measurement(4, "end_to_end", "train", 900, num_workers=8, data_wait_frac=0.1, gpu_busy_frac=0.85,
+                nvml_util_gpu_pct=80.0),
+    measurement(5, "end_to_end", "train", None, status="crashed", num_workers=16),
+    measurement(6, "compile", "train", 1000, num_workers=8, compile="default", compile_s=50.0,
+                nvml_util_gpu_pct=85.0),
+    measurement(7, "compile", "train", 850, num_workers=8, compile="max-autotune", compile_s=200.0),
 ]
 
 
@@ -68,15 +63,19 @@ def test_util_step_time_and_fractions(run):
     steps = plots.step_time_data(rows, "t")
     assert [round(p.ms_per_sample, 3) for p in steps.points] == [1.0, 0.625]
     fractions = plots.fractions_data(rows, knee, "t")
-    (label, points), = fractions.series
+    ((label, points),) = fractions.series
     assert [(p.workers, p.data_wait, round(p.gpu_idle, 2)) for p in points] == [(0, 0.8, 0.8), (8, 0.1, 0.15)]
 
 
 def test_missing_data_gives_reasons_not_empty_plots():
     rows = rows_from_measurements(CASES["one_point"]["trials"])
     knee = select_knee(rows, SELECTION)
-    for build in (lambda: plots.workers_data(rows, knee, "t"), lambda: plots.util_data(rows, knee, "t"),
-                  lambda: plots.step_time_data(rows, "t"), lambda: plots.compile_data(rows, knee, "t")):
+    for build in (
+        lambda: plots.workers_data(rows, knee, "t"),
+        lambda: plots.util_data(rows, knee, "t"),
+        lambda: plots.step_time_data(rows, "t"),
+        lambda: plots.compile_data(rows, knee, "t"),
+    ):
         assert isinstance(build(), str)
 
 
@@ -84,8 +83,10 @@ def test_workers_data_marks_knee_and_best():
     rows = rows_from_measurements(CASES["plateau"]["trials"])
     data = plots.workers_data(rows, select_knee(rows, SELECTION), "plateau")
     assert sorted(p.workers for s in data.series for p in s.points) == [0, 2, 4, 8, 16]
-    assert [s.label for s in data.series] == ["pin_memory=off, loading in the main process",
-                                            "pin_memory=off, prefetch=2"]
+    assert [s.label for s in data.series] == [
+        "pin_memory=off, loading in the main process",
+        "pin_memory=off, prefetch=2",
+    ]
     assert data.knee.workers == 4 and data.best.workers == 8
     assert data.knee_label == "knee: 4 workers, 98.4% of best"
 
@@ -94,8 +95,9 @@ def test_report_rebuilds_every_plot_of_a_real_run(tmp_path: Path):
     """The H200 sweep's study (tests/fixtures/run-h200), rebuilt on a machine without a GPU."""
     run_dir = tmp_path / "run"
     shutil.copytree(REPO / "tests" / "fixtures" / "run-h200", run_dir)
-    out = subprocess.run([sys.executable, "-m", "tunekit", "report", str(run_dir)], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "tunekit", "report", str(run_dir)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     report = (run_dir / "report.md").read_text()
     for _, title, file in plots.PLOTS:
@@ -106,25 +108,45 @@ def test_report_rebuilds_every_plot_of_a_real_run(tmp_path: Path):
 
 
 def test_batch_data_when_every_batch_failed():
-    rows = rows_from_measurements([_m(0, "grid", "train", None, status="oom", batch=64),
-                                   _m(1, "grid", "train", None, status="oom", batch=128)])
+    rows = rows_from_measurements(
+        [
+            measurement(0, "grid", "train", None, status="oom", batch_size=64),
+            measurement(1, "grid", "train", None, status="oom", batch_size=128),
+        ]
+    )
     assert plots.batch_data(rows, select_knee(rows, SELECTION), "t", 0.1) == "no batch size completed"
 
 
 def test_a_knee_at_a_smaller_batch_is_marked_on_the_swept_workers_axis():
     """The batch stage can move the knee to a smaller batch measured at one worker count only: the workers plot
     stays at the swept batch and names the knee's batch."""
-    from tunekit.analysis import rows_from_measurements, select_knee
+    from tunekit.analysis import select_knee
     from tunekit.config import Selection
-    from tunekit.plots import workers_data
+    from tunekit.records import rows_from_measurements
+    from tunekit.report.plots import workers_data
 
     def t(n, w, batch, sps, stage="end_to_end"):
-        return {"number": n, "stage": stage, "mode": "train", "status": "ok", "samples_per_s": sps,
-                "noise_cv": 0.01, "headroom": 0.5,
-                "params": {"num_workers": w, "prefetch_factor": 2 if w else None, "pin_memory": False,
-                           "batch_size": batch, "grad_accum": 1, "compile": "none"}}
-    rows = rows_from_measurements([t(0, 0, 512, 200), t(1, 8, 512, 1500), t(2, 16, 512, 2500),
-                                   t(3, 16, 256, 2800, stage="batch")])
+        return {
+            "number": n,
+            "stage": stage,
+            "mode": "train",
+            "status": "ok",
+            "samples_per_s": sps,
+            "noise_cv": 0.01,
+            "headroom": 0.5,
+            "params": {
+                "num_workers": w,
+                "prefetch_factor": 2 if w else None,
+                "pin_memory": False,
+                "batch_size": batch,
+                "grad_accum": 1,
+                "compile": "none",
+            },
+        }
+
+    rows = rows_from_measurements(
+        [t(0, 0, 512, 200), t(1, 8, 512, 1500), t(2, 16, 512, 2500), t(3, 16, 256, 2800, stage="batch")]
+    )
     knee = select_knee(rows, Selection(tolerance=0.03, min_headroom=0.1))
     plot = workers_data(rows, knee, "t")
     assert not isinstance(plot, str)

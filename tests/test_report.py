@@ -5,7 +5,7 @@ from __future__ import annotations
 from tests.conftest import sleepy_config
 from tests.test_plan import _m
 from tunekit import config
-from tunekit.analysis import rows_from_measurements
+from tunekit.records import rows_from_measurements
 from tunekit.report import summarize
 
 
@@ -19,20 +19,20 @@ def test_target_with_one_fitting_micro_batch_still_recommends():
                                    _m(1, "compute", "compute", None, status="oom", batch_size=128),
                                    _m(2, "accumulation", "train", 700, batch_size=64, grad_accum=4, num_workers=4)])
     s = summarize(_cfg(), rows, strategy="staged")
-    assert s.knee.knee is not None and (s.knee.knee.knobs.batch_size, s.knee.knee.knobs.grad_accum) == (64, 4)
+    assert s.choice.knee is not None and (s.choice.knee.knobs.batch_size, s.choice.knee.knobs.grad_accum) == (64, 4)
 
 
 def test_target_never_reached_gives_no_recommendation():
     rows = rows_from_measurements([_m(0, "end_to_end", "train", 700, batch_size=64, num_workers=4),
                                    _m(1, "end_to_end", "train", 300, batch_size=64)])
     s = summarize(_cfg(), rows, strategy="staged")
-    assert s.knee.knee is None and "target_effective_batch = 256" in s.knee.reason
+    assert s.choice.knee is None and "target_effective_batch = 256" in s.choice.reason
 
 
 def test_a_knee_moved_to_a_smaller_batch_keeps_the_defaults_baseline_and_no_overhead_verdict():
     """The batch stage moves the knee from batch 64 (where the defaults ran) to 32: the report still compares with
     the defaults, names their batch, and does not tell a data-bound knee to grow its batch."""
-    from tunekit.report import _recommendation_md
+    from tunekit.report._markdown import _recommendation
 
     cfg = config.from_dict(sleepy_config(**{"search.batch_size": [32, 64], "search.num_workers": [0, 8]}))
     rows = rows_from_measurements([
@@ -40,8 +40,7 @@ def test_a_knee_moved_to_a_smaller_batch_keeps_the_defaults_baseline_and_no_over
         _m(2, "end_to_end", "train", 400, num_workers=8, batch_size=64),
         _m(3, "end_to_end", "train", 80, batch_size=64), _m(4, "batch", "train", 450, num_workers=8, batch_size=32)])
     s = summarize(cfg, rows, strategy="staged")
-    assert s.knee.knee.number == 4 and s.defaults.number == 3
+    assert s.choice.knee.number == 4 and s.defaults.number == 3
     assert s.speedup_vs_defaults == 450 / 80
-    assert "PyTorch defaults (0 workers, no pinning, batch 64): 80.0 samples/s" in "\n".join(
-        _recommendation_md(rows, s))
+    assert "PyTorch defaults (0 workers, no pinning, batch 64): 80.0 samples/s" in "\n".join(_recommendation(s))
     assert "overhead-bound" not in [v.name for v in s.verdicts]

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+import wsgiref.util
 from pathlib import Path
 
 import optuna
@@ -13,39 +15,99 @@ KNOBS = {"num_workers": 2, "prefetch_factor": 2, "pin_memory": False, "batch_siz
          "compile": "none"}
 
 
+def _ok(number: int, stage: str, mode: str, rate: float, knobs: dict = KNOBS) -> dict:
+    return {"status": "ok", "samples_per_s": rate, "params": knobs, "stage": stage, "mode": mode, "number": number}
+
+
+def _record(runs: store.RunStore, cfg: config.Config, stage: str, mode: str, measurement: dict,
+            knobs: dict = KNOBS) -> int:
+    trial, number = runs.start(cfg, stage, mode, knobs)
+    runs.finish(trial, mode, {**measurement, "number": number})
+    return number
+
+
 def test_trials_record_exact_knobs_and_measurements(tmp_path: Path):
     cfg = config.from_dict(sleepy_config())
-    study = store.open_study(tmp_path, cfg, resume=True)
-    trial = store.start_trial(study, cfg, "end_to_end", "train", KNOBS)
-    assert trial.params == KNOBS
-    store.finish_trial(study, trial, {"status": "ok", "samples_per_s": 123.0, "params": KNOBS, "stage": "end_to_end",
-                                      "mode": "train", "number": trial.number})
-    failed = store.start_trial(study, cfg, "end_to_end", "train", {**KNOBS, "num_workers": 0, "prefetch_factor": None})
-    store.finish_trial(study, failed, {"status": "oom", "reason": "CUDA out of memory", "samples_per_s": None,
-                                       "params": {**KNOBS, "num_workers": 0}, "stage": "end_to_end", "mode": "train"})
-    rows = store.finished_rows(store.load_study(tmp_path))
-    assert [(r.status, r.samples_per_s) for r in rows] == [("ok", 123.0), ("oom", None)]
+    runs = store.open_run(tmp_path, cfg, resume=True, strategy="staged")
+    trial, number = runs.start(cfg, "end_to_end", "train", KNOBS)
+    assert trial.params == KNOBS and number == 0
+    runs.finish(trial, "train", _ok(number, "end_to_end", "train", 123.0))
+    failed = {**KNOBS, "num_workers": 0, "prefetch_factor": None}
+    _record(runs, cfg, "end_to_end", "train", {"status": "oom", "reason": "CUDA out of memory", "params": failed,
+                                               "stage": "end_to_end", "mode": "train"}, failed)
+    rows = store.load_run(tmp_path).rows()
+    assert [(r.number, r.status, r.rate) for r in rows] == [(0, "ok", 123.0), (1, "oom", 0.0)]
     assert rows[1].reason == "CUDA out of memory"
+
+
+def test_optuna_sees_the_end_to_end_trials_and_the_knee(tmp_path: Path):
+    """Ceilings live in their own study, skipped trials are pruned with their reason: optuna's best_trial is the
+    fastest end-to-end trial, never a compute ceiling."""
+    cfg = config.from_dict(sleepy_config())
+    runs = store.open_run(tmp_path, cfg, resume=True, strategy="staged")
+    _record(runs, cfg, "compute", "compute", _ok(0, "compute", "compute", 5000.0))
+    _record(runs, cfg, "loader", "loader", _ok(0, "loader", "loader", 900.0))
+    slow = _record(runs, cfg, "end_to_end", "train", _ok(0, "end_to_end", "train", 300.0))
+    fast = _record(runs, cfg, "end_to_end", "train", _ok(0, "end_to_end", "train", 400.0))
+    skipped = _record(runs, cfg, "end_to_end", "train", {"status": "skipped", "reason": "loader too slow",
+                                                          "params": KNOBS, "stage": "end_to_end", "mode": "train"})
+    runs.record_knee({"trial": slow, "samples_per_s": 300.0})
+    assert [r.number for r in store.load_run(tmp_path).rows()] == [0, 1, slow, fast, skipped] == [0, 1, 2, 3, 4]
+
+    study = optuna.load_study(study_name="tunekit", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    assert study.best_trial.value == 400.0 and study.best_trial.user_attrs["number"] == fast
+    assert study.user_attrs["knee"]["trial"] == slow
+    pruned = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
+    assert [t.user_attrs["reason"] for t in pruned] == ["loader too slow"]
+    ceilings = optuna.load_study(study_name="tunekit-ceilings", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    assert sorted(t.user_attrs["mode"] for t in ceilings.trials) == ["compute", "loader"]
+
+
+def test_optuna_dashboard_shows_the_same_best_trial(tmp_path: Path):
+    dashboard = pytest.importorskip("optuna_dashboard")
+    cfg = config.from_dict(sleepy_config())
+    runs = store.open_run(tmp_path, cfg, resume=True, strategy="staged")
+    _record(runs, cfg, "compute", "compute", _ok(0, "compute", "compute", 5000.0))
+    best = _record(runs, cfg, "end_to_end", "train", _ok(0, "end_to_end", "train", 400.0))
+    _record(runs, cfg, "end_to_end", "train", _ok(0, "end_to_end", "train", 390.0))
+    app = dashboard.wsgi(f"sqlite:///{tmp_path / 'study.db'}")
+
+    def get(path: str) -> dict:
+        environ: dict = {"REQUEST_METHOD": "GET", "PATH_INFO": path}
+        wsgiref.util.setup_testing_defaults(environ)
+        status: list[str] = []
+        body = b"".join(app(environ, lambda s, h, exc_info=None: status.append(s)))
+        assert status[0].startswith("200"), (path, status, body[:300])
+        return json.loads(body)
+
+    studies = {s["study_name"]: s for s in get("/api/studies")["study_summaries"]}
+    assert set(studies) == {"tunekit", "tunekit-ceilings"}
+    detail = get(f"/api/studies/{studies['tunekit']['study_id']}")
+    (shown,) = detail["best_trials"]
+    assert shown["values"] == [400.0]
+    assert {"key": "number", "value": str(best)} in shown["user_attrs"]
 
 
 def test_recovery_closes_stale_running_and_waiting_trials(tmp_path: Path):
     cfg = config.from_dict(sleepy_config())
-    study = store.open_study(tmp_path, cfg, resume=True)
-    store.start_trial(study, cfg, "loader", "loader", KNOBS)  # left RUNNING by a sweep that died
-    study.enqueue_trial({**KNOBS, "batch_size": 999})  # enqueued, never asked for
-    assert store.recover_running(study, tmp_path) == [0]
-    states = [t.state for t in study.get_trials()]
+    runs = store.open_run(tmp_path, cfg, resume=True, strategy="staged")
+    runs.start(cfg, "loader", "loader", KNOBS)  # left RUNNING by a sweep that died
+    runs.ceilings.enqueue_trial({**KNOBS, "batch_size": 999})  # enqueued, never asked for
+    assert runs.recover_running() == [0]
+    states = [t.state for t in runs.ceilings.get_trials()]
     assert states == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.FAIL]
-    fresh = store.start_trial(study, cfg, "loader", "loader", KNOBS)
-    assert fresh.params == KNOBS  # not the stale enqueued batch 999
-    assert store.finished_rows(study) == []  # interrupted trials are not finished: they will run again
+    fresh, number = runs.start(cfg, "loader", "loader", KNOBS)
+    assert fresh.params == KNOBS and number == 2  # not the stale enqueued batch 999, nor a used number
+    assert runs.rows() == []  # interrupted trials are not finished: they will run again
 
 
-def test_changed_config_is_refused(tmp_path: Path):
-    store.open_study(tmp_path, config.from_dict(sleepy_config()), resume=True)
+def test_changed_config_or_strategy_is_refused(tmp_path: Path):
+    store.open_run(tmp_path, config.from_dict(sleepy_config()), resume=True, strategy="staged")
+    with pytest.raises(UsageError, match="--strategy staged, not grid"):
+        store.open_run(tmp_path, config.from_dict(sleepy_config()), resume=True, strategy="grid")
     other = config.from_dict(sleepy_config(**{"search.batch_size": [16]}))
     with pytest.raises(UsageError, match="different config"):
-        store.open_study(tmp_path, other, resume=True)
+        store.open_run(tmp_path, other, resume=True, strategy="staged")
     (tmp_path / "trials" / "0").mkdir(parents=True)
-    assert store.open_study(tmp_path, other, resume=False).trials == []
+    assert store.open_run(tmp_path, other, resume=False, strategy="staged").rows() == []
     assert not (tmp_path / "trials").exists()  # no stale trial folders beside the new run

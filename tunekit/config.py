@@ -37,6 +37,7 @@ __all__ = [
     "from_dict",
     "auto_workers",
     "cpu_count",
+    "set_dotted",
 ]
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -189,6 +190,21 @@ def auto_workers(cpus: int | None = None) -> list[int]:
         values.update({p, p * 3 // 2})
         p *= 2
     return sorted(v for v in values if v <= top)
+
+
+def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``value`` at a dotted key path (``trial.window_s``) of unvalidated config data, making mappings on the way.
+
+    Raises:
+        ConfigError: a part of the path is not a mapping.
+    """
+    node = raw
+    *parents, last = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError([f"{key}: {part} is not a mapping in the config"])
+    node[last] = value
 
 
 def load(path: str | os.PathLike[str], *, check_imports: bool = True) -> Config:

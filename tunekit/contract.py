@@ -1,31 +1,19 @@
 """The contract between the driver and a trial: what goes in (spec.json) and what comes out (measurement.json).
 
-Both sides import this module, so it imports nothing heavy.
+Both sides import this module, so it imports nothing heavy. docs/measurement.md lists the measurement's fields.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
-__all__ = [
-    "Knobs",
-    "TrialSpec",
-    "STATUSES",
-    "KNOB_NAMES",
-    "write_json_atomic",
-    "write_text_atomic",
-    "read_json",
-    "failed_measurement",
-]
+__all__ = ["Knobs", "TrialSpec", "STATUSES", "KNOB_NAMES", "failed_measurement", "skipped_measurement"]
 
-Status = Literal["ok", "oom", "timeout", "crashed", "illegal_access", "bad_output", "skipped"]
 STATUSES: tuple[str, ...] = ("ok", "oom", "timeout", "crashed", "illegal_access", "bad_output", "skipped")
+"""How a trial ended: ok (measured), a failure (oom ... bad_output), or skipped (the plan showed it could not be
+the knee, so it never ran)."""
 Mode = Literal["train", "compute", "loader"]
 
 
@@ -57,6 +45,24 @@ class Knobs:
     @property
     def effective_batch(self) -> int:
         return self.batch_size * self.grad_accum
+
+    @property
+    def loader_defaults(self) -> bool:
+        """PyTorch's DataLoader defaults: loading in the main process, no pinned memory."""
+        return self.num_workers == 0 and not self.pin_memory
+
+    def describe(self) -> str:
+        """The knobs in words, e.g. ``8 workers, prefetch 2, pinned, batch 256``."""
+        parts = [f"{self.num_workers} workers"]
+        if self.num_workers:
+            parts.append(f"prefetch {self.prefetch_factor}")
+        parts.append("pinned" if self.pin_memory else "not pinned")
+        parts.append(f"batch {self.batch_size}")
+        if self.grad_accum > 1:
+            parts.append(f"accumulation {self.grad_accum}")
+        if self.compile != "none":
+            parts.append(f"compile {self.compile}")
+        return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -96,35 +102,18 @@ class TrialSpec:
         )
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
-    """Write a file so that readers see the old file or the whole new one, never a torn write."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(text.encode() if isinstance(text, str) else text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Write JSON atomically (see :func:`write_text_atomic`)."""
-    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
-
-
-def read_json(path: str | os.PathLike[str]) -> Any:
-    with open(path) as fh:
-        return json.load(fh)
-
-
 def failed_measurement(spec: TrialSpec, status: str, reason: str, **extra: Any) -> dict[str, Any]:
-    """A measurement for a trial that produced no numbers: a failed trial is data, with its reason."""
-    assert status in STATUSES and status != "ok", status
+    """The measurement of a trial that ran and produced no numbers: a failed trial is data, with its reason."""
+    assert status in STATUSES and status not in ("ok", "skipped"), status
+    return _unmeasured(spec, status, reason, **extra)
+
+
+def skipped_measurement(spec: TrialSpec, reason: str) -> dict[str, Any]:
+    """The record of a trial the plan did not run, with the evidence that it could not be the knee."""
+    return _unmeasured(spec, "skipped", reason)
+
+
+def _unmeasured(spec: TrialSpec, status: str, reason: str, **extra: Any) -> dict[str, Any]:
     return {
         "status": status,
         "reason": reason,

@@ -1,8 +1,8 @@
-"""The sweep driver: plan -> launch -> record, until the plan is done or the budget is spent.
+"""The sweep driver: plan -> launch -> record, until the plan is done or the budget is spent; then the outputs.
 
 Never imports torch and never creates a CUDA context (it must not hold GPU memory that would distort headroom,
-and a broken CUDA state must die with its trial). Interrupting a sweep (Ctrl-C, SIGTERM) kills the running trial's
-process tree, records it as interrupted and still writes the outputs of the finished trials.
+and a broken CUDA state must die with its trial). Interrupting a sweep (Ctrl-C, SIGTERM, SIGHUP) kills the
+running trial's process tree, records it as interrupted and still writes the outputs of the finished trials.
 """
 
 from __future__ import annotations
@@ -22,21 +22,22 @@ from typing import Any
 import yaml
 
 from tunekit import plan, report, store
-from tunekit.analysis import TrialRow, describe_knobs
-from tunekit.config import Config
-from tunekit.contract import TrialSpec, failed_measurement, write_json_atomic, write_text_atomic
+from tunekit._files import read_json, write_json_atomic, write_text_atomic
+from tunekit.config import Config, from_dict
+from tunekit.contract import TrialSpec, skipped_measurement
+from tunekit.env import snapshot, sweep_warnings
+from tunekit.errors import UsageError
 from tunekit.launcher import run_trial
+from tunekit.records import TrialRow
 
-__all__ = ["SweepResult", "run_sweep", "probe_cuda", "make_console"]
+__all__ = ["SweepResult", "run_sweep", "rebuild", "probe_cuda", "make_console", "interrupts_as_keyboard_interrupt"]
 
 
 @dataclass(frozen=True)
 class SweepResult:
     run_dir: Path
-    rows: list[TrialRow]
     summary: report.RunSummary
     interrupted: bool
-    ran: int
 
 
 def make_console(quiet: bool = False) -> Any:
@@ -68,8 +69,8 @@ class _Budget:
         self.max_trials = max_trials
         self.durations: list[float] = []
 
-    def stop_reason(self, total_trials: int) -> str | None:
-        if total_trials >= self.max_trials:
+    def stop_reason(self, trials_run: int) -> str | None:
+        if trials_run >= self.max_trials:
             return f"budget.max_trials = {self.max_trials} reached"
         expected = statistics.median(self.durations) if self.durations else 0.0
         if time.monotonic() + expected > self.deadline:
@@ -93,62 +94,117 @@ def interrupts_as_keyboard_interrupt() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+@dataclass
+class _Sweep:
+    """One sweep in progress: its config, folder, store, the finished trials and how it ends."""
+
+    cfg: Config
+    run_dir: Path
+    strategy: str
+    runs: store.RunStore
+    rows: list[TrialRow]
+    cuda: bool
+    console: Any
+    stop_reason: str = ""
+    interrupted: bool = False
+
+
 def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: float, resume: bool,
               quiet: bool = False) -> SweepResult:
     """Run (or resume) a sweep into ``run_dir`` and write its outputs."""
     console = make_console(quiet)
     run_dir.mkdir(parents=True, exist_ok=True)
-    study = store.open_study(run_dir, cfg, resume=resume)
-    recovered = store.recover_running(study, run_dir)
+    runs = store.open_run(run_dir, cfg, resume=resume, strategy=strategy)
+    recovered = runs.recover_running()
     if recovered:
         console.print(f"resuming: trial(s) {recovered} were running when the last sweep stopped; they run again")
     write_text_atomic(run_dir / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    from tunekit.envinfo import snapshot
-
     env = snapshot()
     write_json_atomic(run_dir / "env.json", env)
-    warnings_before = _warnings(cfg, env)
-    for line in warnings_before:
+    before = sweep_warnings(cfg, env)
+    for line in before:
         console.print(f"[yellow]warning:[/] {line}")
-    cuda = probe_cuda(cfg.device)
+    sweep = _Sweep(cfg, run_dir, strategy, runs, runs.rows(), probe_cuda(cfg.device), console)
     _prepare_dataset(cfg, console)
-    rows = store.finished_rows(study)
-    if rows:
-        console.print(f"resuming: {len(rows)} finished trial(s) in {run_dir / store.STUDY_FILE} are kept")
-    budget = _Budget(budget_minutes, cfg.budget.max_trials)
-    interrupted, stop_reason, ran = False, "", 0
-    total = plan.estimate_total(cfg, rows, strategy=strategy, cuda=cuda)
+    if sweep.rows:
+        console.print(f"resuming: {len(sweep.rows)} finished trial(s) in {run_dir / store.STUDY_FILE} are kept")
     try:
-        with interrupts_as_keyboard_interrupt(), _Progress(console, total, len(rows)) as bar:
-            while not stop_reason:
-                requests = plan.next_requests(cfg, rows, strategy=strategy, cuda=cuda)
-                if not requests:
-                    break
-                req = requests[0]  # the plan may depend on this result: run one, then ask again
-                if req.skip is None:
-                    stop_reason = budget.stop_reason(sum(1 for r in rows if r.status != "skipped")) or ""
-                    if stop_reason:
-                        break
-                    ran += 1
-                bar.starting(req)
-                row = _run_one(study, cfg, run_dir, req)
-                rows.append(row)
-                if req.skip is None:
-                    budget.durations.append(float(row.measurement.get("launcher_wall_s") or 0.0))
-                bar.finished(row, plan.estimate_total(cfg, rows, strategy=strategy, cuda=cuda))
+        with interrupts_as_keyboard_interrupt():
+            _run_trials(sweep, _Budget(budget_minutes, cfg.budget.max_trials))
     except KeyboardInterrupt:
-        interrupted, stop_reason = True, "interrupted; rerun the same command to resume"
+        sweep.interrupted, sweep.stop_reason = True, "interrupted; rerun the same command to resume"
         console.print("interrupted: the running trial was stopped; writing outputs for the finished trials")
-    warnings_after = [w for w in _warnings(cfg, snapshot(), rows) if w not in warnings_before]
-    for line in warnings_after:
-        console.print(f"[yellow]warning (after the sweep):[/] {line}")
-    write_json_atomic(run_dir / "sweep.json", {"strategy": strategy, "stop_reason": stop_reason,
-                                               "interrupted": interrupted, "warnings_before": warnings_before,
-                                               "warnings_after": warnings_after})
-    summary = report.summarize(cfg, rows, strategy=strategy, stop_reason=stop_reason, env=env,
-                               warnings=tuple(warnings_before + warnings_after))
-    report.write_outputs(run_dir, cfg, rows, summary, env)
-    return SweepResult(run_dir, rows, summary, interrupted, ran)
+    return _finish(sweep, env, before)
+
+
+def _run_trials(sweep: _Sweep, budget: _Budget) -> None:
+    """Ask the plan, run one trial, record it; until the plan is done or the budget stops the sweep."""
+    estimate = plan.estimate_total(sweep.cfg, sweep.rows, strategy=sweep.strategy, cuda=sweep.cuda)
+    with _Progress(sweep.console, estimate, len(sweep.rows)) as bar:
+        while True:
+            requests = plan.next_requests(sweep.cfg, sweep.rows, strategy=sweep.strategy, cuda=sweep.cuda)
+            if not requests:
+                return
+            req = requests[0]  # the plan may depend on this result: run one, then ask again
+            if req.skip is None:
+                sweep.stop_reason = budget.stop_reason(sum(1 for r in sweep.rows if r.status != "skipped")) or ""
+                if sweep.stop_reason:
+                    return
+            bar.starting(req)
+            row = _run_one(sweep, req)
+            sweep.rows.append(row)
+            if req.skip is None:
+                budget.durations.append(float(row.measurement.get("launcher_wall_s") or 0.0))
+            bar.finished(row, plan.estimate_total(sweep.cfg, sweep.rows, strategy=sweep.strategy, cuda=sweep.cuda))
+
+
+def _run_one(sweep: _Sweep, req: plan.Request) -> TrialRow:
+    cfg = sweep.cfg
+    trial, number = sweep.runs.start(cfg, req.stage, req.mode, req.knobs.to_dict())
+    spec = TrialSpec(number=number, stage=req.stage, mode=req.mode, knobs=req.knobs, config=cfg.to_dict())
+    if req.skip is not None:
+        measurement = skipped_measurement(spec, req.skip)
+    else:
+        try:
+            measurement = run_trial(spec, sweep.run_dir / "trials" / str(number), cfg.trial.timeout_s)
+        except BaseException:
+            sweep.runs.interrupt(trial, req.mode)
+            raise
+    sweep.runs.finish(trial, req.mode, measurement)
+    return TrialRow.from_measurement({**measurement, "number": number})
+
+
+def _finish(sweep: _Sweep, env: dict[str, Any], before: list[str]) -> SweepResult:
+    """Warnings after the sweep, sweep.json, the outputs, and the knee on the study."""
+    after = [w for w in sweep_warnings(sweep.cfg, snapshot(), sweep.rows) if w not in before]
+    for line in after:
+        sweep.console.print(f"[yellow]warning (after the sweep):[/] {line}")
+    meta = {"strategy": sweep.strategy, "stop_reason": sweep.stop_reason, "interrupted": sweep.interrupted,
+            "warnings_before": before, "warnings_after": after}
+    write_json_atomic(sweep.run_dir / "sweep.json", meta)
+    summary = report.summarize(sweep.cfg, sweep.rows, strategy=sweep.strategy, stop_reason=sweep.stop_reason,
+                               env=env, warnings=tuple(before + after))
+    report.write_outputs(sweep.run_dir, summary, env)
+    knee = summary.choice.knee
+    sweep.runs.record_knee(None if knee is None else {
+        "trial": knee.number, "knobs": knee.knobs.to_dict(), "samples_per_s": knee.rate,
+        "best_trial": summary.choice.best.number if summary.choice.best else None, "reason": summary.choice.reason})
+    return SweepResult(sweep.run_dir, summary, sweep.interrupted)
+
+
+def rebuild(run_dir: Path) -> report.RunSummary:
+    """Rebuild a run's outputs from study.db alone (no trial is re-run, no GPU needed, the study is not written)."""
+    if not (run_dir / store.STUDY_FILE).exists():
+        raise UsageError(f"{run_dir}: no {store.STUDY_FILE} here; give the folder of a tunekit sweep")
+    runs = store.load_run(run_dir)
+    cfg = from_dict(runs.config, source=str(run_dir / store.STUDY_FILE))
+    meta = read_json(run_dir / "sweep.json") if (run_dir / "sweep.json").exists() else {}
+    env = read_json(run_dir / "env.json") if (run_dir / "env.json").exists() else {}
+    summary = report.summarize(cfg, runs.rows(), strategy=meta.get("strategy", cfg.strategy),
+                               stop_reason=meta.get("stop_reason", ""), date=env.get("date"), env=env,
+                               warnings=tuple(meta.get("warnings_before", []) + meta.get("warnings_after", [])))
+    report.write_outputs(run_dir, summary, env)  # the sweep's date above, not the rebuild's
+    return summary
 
 
 def _prepare_dataset(cfg: Config, console: Any) -> None:
@@ -168,39 +224,6 @@ def _prepare_dataset(cfg: Config, console: Any) -> None:
     console.print(f"dataset ready: {proc.stdout.strip()} samples ({time.monotonic() - t0:.1f} s)", highlight=False)
 
 
-def _warnings(cfg: Config, env: dict[str, Any], rows: list[TrialRow] | None = None) -> list[str]:
-    from tunekit.diagnosis import environment_warnings
-
-    s = cfg.search
-    crop = cfg.workload.dataset_args.get("crop")
-    batch_bytes = 3 * int(crop) ** 2 * 4 * max(s.batch_size) if isinstance(crop, int) else None
-    out = environment_warnings(env, max_workers=max(s.num_workers), batch_bytes=batch_bytes,
-                               prefetch=max(s.prefetch_factor))
-    for row in rows or []:
-        m = row.measurement
-        peak, total = m.get("host_mem_peak_bytes"), m.get("host_mem_total_bytes")
-        if row.ok and peak and total and peak > 0.8 * total:
-            out.append(f"trial {row.number} used {peak / 2**30:.1f} of {total / 2**30:.1f} GiB of host memory "
-                       f"({row.knobs.num_workers} workers): close to the machine's RAM")
-    return out
-
-
-def _run_one(study: Any, cfg: Config, run_dir: Path, req: plan.Request) -> TrialRow:
-    trial = store.start_trial(study, cfg, req.stage, req.mode, req.knobs.to_dict())
-    spec = TrialSpec(number=trial.number, stage=req.stage, mode=req.mode, knobs=req.knobs, config=cfg.to_dict())
-    if req.skip is not None:
-        measurement = failed_measurement(spec, "skipped", req.skip)
-        store.finish_trial(study, trial, measurement)
-        return TrialRow.from_measurement({**measurement, "number": trial.number})
-    try:
-        measurement = run_trial(spec, run_dir / "trials" / str(trial.number), cfg.trial.timeout_s)
-    except BaseException:
-        store.interrupt_trial(study, trial)
-        raise
-    store.finish_trial(study, trial, measurement)
-    return TrialRow.from_measurement({**measurement, "number": trial.number})
-
-
 class _Progress:
     """A live bar (trials done / planned, elapsed, ETA, current stage and knobs, last samples/s) plus one log
     line per finished trial, so logs without a terminal still show progress."""
@@ -215,7 +238,6 @@ class _Progress:
             TimeRemainingColumn,
         )
 
-        self.console = console
         self.progress = Progress(
             TextColumn("[bold]{task.fields[stage]:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[current]}"),
@@ -231,11 +253,11 @@ class _Progress:
         self.progress.__exit__(*exc)
 
     def starting(self, req: plan.Request) -> None:
-        self.progress.update(self.task, stage=req.stage, current=f"{req.mode}: {describe_knobs(req.knobs)}")
+        self.progress.update(self.task, stage=req.stage, current=f"{req.mode}: {req.knobs.describe()}")
 
     def finished(self, row: TrialRow, total: int) -> None:
-        last = f"last {row.samples_per_s:.1f}/s" if row.ok else f"last {row.status}"
+        last = f"last {row.rate:.1f}/s" if row.ok else f"last {row.status}"
         self.progress.update(self.task, advance=1, total=total, last=last)
-        result = f"{row.samples_per_s:.1f} samples/s" if row.ok else f"{row.status}: {row.reason}"
-        self.progress.console.print(f"trial {row.number} [{row.stage}/{row.mode}] {describe_knobs(row.knobs)}: "
+        result = f"{row.rate:.1f} samples/s" if row.ok else f"{row.status}: {row.reason}"
+        self.progress.console.print(f"trial {row.number} [{row.stage}/{row.mode}] {row.knobs.describe()}: "
                                     f"{result}", highlight=False)

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import tunekit
-from tunekit.contract import STATUSES, TrialSpec, failed_measurement, read_json, write_json_atomic
+from tunekit._files import read_json, write_json_atomic
+from tunekit.contract import STATUSES, TrialSpec, failed_measurement
 from tunekit.outcome import classify_error
 
 __all__ = ["run_trial", "REQUIRED_FIELDS"]

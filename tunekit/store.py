@@ -1,9 +1,16 @@
-"""The run's record: one optuna study in results/<run>/study.db holding every trial of the run.
+"""The run's record: the optuna studies in results/<run>/study.db holding every trial of the run.
 
-Each trial is asked for with its knobs as categorical params (enqueued, so the values are exactly the plan's)
-and told with samples/s (COMPLETE) or FAIL; the whole measurement, the stage and the mode are user attributes.
-A trial still RUNNING when a sweep resumes belongs to a sweep that died: it is marked interrupted (and its
-leftover process group killed) and will be asked for again.
+Two studies share the file, so that optuna's own tools (``study.best_trial``, optuna-dashboard) see the truth:
+
+* ``tunekit`` holds the end-to-end trials, whose objective is the job's throughput: COMPLETE with samples/s,
+  FAIL with a status and reason, PRUNED when the plan skipped it (the reason says why). The sweep stores its knee
+  on this study (user attribute ``knee``); ``best_trial`` is the fastest end-to-end trial.
+* ``tunekit-ceilings`` holds the compute-alone and loader-alone trials: bounds, not configs to choose.
+
+Each trial is asked for with its knobs as categorical params (enqueued, so the values are exactly the plan's);
+its run-wide number (the trials/<n>/ folder), stage, mode and whole measurement are user attributes. A trial still
+RUNNING when a sweep resumes belongs to a sweep that died: its leftover process group is killed, it is closed as
+interrupted, and the plan asks for it again. Runs recorded in one study (older runs) are read the same way.
 """
 
 from __future__ import annotations
@@ -21,15 +28,18 @@ import optuna
 from optuna.trial import TrialState
 
 from tunekit import __version__
-from tunekit.analysis import TrialRow
 from tunekit.config import COMPILE_MODES, Config
 from tunekit.errors import UsageError
+from tunekit.records import TrialRow
 
-__all__ = ["open_study", "load_study", "start_trial", "finish_trial", "interrupt_trial", "finished_rows",
-           "recover_running", "fingerprint", "STUDY_FILE"]
+__all__ = ["RunStore", "open_run", "load_run", "fingerprint", "STUDY_FILE", "MAIN_STUDY", "CEILINGS_STUDY"]
 
 STUDY_FILE = "study.db"
+MAIN_STUDY = "tunekit"
+CEILINGS_STUDY = "tunekit-ceilings"
+_CEILING_MODES = ("compute", "loader")
 _INTERRUPTED = "interrupted"
+_FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 
 
 def fingerprint(cfg: Config) -> str:
@@ -55,87 +65,148 @@ def _choices(cfg: Config) -> dict[str, tuple[Any, ...]]:
     }
 
 
-def open_study(run_dir: Path, cfg: Config, *, resume: bool) -> optuna.Study:
-    """Open (or create) the run's study. Resuming a study made from a different config is a usage error."""
+class RunStore:
+    """The studies of one run folder."""
+
+    def __init__(self, run_dir: Path, main: optuna.Study, ceilings: optuna.Study | None):
+        self.run_dir = run_dir
+        self.main = main
+        self.ceilings = ceilings
+
+    def _studies(self) -> list[optuna.Study]:
+        return [s for s in (self.main, self.ceilings) if s is not None]
+
+    def _study_for(self, mode: str) -> optuna.Study:
+        if mode in _CEILING_MODES and self.ceilings is not None:
+            return self.ceilings
+        return self.main
+
+    def _next_number(self) -> int:
+        """Run-wide trial numbers: every trial asked for in either study takes the next one."""
+        return sum(len(s.get_trials(deepcopy=False)) for s in self._studies())
+
+    def start(self, cfg: Config, stage: str, mode: str, knobs: dict[str, Any]) -> tuple[optuna.Trial, int]:
+        """Ask for a trial with exactly these knobs, tagged with its number, stage and mode; it is RUNNING."""
+        study = self._study_for(mode)
+        number = self._next_number()
+        study.enqueue_trial(knobs, user_attrs={"number": number, "stage": stage, "mode": mode},
+                            skip_if_exists=False)
+        trial = study.ask()
+        for name, choices in _choices(cfg).items():
+            got = trial.suggest_categorical(name, choices)
+            if got != knobs[name]:  # the study must record exactly what runs
+                study.tell(trial, state=TrialState.FAIL)
+                raise RuntimeError(f"optuna returned {name}={got!r} for an enqueued {knobs[name]!r}")
+        return trial, number
+
+    def finish(self, trial: optuna.Trial, mode: str, measurement: dict[str, Any]) -> None:
+        """Record a trial's measurement: COMPLETE with samples/s when ok, PRUNED when skipped (with the reason),
+        FAIL (with status and reason) otherwise."""
+        study = self._study_for(mode)
+        trial.set_user_attr("measurement", measurement)
+        trial.set_user_attr("status", measurement["status"])
+        if measurement["status"] == "ok":
+            study.tell(trial, float(measurement["samples_per_s"]))
+            return
+        trial.set_user_attr("reason", measurement.get("reason") or "")
+        study.tell(trial, state=TrialState.PRUNED if measurement["status"] == "skipped" else TrialState.FAIL)
+
+    def interrupt(self, trial: optuna.Trial, mode: str) -> None:
+        """The sweep stopped while this trial ran: it does not count as finished and will be asked for again."""
+        trial.set_user_attr("status", _INTERRUPTED)
+        self._study_for(mode).tell(trial, state=TrialState.FAIL)
+
+    def rows(self) -> list[TrialRow]:
+        """Every finished trial (ok, failed or skipped; not interrupted) as rows, in run-wide trial order."""
+        rows = []
+        for study in self._studies():
+            for t in study.get_trials(deepcopy=False, states=_FINISHED):
+                m = t.user_attrs.get("measurement")
+                if m is None or t.user_attrs.get("status") == _INTERRUPTED:
+                    continue
+                rows.append(TrialRow.from_measurement({**m, "number": t.user_attrs.get("number", t.number)}))
+        return sorted(rows, key=lambda r: r.number)
+
+    def recover_running(self) -> list[int]:
+        """Close trials left RUNNING by a sweep that died as interrupted, killing their leftover process groups."""
+        numbers = []
+        for study in self._studies():
+            for _ in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                # enqueued but never asked for: ask() would hand its knobs to the next trial, so close it now
+                study.tell(study.ask(), state=TrialState.FAIL)
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                number = t.user_attrs.get("number", t.number)
+                _kill_leftover(self.run_dir / "trials" / str(number))
+                study.tell(t.number, state=TrialState.FAIL)  # no measurement: not finished, so planned again
+                numbers.append(number)
+        return numbers
+
+    def record_knee(self, knee: dict[str, Any] | None) -> None:
+        """Store the sweep's knee on the main study (None: no recommendation)."""
+        self.main.set_user_attr("knee", knee)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.main.user_attrs["config"]
+
+    @property
+    def strategy(self) -> str | None:
+        return self.main.user_attrs.get("strategy")
+
+
+def _storage(path: Path) -> optuna.storages.RDBStorage:
     optuna.logging.set_verbosity(logging.WARNING)
+    return optuna.storages.RDBStorage(f"sqlite:///{path}")
+
+
+def open_run(run_dir: Path, cfg: Config, *, resume: bool, strategy: str) -> RunStore:
+    """Open (or create) a run's studies for a sweep. Resuming a run made from a different config or with another
+    strategy is a usage error."""
     path = run_dir / STUDY_FILE
     if path.exists() and not resume:
         path.unlink()
         # the old trials' folders would otherwise sit beside the new ones, under the same numbers
         shutil.rmtree(run_dir / "trials", ignore_errors=True)
-    storage = optuna.storages.RDBStorage(f"sqlite:///{path}")
-    study = optuna.create_study(study_name="tunekit", storage=storage, direction="maximize",
-                                sampler=optuna.samplers.RandomSampler(seed=0), load_if_exists=True)
-    stamp = fingerprint(cfg)
+    storage = _storage(path)
+    existing = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    main = optuna.create_study(study_name=MAIN_STUDY, storage=storage, direction="maximize",
+                               sampler=optuna.samplers.RandomSampler(seed=0), load_if_exists=True)
+    fresh = MAIN_STUDY not in existing
+    if fresh or CEILINGS_STUDY in existing:
+        ceilings = optuna.create_study(study_name=CEILINGS_STUDY, storage=storage, direction="maximize",
+                                       sampler=optuna.samplers.RandomSampler(seed=0), load_if_exists=True)
+    else:  # a run recorded in one study keeps its trials there
+        ceilings = None
+    _check_or_stamp(main, cfg, strategy, path)
+    return RunStore(run_dir, main, ceilings)
+
+
+def _check_or_stamp(study: optuna.Study, cfg: Config, strategy: str, path: Path) -> None:
     found = study.user_attrs.get("fingerprint")
     if found is None:
-        study.set_user_attr("fingerprint", stamp)
+        study.set_user_attr("fingerprint", fingerprint(cfg))
         study.set_user_attr("tunekit", __version__)
         study.set_user_attr("config", cfg.to_dict())
-    elif found != stamp:
+        study.set_user_attr("strategy", strategy)
+        return
+    if found != fingerprint(cfg):
         raise UsageError(
             f"{path}: this run was made from a different config (workload, search, trial or selection keys "
             "changed); use --no-resume to start it again, or another --out"
         )
-    return study
+    stamped = study.user_attrs.get("strategy")
+    if stamped is not None and stamped != strategy:
+        raise UsageError(f"{path}: this run was made with --strategy {stamped}, not {strategy}; staged and grid "
+                         "trials do not mix in one run: use --no-resume to start it again, or another --out")
 
 
-def load_study(run_dir: Path) -> optuna.Study:
-    """Open an existing run's study for reading."""
-    optuna.logging.set_verbosity(logging.WARNING)
-    return optuna.load_study(study_name="tunekit", storage=f"sqlite:///{run_dir / STUDY_FILE}")
-
-
-def start_trial(study: optuna.Study, cfg: Config, stage: str, mode: str, knobs: dict[str, Any]) -> optuna.Trial:
-    """Ask for a trial with exactly these knobs, tagged with its stage and mode; the trial is RUNNING."""
-    study.enqueue_trial(knobs, user_attrs={"stage": stage, "mode": mode}, skip_if_exists=False)
-    trial = study.ask()
-    for name, choices in _choices(cfg).items():
-        got = trial.suggest_categorical(name, choices)
-        if got != knobs[name]:  # the study must record exactly what runs
-            study.tell(trial, state=TrialState.FAIL)
-            raise RuntimeError(f"optuna returned {name}={got!r} for an enqueued {knobs[name]!r}")
-    return trial
-
-
-def finish_trial(study: optuna.Study, trial: optuna.Trial, measurement: dict[str, Any]) -> None:
-    """Record a trial's measurement: COMPLETE with samples/s when ok, FAIL (with status and reason) otherwise."""
-    trial.set_user_attr("measurement", measurement)
-    trial.set_user_attr("status", measurement["status"])
-    if measurement["status"] == "ok":
-        study.tell(trial, float(measurement["samples_per_s"]))
-    else:
-        study.tell(trial, state=TrialState.FAIL)
-
-
-def interrupt_trial(study: optuna.Study, trial: optuna.Trial) -> None:
-    """The sweep stopped while this trial ran: it does not count as finished and will be asked for again."""
-    trial.set_user_attr("status", _INTERRUPTED)
-    study.tell(trial, state=TrialState.FAIL)
-
-
-def finished_rows(study: optuna.Study) -> list[TrialRow]:
-    """Every finished trial (ok or failed, not interrupted) as analysis rows, in trial order."""
-    rows = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        m = t.user_attrs.get("measurement")
-        if m is None or t.user_attrs.get("status") == _INTERRUPTED:
-            continue
-        rows.append(TrialRow.from_measurement({**m, "number": t.number}))
-    return rows
-
-
-def recover_running(study: optuna.Study, run_dir: Path) -> list[int]:
-    """Mark trials left RUNNING by a sweep that died as interrupted, killing their leftover process groups."""
-    numbers = []
-    for _ in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        # enqueued but never asked for: ask() would hand its knobs to the next trial, so close it now
-        study.tell(study.ask(), state=TrialState.FAIL)
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        _kill_leftover(run_dir / "trials" / str(t.number))
-        study.tell(t.number, state=TrialState.FAIL)  # no measurement: not finished, so it is planned again
-        numbers.append(t.number)
-    return numbers
+def load_run(run_dir: Path) -> RunStore:
+    """Open an existing run's studies for reading."""
+    storage = _storage(run_dir / STUDY_FILE)
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    main = optuna.load_study(study_name=MAIN_STUDY, storage=storage)
+    ceilings = optuna.load_study(study_name=CEILINGS_STUDY, storage=storage) if CEILINGS_STUDY in names else None
+    return RunStore(run_dir, main, ceilings)
 
 
 def _kill_leftover(trial_dir: Path) -> None:
@@ -152,4 +223,3 @@ def _kill_leftover(trial_dir: Path) -> None:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-

@@ -15,7 +15,8 @@ import time
 import traceback
 from pathlib import Path
 
-from tunekit.contract import TrialSpec, failed_measurement, read_json, write_json_atomic
+from tunekit._files import read_json, write_json_atomic
+from tunekit.contract import TrialSpec, failed_measurement
 from tunekit.outcome import classify_error
 
 __all__ = ["main", "EXIT_FAILED"]

@@ -24,9 +24,9 @@ import torch
 
 from tunekit import __version__
 from tunekit.config import Config, cpu_count, from_dict
-from tunekit.contract import TrialSpec
+from tunekit.contract import Knobs, TrialSpec
 from tunekit.worker._build import Built, build, make_loader, pick_device, to_device
-from tunekit.worker._monitor import Monitor, TreeCpu
+from tunekit.worker._monitor import CpuUse, Monitor, TreeCpu
 
 __all__ = ["measure", "MIN_WINDOW_STEPS"]
 
@@ -42,8 +42,7 @@ class _Window:
     samples: int
     data_wait_s: float
     busy_s: float | None
-    cpu_s: float
-    system_cpu_pct: float
+    cpu: CpuUse
 
     @property
     def samples_per_s(self) -> float:
@@ -69,7 +68,7 @@ def _nvml_sampler(device: torch.device) -> Any | None:
     if device.type != "cuda":
         return None
     try:
-        from tunekit.envinfo import NvmlSampler
+        from tunekit.env import NvmlSampler
 
         uuid = str(torch.cuda.get_device_properties(device).uuid)
         return NvmlSampler.for_uuid(uuid, fallback_index=device.index or 0)
@@ -151,9 +150,9 @@ def _run_window(loop: _Loop, device: torch.device, window_s: float, batch: int, 
             break
     _sync(device)
     wall = time.perf_counter() - t0
-    cpu_s, system_pct = cpu.end()
+    used = cpu.end()
     busy = sum(s.elapsed_time(e) for s, e in events) / 1000.0 if cuda else None
-    return _Window(wall, steps, steps * accum * batch, wait, busy, cpu_s, system_pct)
+    return _Window(wall, steps, steps * accum * batch, wait, busy, used)
 
 
 def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) -> dict[str, Any]:
@@ -215,7 +214,7 @@ def _device_memory(device: torch.device) -> dict[str, Any]:
 
 
 def _cpu_name() -> str:
-    from tunekit.envinfo import cpu_model
+    from tunekit.env import cpu_model
 
     return f"CPU: {cpu_model() or platform.machine()}"
 
@@ -233,14 +232,16 @@ def _versions() -> dict[str, Any]:
     }
 
 
-def _summarise(windows: list[_Window], spec: TrialSpec, device: torch.device, cpus: int) -> dict[str, Any]:
+def _summarise(windows: list[_Window], cpus: int, workers: int) -> dict[str, Any]:
     rates = [w.samples_per_s for w in windows]
     median = statistics.median(rates)
     mean = statistics.fmean(rates)
     cv = statistics.stdev(rates) / mean if len(rates) > 1 and mean > 0 else 0.0
     wall = sum(w.wall_s for w in windows)
     steps = sum(w.steps for w in windows)
-    cpu_s = sum(w.cpu_s for w in windows)
+    samples = sum(w.samples for w in windows)
+    cpu_s = sum(w.cpu.main_s + w.cpu.workers_s for w in windows)
+    worker_cpu_s = sum(w.cpu.workers_s for w in windows)
     busy = None if windows[0].busy_s is None else sum(w.busy_s or 0.0 for w in windows) / wall
     return {
         "samples_per_s": median,
@@ -249,21 +250,37 @@ def _summarise(windows: list[_Window], spec: TrialSpec, device: torch.device, cp
         "noise_cv": cv,
         "noise_range": (max(rates) - min(rates)) / median if median else 0.0,
         "step_time_s": wall / steps,
-        "sample_time_s": wall / sum(w.samples for w in windows),
+        "sample_time_s": wall / samples,
         "measured_s": wall,
         "measured_steps": steps,
-        "measured_samples": sum(w.samples for w in windows),
+        "measured_samples": samples,
         "data_wait_frac": sum(w.data_wait_s for w in windows) / wall,
         "gpu_busy_frac": None if busy is None else min(1.0, busy),
         "cpu_util_cores": cpu_s / wall,
         "cpu_util_frac": cpu_s / wall / cpus,
-        "system_cpu_pct": statistics.fmean(w.system_cpu_pct for w in windows),
+        "system_cpu_pct": statistics.fmean(w.cpu.system_pct for w in windows),
+        # What the loader workers did per sample: CPU time against the wall time a worker spends per sample it
+        # delivers. Decoding workers use most of that time; workers that wait on storage use little of it.
+        "worker_cpu_s": worker_cpu_s if workers else None,
+        "worker_cpu_per_sample_s": worker_cpu_s / samples if workers else None,
+        "worker_wall_per_sample_s": workers * wall / samples if workers else None,
     }
 
 
-def measure(spec: TrialSpec) -> dict[str, Any]:
-    """Run one trial in this process and return its measurement (status ok). Errors propagate to the caller."""
-    t_start = time.perf_counter()
+@dataclass
+class _Setup:
+    """A trial's workload, ready to measure, and what building it cost."""
+
+    cfg: Config
+    device: torch.device
+    built: Built
+    loader_knobs: Knobs
+    loader: Any
+    startup_s: float
+    cuda_init_s: float
+
+
+def _set_up(spec: TrialSpec) -> _Setup:
     # Interpreter start plus imports (torch above all): part of every trial's cost, outside its measurement.
     startup_s = max(0.0, time.time() - psutil.Process().create_time())
     cfg = from_dict(spec.config, check_imports=False)
@@ -277,12 +294,18 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
     built = build(cfg, spec.knobs, device)
     # The compute ceiling stages one batch on the device: no loader workers may compete with the model.
     knobs = replace(spec.knobs, num_workers=0) if spec.mode == "compute" else spec.knobs
-    loader = make_loader(built.dataset, knobs, device)
-    monitor = Monitor(_nvml_sampler(device)).start()
+    return _Setup(cfg, device, built, knobs, make_loader(built.dataset, knobs, device), startup_s, cuda_init_s)
+
+
+def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> tuple[dict[str, Any], list[_Window],
+                                                                                 dict[str, Any], dict[str, Any]]:
+    """Warm up, then the timed windows: (warm-up figures, windows, device memory at the end of warm-up and of
+    the windows)."""
+    cfg, device = setup.cfg, setup.device
     cpu = TreeCpu()
-    loader_iter = iter(loader)
+    loader_iter = iter(setup.loader)
     try:
-        loop = _train_loop(built, spec, loader_iter)
+        loop = _train_loop(setup.built, spec, loader_iter)
         warm = _warm_up(loop, spec, cfg, device)
         warmup_peak = _device_memory(device)
         if device.type == "cuda":
@@ -290,20 +313,30 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
         monitor.measuring = True  # no work between warm-up and the first window: the loader would refill
         windows = [
             _run_window(loop, device, cfg.trial.window_s, spec.knobs.batch_size, spec.knobs.grad_accum,
-                        max(1, knobs.num_workers), cpu)
+                        max(1, setup.loader_knobs.num_workers), cpu)
             for _ in range(cfg.trial.measure_windows)
         ]
         monitor.sample_now()
         monitor.measuring = False
-        memory = _device_memory(device)
+        return warm, windows, warmup_peak, _device_memory(device)
     finally:
-        monitor.stop()
         # Stop the loader workers now: the closures in `loop` (and a traceback) would keep them alive.
         getattr(loader_iter, "_shutdown_workers", lambda: None)()
+
+
+def measure(spec: TrialSpec) -> dict[str, Any]:
+    """Run one trial in this process and return its measurement (status ok). Errors propagate to the caller."""
+    t_start = time.perf_counter()
+    setup = _set_up(spec)
+    device, built = setup.device, setup.built
+    monitor = Monitor(_nvml_sampler(device)).start()
+    try:
+        warm, windows, warmup_peak, memory = _measure_windows(spec, setup, monitor)
+    finally:
+        monitor.stop()
     cpus = cpu_count()
-    result = _summarise(windows, spec, device, cpus)
+    result = _summarise(windows, cpus, setup.loader_knobs.num_workers)
     consumed = warm["warmup_batches"] + result["measured_steps"] * spec.knobs.grad_accum
-    host_total = psutil.virtual_memory().total
     out: dict[str, Any] = {
         "status": "ok",
         "reason": "",
@@ -313,31 +346,50 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
         "params": {**spec.knobs.to_dict(), "non_blocking": spec.knobs.non_blocking},
         **result,
         **warm,
-        "startup_s": startup_s,
-        "cuda_init_s": cuda_init_s,
+        "startup_s": setup.startup_s,
+        "cuda_init_s": setup.cuda_init_s,
         "build_s": built.build_s,
         "trial_s": time.perf_counter() - t_start,
         "epoch_boundary_in_trial": False,
         "dataset_len": len(built.dataset),
         "dataset_passes": (consumed if spec.mode != "compute" else 1) * spec.knobs.batch_size
         / len(built.dataset),
-        "host_mem_peak_bytes": monitor.host_pss_peak_measured or monitor.host_pss_peak,
-        "host_mem_peak_trial_bytes": monitor.host_pss_peak,
-        "host_mem_rss_sum_peak_bytes": monitor.host_rss_peak,
-        "host_mem_total_bytes": host_total,
-        "host_processes": monitor.max_processes,
+        **_host_fields(monitor),
         "cpu_count": cpus,
-        "device": str(device),
-        "device_uuid": str(torch.cuda.get_device_properties(device).uuid) if device.type == "cuda" else None,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
+        **_device_fields(device),
         "versions": _versions(),
     }
     out.update(_memory_fields(memory, warmup_peak, out))
-    nvml = monitor.nvml_summary()
-    out["nvml"] = nvml
-    out["nvml_util_gpu_pct"] = (nvml or {}).get("utilization_gpu_pct", {}).get("mean") if nvml else None
-    out["nvml_mem_used_peak_bytes"] = (nvml or {}).get("memory_used_bytes", {}).get("max") if nvml else None
+    out.update(_nvml_fields(monitor))
     return out
+
+
+def _host_fields(monitor: Monitor) -> dict[str, Any]:
+    return {
+        "host_mem_peak_bytes": monitor.host_pss_peak_measured or monitor.host_pss_peak,
+        "host_mem_peak_trial_bytes": monitor.host_pss_peak,
+        "host_mem_rss_sum_peak_bytes": monitor.host_rss_peak,
+        "host_mem_total_bytes": psutil.virtual_memory().total,
+        "host_processes": monitor.max_processes,
+    }
+
+
+def _device_fields(device: torch.device) -> dict[str, Any]:
+    cuda = device.type == "cuda"
+    return {
+        "device": str(device),
+        "device_uuid": str(torch.cuda.get_device_properties(device).uuid) if cuda else None,
+        "device_name": torch.cuda.get_device_name(device) if cuda else _cpu_name(),
+    }
+
+
+def _nvml_fields(monitor: Monitor) -> dict[str, Any]:
+    nvml = monitor.nvml_summary()
+    return {
+        "nvml": nvml,
+        "nvml_util_gpu_pct": nvml.get("utilization_gpu_pct", {}).get("mean") if nvml else None,
+        "nvml_mem_used_peak_bytes": nvml.get("memory_used_bytes", {}).get("max") if nvml else None,
+    }
 
 
 def _memory_fields(memory: dict[str, Any], warmup: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:

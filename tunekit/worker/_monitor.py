@@ -11,11 +11,11 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 
-__all__ = ["Monitor", "TreeCpu"]
+__all__ = ["Monitor", "TreeCpu", "CpuUse"]
 
 
 def _tree(root: psutil.Process) -> list[psutil.Process]:
@@ -130,6 +130,17 @@ class Monitor:
         return out
 
 
+class CpuUse(NamedTuple):
+    """CPU time a trial's process tree used over one window."""
+
+    main_s: float
+    """The main process: the training loop, its intra-op threads, the pin-memory thread."""
+    workers_s: float
+    """The DataLoader workers (and anything they started)."""
+    system_pct: float
+    """System-wide CPU utilisation in percent, every process on the machine included."""
+
+
 class TreeCpu:
     """CPU seconds used by a process tree between two calls, read at window edges only."""
 
@@ -152,9 +163,10 @@ class TreeCpu:
         self._start = self._times()
         psutil.cpu_percent(interval=None)
 
-    def end(self) -> tuple[float, float]:
-        """(CPU seconds used by the tree since :meth:`begin`, system-wide CPU utilisation in percent)."""
+    def end(self) -> CpuUse:
+        """The CPU time used since :meth:`begin`, the main process apart from the rest of the tree."""
         system = psutil.cpu_percent(interval=None)
         now = self._times()
-        used = sum(max(0.0, now[pid] - self._start.get(pid, 0.0)) for pid in now)
-        return used, system
+        used = {pid: max(0.0, now[pid] - self._start.get(pid, 0.0)) for pid in now}
+        main = used.pop(self._root.pid, 0.0)
+        return CpuUse(main, sum(used.values()), system)

@@ -29,6 +29,8 @@ from torch.utils.data import Dataset
 from torchvision import datasets
 from torchvision.transforms import v2
 
+from tunekit.config import cpu_count
+
 __all__ = ["synthetic_jpeg", "image_folder", "train_transform"]
 
 logger = logging.getLogger(__name__)
@@ -274,20 +276,13 @@ def _generate(folder: Path, params: _Params) -> None:
     if params.num_images < _POOL_THRESHOLD or multiprocessing.current_process().daemon:
         _write_range(str(folder), params, 0, params.num_images)
         return
-    workers = min(_cpu_count(), _MAX_WORKERS)
+    workers = min(cpu_count(), _MAX_WORKERS)
     chunk = math.ceil(params.num_images / (workers * _CHUNKS_PER_WORKER))
     bounds = [(start, min(start + chunk, params.num_images)) for start in range(0, params.num_images, chunk)]
     with _process_pool(workers) as pool:
         futures = [pool.submit(_write_range, str(folder), params, start, stop) for start, stop in bounds]
         for future in futures:
             future.result()
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not available on macOS / Windows
-        return os.cpu_count() or 1
 
 
 def _process_pool(workers: int) -> ProcessPoolExecutor:

@@ -6,7 +6,8 @@ so the throughput of a correct measurement is known analytically:
 * ``num_workers == 0``: ``B / (B * sample_wait_s + step_wait_s)`` samples/s;
 * ``num_workers == W > 0``: ``min(W / sample_wait_s, B / step_wait_s)`` samples/s (loader and model overlap).
 
-The sleeps hold no CPU, so the figures hold on a 2-core machine too.
+The sleeps hold no CPU, so the figures hold on a 2-core machine too. ``sample_cpu_s`` instead burns CPU time per
+sample, as decoding and augmenting do: such a loader is bound by the cores, not by the number of workers.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ class _SleepyDataset(Dataset):
         raise_at: int | None,
         kill_at: int | None,
         pid_dir: str | None,
+        sample_cpu_s: float = 0.0,
     ):
         self.num_samples = num_samples
+        self.sample_cpu_s = sample_cpu_s
         self.sample_wait_s = sample_wait_s
         self.shape = tuple(shape)
         self.num_classes = num_classes
@@ -59,6 +62,10 @@ class _SleepyDataset(Dataset):
                 time.sleep(3600)
         if self.sample_wait_s > 0:
             time.sleep(self.sample_wait_s)
+        if self.sample_cpu_s > 0:
+            end = time.thread_time() + self.sample_cpu_s
+            while time.thread_time() < end:  # CPU time, not wall time: contention for cores slows it down
+                pass
         return self._sample.clone(), index % self.num_classes
 
 
@@ -71,8 +78,10 @@ def sleepy_dataset(
     raise_at: int | None = None,
     kill_at: int | None = None,
     pid_dir: str | None = None,
+    sample_cpu_s: float = 0.0,
 ) -> Dataset:
-    """A dataset whose every sample costs ``sample_wait_s`` of wall time and no CPU.
+    """A dataset whose every sample costs ``sample_wait_s`` of wall time and no CPU (plus ``sample_cpu_s`` of CPU
+    time, spent computing).
 
     Args:
         num_samples: dataset length (the sampler indexes it at random).
@@ -83,8 +92,10 @@ def sleepy_dataset(
         raise_at: an index whose access raises ValueError (a corrupt sample).
         kill_at: an index whose access kills the loader worker process with SIGKILL.
         pid_dir: if set, each process that serves a sample touches a file named by its pid there.
+        sample_cpu_s: CPU time each sample burns (a busy loop), as decoding does.
     """
-    return _SleepyDataset(num_samples, sample_wait_s, shape, num_classes, hang_at, raise_at, kill_at, pid_dir)
+    return _SleepyDataset(num_samples, sample_wait_s, shape, num_classes, hang_at, raise_at, kill_at, pid_dir,
+                          sample_cpu_s)
 
 
 class _SleepyModel(nn.Module):

@@ -1,4 +1,4 @@
-"""Tests for tunekit.envinfo that run without a GPU."""
+"""Tests for tunekit.env that run without a GPU."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import sys
 import pynvml
 import pytest
 
-from tunekit import envinfo
+from tunekit import env
+from tunekit.env import _nvml, _snapshot
 
 HAS_NVIDIA_SMI = shutil.which("nvidia-smi") is not None
 
@@ -27,7 +28,7 @@ def _run_python(code: str) -> str:
 
 @pytest.fixture(scope="module")
 def snap() -> dict:
-    return envinfo.snapshot()
+    return env.snapshot()
 
 
 def test_snapshot_is_json_serialisable(snap: dict) -> None:
@@ -98,7 +99,7 @@ def test_torch_cuda_build_matches_torch(snap: dict) -> None:
     ],
 )
 def test_parse_cuda_line(text: str, expected: str | None) -> None:
-    assert envinfo._parse_cuda_line(text) == expected
+    assert _snapshot._parse_cuda_line(text) == expected
 
 
 @pytest.mark.skipif(HAS_NVIDIA_SMI, reason="an NVIDIA driver is present on this host")
@@ -111,23 +112,23 @@ def test_no_nvml_without_driver(snap: dict) -> None:
 @pytest.mark.skipif(HAS_NVIDIA_SMI, reason="an NVIDIA driver is present on this host")
 def test_sampler_raises_clear_error_without_driver() -> None:
     with pytest.raises(RuntimeError, match="NVML unavailable"):
-        envinfo.NvmlSampler(0)
+        env.NvmlSampler(0)
 
 
 def test_snapshot_does_not_import_torch() -> None:
-    code = "import tunekit.envinfo, sys; tunekit.envinfo.snapshot(); print('torch' in sys.modules)"
+    code = "import tunekit.env, sys; tunekit.env.snapshot(); print('torch' in sys.modules)"
     assert _run_python(code) == "False"
 
 
 def test_format_text(snap: dict) -> None:
-    text = envinfo.format_text(snap)
+    text = env.format_text(snap)
     assert isinstance(text, str)
     assert f"{os.cpu_count()} logical" in text
     assert "NVML" in text
     if not snap["nvml"]["available"]:
         assert f"NVML     : not available ({snap['nvml']['error']})" in text
     assert 5 <= len(text.splitlines()) <= 25 + 10 * len(snap["gpus"])
-    json_round_trip = envinfo.format_text(json.loads(json.dumps(snap)))
+    json_round_trip = env.format_text(json.loads(json.dumps(snap)))
     assert json_round_trip == text
 
 
@@ -153,7 +154,7 @@ def test_format_text_gpu_block(snap: dict) -> None:
         nvml={"available": True, "error": None, "driver_version": "580.1", "cuda_driver_version": "13.0"},
         gpus=[_fake_gpu()],
     )
-    text = envinfo.format_text(fake)
+    text = env.format_text(fake)
     assert "driver 580.1" in text
     assert "GPU 0: NVIDIA H200 (GPU-1234)" in text
     assert "1.5 GiB used of 150.0 GiB" in text
@@ -169,7 +170,7 @@ def test_decode_reasons_synthetic_mask() -> None:
         | pynvml.nvmlClocksEventReasonHwThermalSlowdown
         | pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
     )
-    assert envinfo._decode_reasons(mask, pynvml) == [
+    assert _nvml._decode_reasons(mask, pynvml) == [
         "gpu_idle",
         "sw_power_cap",
         "hw_thermal_slowdown",
@@ -179,7 +180,7 @@ def test_decode_reasons_synthetic_mask() -> None:
 
 def test_decode_reasons_all_named_bits() -> None:
     mask = pynvml.nvmlClocksEventReasonAll
-    names = envinfo._decode_reasons(mask, pynvml)
+    names = _nvml._decode_reasons(mask, pynvml)
     assert names is not None
     assert {
         "gpu_idle",
@@ -196,10 +197,10 @@ def test_decode_reasons_all_named_bits() -> None:
 
 
 def test_decode_reasons_edge_cases() -> None:
-    assert envinfo._decode_reasons(0, pynvml) == []
-    assert envinfo._decode_reasons(None, pynvml) is None
+    assert _nvml._decode_reasons(0, pynvml) == []
+    assert _nvml._decode_reasons(None, pynvml) is None
     unknown = 1 << 40
-    assert envinfo._decode_reasons(unknown | pynvml.nvmlClocksEventReasonSyncBoost, pynvml) == [
+    assert _nvml._decode_reasons(unknown | pynvml.nvmlClocksEventReasonSyncBoost, pynvml) == [
         "sync_boost",
         f"unknown_{unknown:#x}",
     ]
@@ -209,13 +210,13 @@ def test_decode_reasons_throttle_only_bits() -> None:
     board_limit = getattr(pynvml, "nvmlClocksThrottleReasonBoardLimit", None)
     if board_limit is None:
         pytest.skip("this pynvml has no nvmlClocksThrottleReasonBoardLimit")
-    assert envinfo._decode_reasons(board_limit, pynvml) == ["board_limit"]
+    assert _nvml._decode_reasons(board_limit, pynvml) == ["board_limit"]
 
 
 def test_format_cuda_driver() -> None:
-    assert envinfo._format_cuda_driver(13000) == "13.0"
-    assert envinfo._format_cuda_driver(12080) == "12.8"
-    assert envinfo._format_cuda_driver(None) is None
+    assert _nvml._format_cuda_driver(13000) == "13.0"
+    assert _nvml._format_cuda_driver(12080) == "12.8"
+    assert _nvml._format_cuda_driver(None) is None
 
 
 class _FakeNvmlError(Exception):
@@ -242,12 +243,12 @@ class _FakeNvml:
 
 def test_guarded_calls_with_fake_nvml() -> None:
     nv = _FakeNvml()
-    assert envinfo._text(envinfo._call(nv, "nvmlDeviceGetName", None)) == "Fake GPU"
-    assert envinfo._call(nv, "nvmlDeviceGetPowerUsage", None) is None
-    assert envinfo._call(nv, "nvmlDeviceGetUUID", None) is None
-    assert envinfo._power(nv, None) == {"draw_w": None, "limit_w": None}
+    assert _nvml._text(_nvml._call(nv, "nvmlDeviceGetName", None)) == "Fake GPU"
+    assert _nvml._call(nv, "nvmlDeviceGetPowerUsage", None) is None
+    assert _nvml._call(nv, "nvmlDeviceGetUUID", None) is None
+    assert _nvml._power(nv, None) == {"draw_w": None, "limit_w": None}
     # Falls back to the older function name when the newer one is missing.
-    mask = envinfo._call(
+    mask = _nvml._call(
         nv, ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"), None
     )
     assert mask == 0x4

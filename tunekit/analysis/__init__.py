@@ -1,0 +1,14 @@
+"""From finished trials to decisions: the knee, the batch for the end-to-end stages, and the trials table.
+
+Selection: among completed end-to-end trials that fit the headroom limit, ordered by cost (workers, then prefetch,
+pin_memory, compile time, then batch and accumulation), the knee is the cheapest config whose throughput is within
+the run's band of the best (:mod:`tunekit.rules`). Too few points, or none completed, gives no recommendation and
+a sentence why — never a guess.
+"""
+
+from __future__ import annotations
+
+from tunekit.analysis._frame import trials_frame
+from tunekit.analysis._knee import Choice, choose_batch, cost_key, defaults_trial, select, select_knee
+
+__all__ = ["Choice", "select", "select_knee", "choose_batch", "cost_key", "defaults_trial", "trials_frame"]

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from typing import Any
+
+from tunekit.records import TrialRow
+
+_SCALAR_TYPES = (int, float, str, bool, type(None))
+
+
+def trials_frame(rows: list[TrialRow], extra: dict[int, dict[str, Any]] | None = None) -> Any:
+    """A tidy pandas DataFrame, one row per trial: stage, mode, every knob, status, reason, every scalar field of
+    the measurement, and any ``extra`` columns given per trial number (verdicts, cost)."""
+    import pandas as pd
+
+    records = []
+    for row in sorted(rows, key=lambda r: r.number):
+        rec: dict[str, Any] = {"number": row.number, "stage": row.stage, "mode": row.mode,
+                               **row.knobs.to_dict(), "non_blocking": row.knobs.non_blocking,
+                               "status": row.status, "reason": row.reason}
+        for key, value in row.measurement.items():
+            if key in rec or key == "params":
+                continue
+            if isinstance(value, _SCALAR_TYPES):
+                rec[key] = value
+            elif key == "samples_per_s_windows":
+                rec[key] = " ".join(f"{v:.2f}" for v in value)
+        rec.update((extra or {}).get(row.number, {}))
+        records.append(rec)
+    frame = pd.DataFrame.from_records(records)
+    if "prefetch_factor" in frame:
+        frame["prefetch_factor"] = frame["prefetch_factor"].astype("Int64")  # integers with gaps, not floats
+    return frame

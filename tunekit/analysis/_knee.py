@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tunekit import rules
+from tunekit.config import Config, Selection
+from tunekit.records import TrialRow
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The selection's result. ``knee`` is None when there is no recommendation; ``reason`` says why either way."""
+
+    knee: TrialRow | None
+    """The cheapest config within the band of the best."""
+    best: TrialRow | None
+    """The fastest config that fits the headroom limit."""
+    ratio: float | None
+    """knee / best throughput."""
+    band: float | None
+    """The band the knee was chosen with: max(tolerance, run noise)."""
+    reason: str
+    over_headroom: tuple[TrialRow, ...] = ()
+    """Completed trials left out because they used memory beyond the headroom limit."""
+
+
+def cost_key(row: TrialRow) -> tuple[Any, ...]:
+    """The cost order: fewer workers, then less prefetch, no pinning, less compile time, smaller batch."""
+    k = row.knobs
+    return (k.num_workers, k.prefetch_factor or 0, k.pin_memory, round(row.compile_s, 1), k.batch_size,
+            k.grad_accum)
+
+
+def select_knee(rows: list[TrialRow], selection: Selection) -> Choice:
+    """The cheapest config within the run's band of the best (see the package docstring)."""
+    completed = [r for r in rows if r.ok and r.mode == "train"]
+    fitting = [r for r in completed if rules.fits(r, selection)]
+    too_tight = tuple(r for r in completed if not rules.fits(r, selection))
+    if not completed:
+        failed = [r for r in rows if not r.ok]
+        why = f"all {len(failed)} trials failed" if failed else "no end-to-end trial has run"
+        return Choice(None, None, None, None, f"No recommendation: {why}.")
+    if len(fitting) < rules.MIN_POINTS:
+        extra = (f" ({len(too_tight)} more left less than {selection.min_headroom:.0%} memory headroom)"
+                 if too_tight else "")
+        return Choice(None, max(fitting, key=lambda r: r.rate) if fitting else None, None, None,
+                      f"No recommendation: only {len(fitting)} config completed within the headroom limit{extra}; "
+                      f"a knee needs at least {rules.MIN_POINTS} to compare.", too_tight)
+    best = max(fitting, key=lambda r: r.rate)
+    noise = rules.run_noise(fitting)
+    allowed = rules.band(fitting, selection)
+    knee = min((r for r in fitting if r.rate >= rules.needed(best, allowed)), key=cost_key)
+    ratio = knee.rate / best.rate
+    if knee is best:
+        reason = (f"The best config is also the cheapest within {allowed:.1%} of it "
+                  f"({best.rate:.1f} samples/s).")
+    else:
+        reason = (f"Knee: {knee.knobs.describe()} reaches {ratio:.1%} of the best ({knee.rate:.1f} vs "
+                  f"{best.rate:.1f} samples/s); the shortfall is within max(tolerance {selection.tolerance:.1%}, "
+                  f"the run's median window noise {noise:.1%}), and it is cheaper than "
+                  f"{best.knobs.describe()}.")
+    return Choice(knee, best, ratio, allowed, reason, too_tight)
+
+
+def select(cfg: Config, rows: list[TrialRow]) -> Choice:
+    """The run's recommendation: the knee over the knee stages; with ``search.target_effective_batch``, only among
+    trials that reach that effective batch, the accumulation stage deciding when it ran."""
+    target = cfg.search.target_effective_batch
+    candidates = [r for r in rows if r.stage in rules.KNEE_STAGES]
+    if not target:
+        return select_knee(candidates, cfg.selection)
+    accumulation = [r for r in rows if r.stage == "accumulation" and r.ok and rules.fits(r, cfg.selection)]
+    if accumulation:  # same loader settings, different micro-batch x steps: the fastest wins
+        best = max(accumulation, key=lambda r: r.rate)
+        return Choice(best, best, 1.0, None,
+                      f"Effective batch {target} is reached fastest with micro-batch {best.knobs.batch_size} x "
+                      f"{best.knobs.grad_accum} accumulation steps ({best.rate:.1f} samples/s).")
+    reaching = [r for r in candidates if r.knobs.effective_batch == target]
+    if not any(r.ok for r in reaching):
+        return Choice(None, None, None, None,
+                      f"No recommendation: no completed trial reaches search.target_effective_batch = {target}.")
+    return select_knee(reaching, cfg.selection)
+
+
+def choose_batch(compute_rows: list[TrialRow], selection: Selection) -> int | None:
+    """The batch for the end-to-end stages: the smallest whose compute-ceiling throughput is within the band of the
+    best batch that fits the headroom limit."""
+    fitting = [r for r in compute_rows if r.ok and rules.fits(r, selection)]
+    if not fitting:
+        return None
+    best = max(fitting, key=lambda r: r.rate)
+    target = rules.needed(best, rules.band(fitting, selection))
+    return min(r.knobs.batch_size for r in fitting if r.rate >= target)
+
+
+def defaults_trial(rows: list[TrialRow], knee: TrialRow | None) -> TrialRow | None:
+    """The completed PyTorch-defaults trial (0 workers, no pinning, eager): at the knee's batch and accumulation
+    when there is one, else the end-to-end one (the batch stage can move the knee off the swept batch)."""
+    found = [r for r in rows if r.ok and r.mode == "train" and r.knobs.loader_defaults and r.knobs.compile == "none"]
+    if knee is not None:
+        same = [r for r in found if (r.knobs.batch_size, r.knobs.grad_accum)
+                == (knee.knobs.batch_size, knee.knobs.grad_accum)]
+        if same:
+            return same[0]
+    found.sort(key=lambda r: (r.stage != "end_to_end", r.number))
+    return found[0] if found else None

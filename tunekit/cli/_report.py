@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tunekit.cli._outcome import print_outcome
+
+
+@click.command()
+@click.argument("run_dir", metavar="RUN_DIR", type=click.Path(file_okay=False))
+def report(run_dir: str) -> None:
+    """Rebuild a run's outputs (trials.csv, report.md, recommended.yaml, plots) from its study; re-runs nothing."""
+    from tunekit.driver import make_console, rebuild
+    from tunekit.report import console_table
+
+    summary = rebuild(Path(run_dir))
+    make_console().print(console_table(summary))
+    print_outcome(summary, Path(run_dir))

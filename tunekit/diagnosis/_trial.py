@@ -1,0 +1,275 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from tunekit import rules
+from tunekit.config import Selection
+from tunekit.diagnosis._verdicts import VERDICTS, Verdict, verdict
+from tunekit.records import TrialRow
+
+Evidence = dict[str, Any]
+
+
+class PinnedGain(NamedTuple):
+    """Pinning measured against an unpinned trial's peers (same batch, accumulation and compile mode, no more
+    workers): the fastest pinned peer, the fastest unpinned one (the trial itself included), and the gain."""
+
+    pinned: TrialRow
+    unpinned: TrialRow
+    gain: float
+
+
+class Trials:
+    """What the per-trial rules read from the whole run: the ceilings, the OOM batches, per-sample step times."""
+
+    def __init__(self, rows: list[TrialRow], selection: Selection):
+        self.rows = rows
+        self.selection = selection
+        self.compute = {r.knobs.batch_size: r for r in rows if r.ok and r.mode == "compute"}
+        self.oom_batches = sorted({r.knobs.batch_size for r in rows if r.status == "oom"})
+        self.per_sample = {b: 1.0 / r.rate for b, r in self.compute.items() if r.rate > 0}
+
+    def overhead_ratio(self, batch: int) -> float | None:
+        """Per-sample step time at ``batch`` over the best batch's (compute ceilings), or None."""
+        if batch not in self.per_sample:
+            return None
+        return self.per_sample[batch] / min(self.per_sample.values())
+
+    def pinned_gain(self, row: TrialRow) -> PinnedGain | None:
+        """For an unpinned end-to-end trial: when pinning beats every unpinned config with as many workers or fewer,
+        the copy is the bound; when fewer workers alone do as well, it is not (oversubscribed CPUs, say)."""
+        if row.knobs.pin_memory or row.mode != "train":
+            return None
+        k = row.knobs
+        peers = [o for o in self.rows if o.ok and o.mode == row.mode and o.knobs.num_workers <= k.num_workers
+                 and o.knobs.batch_size == k.batch_size and o.knobs.compile == k.compile
+                 and o.knobs.grad_accum == k.grad_accum]
+        pinned = [o for o in peers if o.knobs.pin_memory]
+        unpinned = [o for o in peers if not o.knobs.pin_memory]  # holds this trial itself
+        if not pinned:
+            return None
+        best, base = max(pinned, key=lambda o: o.rate), max(unpinned, key=lambda o: o.rate)
+        return PinnedGain(best, base, best.rate / base.rate - 1.0) if base.rate > 0 else None
+
+    def loader_plateau(self, row: TrialRow) -> tuple[TrialRow, TrialRow] | None:
+        """The loader ceilings at this trial's worker count and the next smaller one measured (same batch), when
+        the larger count is not faster beyond their margin: more workers stopped helping."""
+        ceilings = sorted((r for r in self.rows if r.ok and r.mode == "loader"
+                           and r.knobs.batch_size == row.knobs.batch_size and 0 < r.knobs.num_workers
+                           and r.knobs.num_workers <= row.knobs.num_workers), key=lambda r: r.knobs.num_workers)
+        if len(ceilings) < 2 or ceilings[-1].knobs.num_workers != row.knobs.num_workers:
+            return None
+        here, below = ceilings[-1], ceilings[-2]
+        return (here, below) if here.rate <= below.rate * (1 + rules.trial_margin(self.selection, here, below)) \
+            else None
+
+
+@dataclass(frozen=True)
+class Facts:
+    """One trial's figures, computed once for all its predicates."""
+
+    wait: float
+    """Share of window time the loop blocked on the next batch."""
+    of_ceiling: float | None
+    """Throughput as a share of the compute ceiling at the trial's batch."""
+    busy: float | None
+    """CUDA-event spans over wall time (GPU runs only)."""
+    stream_full: bool
+    """An unpinned step whose stream is never idle yet runs below the compute ceiling."""
+    cpu_busy: float | None
+    """Share of the usable CPUs the trial's process tree kept busy."""
+    system_busy: float | None
+    """Share of the machine's CPUs busy over the windows, every process included."""
+    worker_share: float | None
+    """Share of the cores the loader workers could use that they kept busy (rules.worker_core_share)."""
+    cpus: int
+    twin: PinnedGain | None
+    plateau: tuple[TrialRow, TrialRow] | None
+
+    @property
+    def data_bound(self) -> bool:
+        return self.wait > rules.STARVED_WAIT and (self.of_ceiling is None or self.of_ceiling < rules.NEAR_CEILING)
+
+    @property
+    def workers_compute(self) -> bool:
+        return self.worker_share is not None and self.worker_share >= rules.WORKER_WAITING
+
+    @property
+    def cpus_saturated(self) -> bool:
+        """The CPUs are the bound: the trial keeps them busy over CPU_SATURATED; or the machine is that busy (other
+        processes too) while the workers compute; or the trial keeps them over CPU_BUSY and more workers stopped
+        helping."""
+        busy = self.cpu_busy or 0.0
+        return (busy > rules.CPU_SATURATED
+                or ((self.system_busy or 0.0) > rules.CPU_SATURATED and self.workers_compute)
+                or (self.plateau is not None and busy > rules.CPU_BUSY))
+
+
+def _facts(row: TrialRow, trials: Trials) -> Facts:
+    k = row.knobs
+    share = rules.of_ceiling(row, trials.compute.get(k.batch_size))
+    busy = row.figure("gpu_busy_frac")
+    return Facts(
+        wait=row.figure("data_wait_frac", 0.0) or 0.0,
+        of_ceiling=share,
+        busy=busy,
+        stream_full=(not k.pin_memory and busy is not None and busy >= rules.STREAM_FULL
+                     and share is not None and share < rules.NEAR_CEILING),
+        cpu_busy=row.figure("cpu_util_frac"),
+        system_busy=None if row.figure("system_cpu_pct") is None else (row.figure("system_cpu_pct") or 0.0) / 100,
+        worker_share=rules.worker_core_share(row),
+        cpus=int(row.measurement.get("cpu_count") or 0),
+        twin=trials.pinned_gain(row),
+        plateau=trials.loader_plateau(row) if k.num_workers and row.mode == "train" else None,
+    )
+
+
+# --- one predicate per verdict: the evidence when it holds, None when it does not ------------------------------
+
+
+def _shared_gpu(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
+    throttle = sorted(set((row.measurement.get("nvml") or {}).get("throttle_reasons") or []) - rules.BENIGN_THROTTLE)
+    # Noisy windows point at the GPU only when the loop is not waiting on data: a saturated input pipeline (CPU
+    # contention among loader workers) makes windows jitter on its own, with the GPU to itself.
+    gpu_bound = row.mode == "compute" or (row.mode == "train" and f.wait <= rules.STARVED_WAIT)
+    if not (throttle or (row.noise_cv > rules.NOISY_CV and gpu_bound)):
+        return None
+    ev: Evidence = {"window noise (CV)": row.noise_cv}
+    if row.mode == "train":
+        ev["data wait"] = f.wait
+    if throttle:
+        ev["clock throttle reasons"] = ", ".join(throttle)
+    return ev
+
+
+def _memory_wall(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
+    limit = trials.selection.min_headroom
+    if row.headroom is None or row.headroom >= limit + rules.MEMORY_WALL_MARGIN:
+        return None
+    ev: Evidence = {"memory headroom": row.headroom, "limit": limit}
+    if trials.oom_batches:
+        ev["OOM at batch"] = trials.oom_batches[0]
+    return ev
+
+
+def _h2d_copy(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
+    if row.mode != "train":
+        return None
+    twin = f.twin
+    if twin is not None and twin.gain > rules.trial_margin(trials.selection, row, twin.pinned):
+        return {"gain with pinning": twin.gain, "pinned trial": twin.pinned.number,
+                "fastest unpinned trial with as many workers or fewer": twin.unpinned.number, "data wait": f.wait}
+    # An unpinned step whose stream is never idle yet runs well below the compute ceiling spends the difference on
+    # the stream in copies from pageable memory (the host blocks on them while queued compute drains, so its data
+    # wait overlaps GPU work). CUDA-event spans wrap the whole step, so they also hold launches that a CPU-starved
+    # host makes late: with the CPUs saturated the stream figure is evidence for the data verdict instead.
+    if f.stream_full and twin is None and not (row.knobs.num_workers and f.cpus_saturated):
+        return {"GPU busy (events)": f.busy, "of compute ceiling": f.of_ceiling, "data wait": f.wait,
+                "pinned": "not measured at this batch"}
+    return None
+
+
+def _data_evidence(row: TrialRow, f: Facts) -> Evidence:
+    ev: Evidence = {"data wait": f.wait}
+    if f.of_ceiling is not None:
+        ev["of compute ceiling"] = f.of_ceiling
+    if f.stream_full:  # the host's wait overlaps GPU work: say so, and what pinning measured against this trial
+        ev["GPU busy (events)"] = f.busy
+        if f.twin is None:
+            ev["pinned"] = "not measured at this batch"
+        elif row.rate > 0:
+            ev[f"pinned (trial {f.twin.pinned.number}) vs this"] = f"{f.twin.pinned.rate / row.rate - 1:+.1%}"
+    if row.noise_cv > rules.NOISY_CV:
+        ev["window noise (CV)"] = row.noise_cv
+    return ev
+
+
+def _cpu_preprocessing(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
+    # with no workers the first fix is to add some, however busy the main process is
+    if row.mode != "train" or not f.data_bound or not row.knobs.num_workers or not f.cpus_saturated:
+        return None
+    ev = {**_data_evidence(row, f), "workers": row.knobs.num_workers, "usable CPUs": f.cpus, "CPU busy": f.cpu_busy}
+    if (f.cpu_busy or 0.0) <= rules.CPU_SATURATED and f.workers_compute:  # the machine's load decided
+        ev["machine CPU busy"] = f.system_busy
+        ev["workers' share of their cores"] = f.worker_share
+    if f.plateau is not None and (f.cpu_busy or 0.0) <= rules.CPU_SATURATED:
+        here, below = f.plateau
+        ev["loader ceiling"] = (f"{here.rate:.1f} at {here.knobs.num_workers} workers vs {below.rate:.1f} at "
+                                f"{below.knobs.num_workers}")
+    return ev
+
+
+def _data_starved(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
+    if row.mode != "train" or not f.data_bound:
+        return None
+    ev = {**_data_evidence(row, f), "workers": row.knobs.num_workers}
+    if f.cpu_busy is not None:
+        ev["CPU busy"] = f.cpu_busy
+    cpu, wall = row.figure("worker_cpu_per_sample_s"), row.figure("worker_wall_per_sample_s")
+    if cpu is not None and wall and f.worker_share is not None:
+        ev["worker CPU vs wall time per sample"] = f"{cpu * 1e3:.2f} vs {wall * 1e3:.2f} ms"
+        ev["workers' share of their cores"] = f.worker_share
+        if not f.workers_compute:
+            ev["workers"] = f"{row.knobs.num_workers} (waiting, not computing)"
+    return ev
+
+
+def _overhead_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
+    if row.mode == "loader" or (row.mode == "train" and (f.of_ceiling is None or f.of_ceiling < rules.NEAR_CEILING)):
+        return None
+    ratio = trials.overhead_ratio(row.knobs.batch_size)
+    if ratio is None or ratio <= rules.OVERHEAD_RATIO:
+        return None
+    ev: Evidence = {"of compute ceiling": f.of_ceiling} if row.mode == "train" else {}
+    ev["per-sample time vs the best batch"] = f"{ratio:.2f}x"
+    return ev
+
+
+def _compute_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
+    if row.mode == "compute":
+        return {"data wait": f.wait}
+    if row.mode == "train" and f.of_ceiling is not None and f.of_ceiling >= rules.NEAR_CEILING:
+        return {"of compute ceiling": f.of_ceiling, "data wait": f.wait}
+    return None
+
+
+def _unattributed(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
+    if row.mode != "train":
+        return None  # a loader-alone trial measures a ceiling, not the job
+    ev: Evidence = {"of compute ceiling": f.of_ceiling if f.of_ceiling is not None else "not measured",
+                    "data wait": f.wait}
+    if f.busy is not None:
+        ev["GPU busy (events)"] = f.busy
+    return ev
+
+
+PREDICATES: dict[str, Callable[[TrialRow, Facts, Trials], Evidence | None]] = {
+    "shared-gpu": _shared_gpu, "memory-wall": _memory_wall, "h2d-copy": _h2d_copy,
+    "cpu-preprocessing": _cpu_preprocessing, "data-starved": _data_starved, "overhead-bound": _overhead_bound,
+    "compute-bound": _compute_bound, "unattributed": _unattributed,
+}
+assert tuple(PREDICATES) == VERDICTS
+
+
+def classify(row: TrialRow, trials: Trials) -> Verdict | None:
+    """The first verdict, in VERDICTS order, whose predicate holds for this trial."""
+    facts = _facts(row, trials)
+    for name in VERDICTS:
+        evidence = PREDICATES[name](row, facts, trials)
+        if evidence is not None:
+            return verdict(name, evidence, row.number)
+    return None
+
+
+def trial_verdicts(rows: list[TrialRow], selection: Selection) -> dict[int, Verdict]:
+    """The verdict of each completed trial that has one (every end-to-end trial does), keyed by trial number."""
+    trials = Trials(rows, selection)
+    out = {}
+    for row in rows:
+        if row.ok:
+            found = classify(row, trials)
+            if found is not None:
+                out[row.number] = found
+    return out

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+VERDICTS: tuple[str, ...] = ("shared-gpu", "memory-wall", "h2d-copy", "cpu-preprocessing", "data-starved",
+                             "overhead-bound", "compute-bound", "unattributed")
+"""The fixed vocabulary, in precedence order: a trial's predicates are tried in this order and the first that
+holds is its verdict. h2d-copy comes before the data verdicts because a copy bound also makes the loop wait: when
+pinning measurably beats every unpinned config with as many workers or fewer, more workers are not the fix."""
+
+FIXES: dict[str, str] = {
+    "data-starved": "the loop waits on batches the loader does not deliver in time: raise num_workers and "
+                    "prefetch_factor and keep workers persistent; when the workers wait rather than compute "
+                    "(their CPU time per sample is far below their wall time per sample: slow or remote storage), "
+                    "go beyond the usable core count, cache the data locally or move it to faster storage",
+    "cpu-preprocessing": "decoding and augmentation are the bound: decode and augment on the GPU "
+                         "(torchvision.io.decode_jpeg on the device, NVIDIA DALI), use pillow-simd, lower the input "
+                         "resolution, or cache decoded samples",
+    "overhead-bound": "launches and fixed per-step costs dominate: use a larger batch, CUDA graphs via "
+                      "torch.compile(mode='reduce-overhead'), or kernel fusion via torch.compile",
+    "memory-wall": "cap the batch below the OOM boundary and reach the effective batch with gradient accumulation "
+                   "(search.target_effective_batch); bf16 or activation checkpointing free more",
+    "h2d-copy": "host-to-device copies block compute: set pin_memory=True and copy with .to(device, "
+                "non_blocking=True)",
+    "compute-bound": "the input pipeline keeps up: speed up the model itself (torch.compile, bf16, channels_last, "
+                     "fused optimizers) or use a faster GPU",
+    "shared-gpu": "the measurement is disturbed: check nvidia-smi for other processes, clock throttling (power, "
+                  "thermal), and rerun on an idle GPU",
+    "unattributed": "no single bound stands out: compare the trial's step time with the compute ceiling's and "
+                    "profile one step (torch.profiler) to see where the rest goes",
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One finding: its name (from VERDICTS), the numbers behind it, and the first fix."""
+
+    name: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    fix: str = ""
+    trial: int | None = None
+
+    def sentence(self) -> str:
+        facts = ", ".join(f"{k} {_show(v)}" for k, v in self.evidence.items())
+        return f"{self.name}: {facts}. First fix: {self.fix}."
+
+
+def verdict(name: str, evidence: dict[str, Any], trial: int | None = None) -> Verdict:
+    """A verdict with the fix of its name."""
+    return Verdict(name, evidence, FIXES[name], trial)
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.1%}" if 0 <= v <= 1.5 else f"{v:.1f}"
+    return str(v)

@@ -1,0 +1,75 @@
+"""Plain-language warnings about the machine a sweep runs on, before it starts and after it ends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tunekit import rules
+from tunekit.config import Config
+from tunekit.records import TrialRow
+
+
+def environment_warnings(env: dict[str, Any], *, max_workers: int = 0, batch_bytes: int | None = None,
+                         prefetch: int = 2) -> list[str]:
+    """Warnings from an env snapshot: CPUs, /dev/shm, driver, and each GPU's processes, clocks, heat and link."""
+    out: list[str] = []
+    cpu = env.get("cpu") or {}
+    cpus = cpu.get("affinity") or cpu.get("logical") or 0
+    if max_workers and cpus and max_workers > cpus:
+        out.append(f"search.num_workers goes up to {max_workers}, above the {cpus} usable CPUs: workers beyond the "
+                   "core count compete for them when they compute (decoding, augmenting); workers that wait on "
+                   "storage do not, and the diagnosis tells which")
+    shm = env.get("shm") or {}
+    if batch_bytes and max_workers and shm.get("total_bytes"):
+        need = max_workers * prefetch * batch_bytes
+        if need > rules.SHM_WARN * shm["total_bytes"]:
+            out.append(f"/dev/shm holds {shm['total_bytes'] / 2**30:.1f} GiB but {max_workers} workers x prefetch "
+                       f"{prefetch} x {batch_bytes / 2**20:.0f} MiB batches need about {need / 2**30:.1f} GiB")
+    build, driver = env.get("torch_cuda_build"), (env.get("nvml") or {}).get("cuda_driver_version")
+    if build and driver and _version(build) > _version(driver):
+        out.append(f"torch is built for CUDA {build} but the driver supports CUDA {driver}: update the driver")
+    for gpu in env.get("gpus") or []:
+        out.extend(_gpu_warnings(gpu))
+    return out
+
+
+def _gpu_warnings(gpu: dict[str, Any]) -> list[str]:
+    out = []
+    name = f"GPU {gpu.get('index')} ({gpu.get('name')})"
+    procs = gpu.get("processes") or []
+    if procs:
+        listed = ", ".join(f"{p.get('name') or '?'} (pid {p.get('pid')})" for p in procs[:3])
+        out.append(f"{name} has {len(procs)} other process(es): {listed}; they share its time and memory")
+    reasons = sorted(set(gpu.get("throttle_reasons") or []) - rules.BENIGN_THROTTLE)
+    if reasons:
+        out.append(f"{name} clocks are throttled: {', '.join(reasons)}")
+    temp = gpu.get("temperature_c")
+    if temp is not None and temp >= rules.HOT_GPU_C:
+        out.append(f"{name} is at {temp} C")
+    pcie = gpu.get("pcie") or {}
+    if pcie.get("width") and pcie.get("width_max") and pcie["width"] < pcie["width_max"]:
+        out.append(f"{name} PCIe link runs x{pcie['width']} of x{pcie['width_max']}: host-to-device copies "
+                   "are slower")
+    return out
+
+
+def sweep_warnings(cfg: Config, env: dict[str, Any], rows: list[TrialRow] | None = None) -> list[str]:
+    """The warnings for a sweep of ``cfg`` on this machine; with finished trials, also the host memory they used."""
+    s = cfg.search
+    crop = cfg.workload.dataset_args.get("crop")
+    batch_bytes = 3 * int(crop) ** 2 * 4 * max(s.batch_size) if isinstance(crop, int) else None
+    out = environment_warnings(env, max_workers=max(s.num_workers), batch_bytes=batch_bytes,
+                               prefetch=max(s.prefetch_factor))
+    for row in rows or []:
+        peak, total = row.measurement.get("host_mem_peak_bytes"), row.measurement.get("host_mem_total_bytes")
+        if row.ok and peak and total and peak > rules.HOST_MEMORY_WARN * total:
+            out.append(f"trial {row.number} used {peak / 2**30:.1f} of {total / 2**30:.1f} GiB of host memory "
+                       f"({row.knobs.num_workers} workers): close to the machine's RAM")
+    return out
+
+
+def _version(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in str(text).split(".")[:2])
+    except ValueError:
+        return (0,)

@@ -1,0 +1,34 @@
+"""Which trials a sweep runs, stage by stage.
+
+``staged`` follows the troubleshooting order from the outside in: (1) compute ceiling per batch size, (2) loader
+ceiling per worker count, (3) end to end, workers x pin_memory at the chosen batch, (4) prefetch_factor at the knee,
+(4b) smaller batches at the knee when the input pipeline is the bound, (5) compile modes at the knee,
+(6) accumulation to reach target_effective_batch. Each stage depends on what the earlier ones measured, so the plan
+is recomputed from the finished trials every time the driver asks; a request that already has a finished trial is
+never returned again. ``grid`` runs every valid combination. docs/plan.md gives the reasons for each stage.
+"""
+
+from __future__ import annotations
+
+from tunekit.config import Config
+from tunekit.plan._grid import grid_requests
+from tunekit.plan._request import Request, pending
+from tunekit.plan._staged import estimate_staged, staged_requests
+from tunekit.records import TrialRow
+
+__all__ = ["Request", "next_requests", "estimate_total"]
+
+
+def next_requests(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> list[Request]:
+    """The trials to run next (of one stage; the first may depend on the last result, so run it and ask again),
+    given every finished trial; empty when the sweep is done."""
+    if strategy == "grid":
+        return pending(grid_requests(cfg, cuda), rows)
+    return staged_requests(cfg, rows, cuda)
+
+
+def estimate_total(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> int:
+    """Trials the sweep will likely run in all (finished ones included), for the progress bar."""
+    if strategy == "grid":
+        return len(grid_requests(cfg, cuda))
+    return max(estimate_staged(cfg, rows, cuda), len(rows))

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import itertools
+
+from tunekit.config import Config
+from tunekit.contract import Knobs
+from tunekit.plan._request import Request, pins
+
+
+def grid_requests(cfg: Config, cuda: bool) -> list[Request]:
+    """Every valid combination of the searched knobs (prefetch only with workers; with target_effective_batch,
+    only micro-batch x steps pairs that reach it)."""
+    s = cfg.search
+    if s.target_effective_batch:
+        shapes = [(b, s.target_effective_batch // b) for b in s.batch_size if s.target_effective_batch % b == 0]
+    else:
+        shapes = list(itertools.product(s.batch_size, s.grad_accum))
+    out: list[Request] = []
+    for w, pin, (batch, accum), comp in itertools.product(s.num_workers, pins(cfg, cuda), shapes, s.compile):
+        for pf in s.prefetch_factor if w > 0 else [None]:
+            knobs = Knobs(num_workers=w, prefetch_factor=pf, pin_memory=pin, batch_size=batch, grad_accum=accum,
+                          compile=comp)
+            out.append(Request("grid", "train", knobs))
+    return out

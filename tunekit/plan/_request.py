@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tunekit.config import Config
+from tunekit.contract import Knobs
+from tunekit.records import TrialRow
+
+
+@dataclass(frozen=True)
+class Request:
+    """One trial the plan wants: its stage, mode and knobs. Equal requests are the same trial."""
+
+    stage: str
+    mode: str
+    knobs: Knobs
+    skip: str | None = None
+    """Why this trial need not run (it is recorded as skipped with this reason), or None."""
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (self.stage, self.mode, *self.knobs.to_dict().values())
+
+    def skipped(self, reason: str) -> Request:
+        return Request(self.stage, self.mode, self.knobs, skip=reason)
+
+
+def pending(requests: list[Request], rows: list[TrialRow]) -> list[Request]:
+    """The requests that have no finished trial yet."""
+    finished = {r.key for r in rows}
+    return [q for q in requests if q.key not in finished]
+
+
+def pins(cfg: Config, cuda: bool) -> list[bool]:
+    """The pin_memory values to try, unpinned first (pinned is the costlier)."""
+    # Pinned memory only means something with a CUDA device; on the CPU it would be the same trial twice.
+    return sorted({p for p in cfg.search.pin_memory if cuda or not p}) or [False]
+
+
+def base_knobs(cfg: Config) -> dict[str, Any]:
+    """The knobs a stage holds fixed until a later stage varies them."""
+    s = cfg.search
+    return {
+        "prefetch_factor": s.prefetch_factor[0],
+        "grad_accum": 1 if s.target_effective_batch else s.grad_accum[0],
+        "compile": "none" if "none" in s.compile else s.compile[0],
+    }

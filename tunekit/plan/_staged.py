@@ -1,0 +1,199 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tunekit import rules
+from tunekit.analysis import choose_batch, select_knee
+from tunekit.config import Config
+from tunekit.contract import Knobs
+from tunekit.plan._request import Request, base_knobs, pending, pins
+from tunekit.records import TrialRow
+
+
+class _Sweep:
+    """What the stages share: the config, the finished trials, the chosen batch and the knee before each stage."""
+
+    def __init__(self, cfg: Config, rows: list[TrialRow], cuda: bool):
+        self.cfg, self.rows, self.cuda = cfg, rows, cuda
+        self.search, self.selection = cfg.search, cfg.selection
+        self.base = base_knobs(cfg)
+        self._knees: dict[str, TrialRow | None] = {}
+
+    def done(self, *stages: str) -> list[TrialRow]:
+        return [r for r in self.rows if r.stage in stages]
+
+    def find(self, req: Request) -> TrialRow | None:
+        return next((r for r in self.rows if r.key == req.key), None)
+
+    @property
+    def batch(self) -> int | None:
+        return choose_batch(self.done("compute"), self.selection)
+
+    def knee(self, before: str) -> TrialRow | None:
+        """The knee of the knee stages that run before ``before`` (the best config while there is no knee yet:
+        a single config can still be refined)."""
+        if before not in self._knees:
+            found = select_knee(self.done(*rules.knee_stages(before)), self.selection)
+            self._knees[before] = found.knee or found.best
+        return self._knees[before]
+
+
+Stage = Callable[[_Sweep], "list[Request] | None"]
+"""A stage: its pending requests, [] when it is complete, None when the sweep cannot go on."""
+
+
+def _compute(s: _Sweep) -> list[Request] | None:
+    """Batch sizes in ascending order, stopping at the first OOM or the first batch over the headroom limit."""
+    done = {r.knobs.batch_size: r for r in s.done("compute")}
+    for batch in s.search.batch_size:
+        row = done.get(batch)
+        if row is None:
+            return [Request("compute", "compute", Knobs(num_workers=0, batch_size=batch, **s.base))]
+        if rules.stops_batch_growth(row, s.selection):
+            return []
+    return []
+
+
+def _loader(s: _Sweep) -> list[Request] | None:
+    """The loader alone per worker count (pinned when pinning is searched on a GPU)."""
+    batch = s.batch
+    if batch is None:
+        return None
+    pin = pins(s.cfg, s.cuda)[-1]
+    return pending([Request("loader", "loader", Knobs(num_workers=w, batch_size=batch, pin_memory=pin, **s.base))
+                    for w in s.search.num_workers], s.rows)
+
+
+def _end_to_end(s: _Sweep) -> list[Request] | None:
+    """Workers x pin_memory at the chosen batch, most workers first, so that once a fast config is known, worker
+    counts whose loader ceiling cannot reach the band of it are skipped with that evidence instead of run."""
+    batch = s.batch
+    assert batch is not None  # the loader stage stops the sweep without one
+    wanted = [Request("end_to_end", "train", Knobs(num_workers=w, batch_size=batch, pin_memory=p, **s.base))
+              for w in sorted(s.search.num_workers, reverse=True) for p in reversed(pins(s.cfg, s.cuda))]
+    defaults = Request("end_to_end", "train", Knobs(num_workers=0, batch_size=batch, pin_memory=False, **s.base))
+    if defaults not in wanted:  # PyTorch's defaults are every report's baseline, searched or not
+        wanted.append(defaults)
+    left = pending(wanted, s.rows)
+    return [_maybe_skip(left[0], s)] if left else []
+
+
+def _maybe_skip(req: Request, s: _Sweep) -> Request:
+    """Skip an end-to-end trial whose loader ceiling cannot reach the band of the best end-to-end trial so far."""
+    if req.knobs.loader_defaults:
+        return req  # PyTorch's defaults: always measured, the baseline of every report
+    # The ceiling bounds only trials with its own pin_memory setting: pinning moves work onto the main process (the
+    # pin-memory thread), so the loader can be slower pinned than unpinned when the CPUs are saturated.
+    ceiling = next((r for r in s.done("loader") if r.ok and r.knobs.num_workers == req.knobs.num_workers
+                    and r.knobs.pin_memory == req.knobs.pin_memory), None)
+    fitting = [r for r in s.done("end_to_end") if r.ok and rules.fits(r, s.selection)]
+    if ceiling is None or not fitting:
+        return req
+    best = max(fitting, key=lambda r: r.rate)
+    allowed = rules.band(fitting, s.selection)
+    target = rules.needed(best, allowed)
+    if rules.can_reach(ceiling, target, s.selection):
+        return req
+    return req.skipped(
+        f"the loader alone gives {ceiling.rate:.1f} samples/s at {req.knobs.num_workers} workers (trial "
+        f"{ceiling.number}), below the {target:.1f} needed to come within the band ({allowed:.1%}) of the best "
+        f"end-to-end config so far ({best.rate:.1f}, trial {best.number})")
+
+
+def _prefetch(s: _Sweep) -> list[Request] | None:
+    """The other prefetch factors at the knee (only with workers)."""
+    knee = s.knee("prefetch")
+    if knee is None:
+        return None
+    k = knee.knobs
+    if k.num_workers == 0:
+        return []
+    return pending([Request("prefetch", "train", Knobs(**{**k.to_dict(), "prefetch_factor": pf}))
+                    for pf in s.search.prefetch_factor if pf != k.prefetch_factor], s.rows)
+
+
+def _smaller_batches(s: _Sweep) -> list[Request] | None:
+    """Stage 4b: when the knee runs below :data:`rules.NEAR_CEILING` of its compute ceiling, its config at the next
+    smaller batch that fits, then the next, while each keeps within the band of the best."""
+    knee = s.knee("batch")
+    if knee is None or s.search.target_effective_batch:
+        return []  # with a target, the accumulation stage chooses the micro-batch
+    ceilings = {r.knobs.batch_size: r for r in s.done("compute") if r.ok and rules.fits(r, s.selection)}
+    if not rules.input_bound(knee, ceilings.get(knee.knobs.batch_size)):
+        return []  # the model is the bound (or unknown): a smaller batch only adds per-step overhead
+    for batch in sorted((b for b in ceilings if b < knee.knobs.batch_size), reverse=True):
+        req = Request("batch", "train", Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))
+        # judged against this batch and the larger ones only: a smaller batch that later ran faster must not
+        # make this one look as if it fell behind
+        trials = [r for r in s.done(*rules.knee_stages("compile")) if r.ok and rules.fits(r, s.selection)
+                  and (r.stage != "batch" or r.knobs.batch_size >= batch)]
+        best = max(trials, key=lambda r: r.rate)
+        allowed = rules.band(trials, s.selection)
+        target = rules.needed(best, allowed)
+        row = s.find(req)
+        if row is None:
+            ceiling = ceilings[batch]
+            if rules.can_reach(ceiling, target, s.selection):
+                return [req]
+            return [req.skipped(
+                f"the compute ceiling at batch {batch} is {ceiling.rate:.1f} samples/s (trial {ceiling.number}), "
+                f"below the {target:.1f} needed to come within the band ({allowed:.1%}) of the best config so far "
+                f"({best.rate:.1f}, trial {best.number})")]
+        if not row.ok or row.rate < target:
+            return []  # this batch fell behind (or failed): a smaller one will not do better
+    return []
+
+
+def _compile(s: _Sweep) -> list[Request] | None:
+    """The other compile modes at the knee."""
+    knee = s.knee("compile")
+    if knee is None:
+        return None
+    k = knee.knobs
+    return pending([Request("compile", "train", Knobs(**{**k.to_dict(), "compile": c}))
+                    for c in s.search.compile if c != k.compile], s.rows)
+
+
+def _accumulation(s: _Sweep) -> list[Request] | None:
+    """Micro-batch x steps pairs that reach target_effective_batch, at the knee's loader settings."""
+    target = s.search.target_effective_batch
+    knee = s.knee("accumulation")
+    if not target or knee is None:
+        return []
+    fit = {r.knobs.batch_size for r in s.done("compute") if r.ok and rules.fits(r, s.selection)}
+    return pending([Request("accumulation", "train",
+                            Knobs(**{**knee.knobs.to_dict(), "batch_size": b, "grad_accum": target // b}))
+                    for b in s.search.batch_size if target % b == 0 and b in fit], s.rows)
+
+
+STAGES: tuple[tuple[str, Stage], ...] = (
+    ("compute", _compute), ("loader", _loader), ("end_to_end", _end_to_end), ("prefetch", _prefetch),
+    ("batch", _smaller_batches), ("compile", _compile), ("accumulation", _accumulation),
+)
+
+
+def staged_requests(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
+    """The first stage's pending requests; [] when every stage is complete or one cannot go on."""
+    sweep = _Sweep(cfg, rows, cuda)
+    for _, stage in STAGES:
+        requests = stage(sweep)
+        if requests is None:
+            return []
+        if requests:
+            return requests
+    return []
+
+
+def estimate_staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> int:
+    """Trials a staged sweep will likely run in all: every stage at its usual size."""
+    s = cfg.search
+    computed = [r for r in rows if r.stage == "compute"]
+    stopped = any(rules.stops_batch_growth(r, cfg.selection) for r in computed)
+    n_compute = len(computed) if stopped else len(s.batch_size)
+    total = (n_compute + len(s.num_workers) * (1 + len(pins(cfg, cuda))) + (len(s.prefetch_factor) - 1)
+             + (len(s.compile) - 1))
+    if s.target_effective_batch:
+        total += sum(1 for b in s.batch_size if s.target_effective_batch % b == 0)
+    else:
+        total += min(1, len(s.batch_size) - 1)  # stage 4b usually tries one smaller batch, when data-bound
+    return total

@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+from typing import Any
+
+from tunekit.records import TrialRow
+from tunekit.report._summary import RunSummary
+from tunekit.report._tables import fmt, rate_or_none
+from tunekit.report.plots import PlotResult
+
+
+def report_md(s: RunSummary, plots: list[PlotResult], env: dict[str, Any]) -> str:
+    """report.md: recommendation, diagnosis, plots, environment, every trial."""
+    out = [f"# tunekit report: {s.name}", "",
+           f"{s.strategy} sweep, {len(s.rows)} trials ({s.failed} failed, {s.skipped} skipped) on "
+           f"{s.device or 'unknown device'}, {s.date}.", ""]
+    if s.stop_reason:
+        out += [f"Stopped early: {s.stop_reason}", ""]
+    out += ["## Recommendation", "", *_recommendation(s), "## Diagnosis", "", *_diagnosis(s)]
+    out += ["## Plots", "", *_plots(plots), "## Environment", "", *_environment(env), *_trials(s)]
+    return "\n".join(out) + "\n"
+
+
+def _recommendation(s: RunSummary) -> list[str]:
+    k, best = s.choice.knee, s.choice.best
+    if k is None:
+        return [s.choice.reason, ""]
+    cost = f", {s.per_money(k.rate):,.0f} samples per unit of money" if s.per_hour else ""
+    out = [f"**{k.knobs.describe()}** — {k.rate:.1f} samples/s{cost} (trial {k.number}, window noise "
+           f"{k.noise_cv:.1%}).", "", s.choice.reason, ""]
+    if best is not None and best is not k:
+        out += [f"Best measured: {best.knobs.describe()} at {best.rate:.1f} samples/s (trial "
+                f"{best.number}); the knee reaches {s.choice.ratio:.1%} of it.", ""]
+    if s.defaults is not None:
+        dk, kk = s.defaults.knobs, k.knobs
+        same = "same batch" if (dk.batch_size, dk.grad_accum) == (kk.batch_size, kk.grad_accum) else (
+            f"batch {dk.batch_size}" + (f", accumulation {dk.grad_accum}" if dk.grad_accum > 1 else ""))
+        out += [f"PyTorch defaults (0 workers, no pinning, {same}): {s.defaults.rate:.1f} samples/s "
+                f"(trial {s.defaults.number}); the recommendation is **{s.speedup_vs_defaults:.2f}×** that.", ""]
+    if k.headroom is not None:
+        out += [f"Memory headroom at the knee: {k.headroom:.1%} of {k.measurement.get('headroom_basis')} memory.", ""]
+    return out + _ceilings(s.rows, k)
+
+
+def _ceilings(rows: tuple[TrialRow, ...], k: TrialRow) -> list[str]:
+    compute = [r for r in rows if r.ok and r.mode == "compute" and r.knobs.batch_size == k.knobs.batch_size]
+    loader = [r for r in rows if r.ok and r.mode == "loader" and r.knobs.num_workers == k.knobs.num_workers
+              and r.knobs.batch_size == k.knobs.batch_size]
+    if not (compute or loader):
+        return []
+    parts = []
+    if compute:
+        parts.append(f"compute ceiling {compute[0].rate:.1f} samples/s (model on a staged batch)")
+    if loader:
+        parts.append(f"loader ceiling {loader[0].rate:.1f} samples/s at {k.knobs.num_workers} workers")
+    lowest = min(r.rate for r in compute + loader)
+    return [f"Ceilings at this batch: {'; '.join(parts)}. The knee reaches {k.rate / lowest:.0%} of the "
+            "lower one.", ""]
+
+
+def _diagnosis(s: RunSummary) -> list[str]:
+    if s.verdicts:
+        out = [f"- **{v.name}**{' (trial ' + str(v.trial) + ')' if v.trial is not None else ''}: "
+               f"{v.sentence().split(': ', 1)[1]}" for v in s.verdicts] + [""]
+    else:
+        out = ["No verdict: there is no knee to diagnose and the run shows no run-wide bound.", ""]
+    if s.warnings:
+        out += ["Environment warnings:", ""] + [f"- {w}" for w in s.warnings] + [""]
+    return out
+
+
+def _plots(plots: list[PlotResult]) -> list[str]:
+    out: list[str] = []
+    for plot in plots:
+        if plot.path:
+            out += [f"### {plot.title}", "", f"![{plot.title}]({plot.path})", ""]
+    skipped = [p for p in plots if not p.path]
+    if skipped:
+        out += ["Not drawn, for lack of data:", ""] + [f"- {p.title}: {p.reason}." for p in skipped] + [""]
+    return out
+
+
+def _environment(env: dict[str, Any]) -> list[str]:
+    if not env:
+        return ["No env.json in this run.", ""]
+    pk, cpu, mem = env.get("packages") or {}, env.get("cpu") or {}, env.get("memory") or {}
+    out = [f"- host: {env.get('hostname')}, {cpu.get('usable', cpu.get('affinity') or cpu.get('logical'))} usable "
+           f"CPUs ({cpu.get('model')}), {(mem.get('total_bytes') or 0) / 2**30:.1f} GiB RAM",
+           f"- Python {env.get('python')}, torch {pk.get('torch')} (CUDA build {env.get('torch_cuda_build')}), "
+           f"torchvision {pk.get('torchvision')}, tunekit {env.get('tunekit')}"]
+    nvml = env.get("nvml") or {}
+    if nvml.get("available"):
+        out.append(f"- NVIDIA driver {nvml.get('driver_version')}, CUDA driver API {nvml.get('cuda_driver_version')}")
+    for gpu in env.get("gpus") or []:
+        memory = gpu.get("memory") or {}
+        out.append(f"- GPU {gpu.get('index')}: {gpu.get('name')}, {(memory.get('total_bytes') or 0) / 2**30:.1f} GiB, "
+                   f"other processes at sweep start: {len(gpu.get('processes') or [])}")
+    return out + [""]
+
+
+def _trials(s: RunSummary) -> list[str]:
+    out = ["## Trials", "", "| # | stage | mode | workers | prefetch | pin | batch | accum | compile | status | "
+           "samples/s | samples/$ | noise | data wait | NVML util | headroom | verdict |", "|" + " --- |" * 17]
+    for r in sorted(s.rows, key=lambda r: r.number):
+        k = r.knobs
+        status = r.status if r.ok else f"{r.status}: {r.reason}"
+        verdict = s.trial_verdicts.get(r.number)
+        out.append(f"| {r.number} | {r.stage} | {r.mode} | {k.num_workers} | {k.prefetch_factor or '—'} | "
+                   f"{'yes' if k.pin_memory else 'no'} | {k.batch_size} | {k.grad_accum} | {k.compile} | "
+                   f"{status.replace('|', '/')} | {fmt(rate_or_none(r))} | "
+                   f"{fmt(s.per_money(rate_or_none(r)), ',.0f')} | "
+                   f"{fmt(r.noise_cv, '.1%')} | {fmt(r.measurement.get('data_wait_frac'), '.1%')} | "
+                   f"{fmt(r.measurement.get('nvml_util_gpu_pct'), '.0f')} | {fmt(r.headroom, '.1%')} | "
+                   f"{verdict.name if verdict else '—'} |")
+    return out

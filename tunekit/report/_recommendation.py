@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from tunekit.recommended import recommendation_dict
+from tunekit.report._summary import RunSummary
+
+
+def _evidence(s: RunSummary) -> dict[str, Any]:
+    knee, best = s.choice.knee, s.choice.best
+    assert knee is not None and best is not None
+    m = knee.measurement
+    return {
+        "samples_per_s": round(knee.rate, 2),
+        "best_samples_per_s": round(best.rate, 2),
+        "ratio": round(float(s.choice.ratio or 0), 4),
+        "best_config": best.knobs.to_dict(),
+        "defaults_samples_per_s": round(s.defaults.rate, 2) if s.defaults else None,
+        "speedup_vs_defaults": round(s.speedup_vs_defaults, 3) if s.speedup_vs_defaults else None,
+        "headroom": round(float(knee.headroom), 4) if knee.headroom is not None else None,
+        "headroom_basis": m.get("headroom_basis"),
+        "noise_cv": round(knee.noise_cv, 4),
+        "band": round(float(s.choice.band or 0), 4),
+        "data_wait_frac": m.get("data_wait_frac"),
+        "gpu_busy_frac": m.get("gpu_busy_frac"),
+        "samples_per_dollar": round(s.per_money(knee.rate) or 0.0, 1) if s.per_hour else None,
+        "verdict": s.verdicts[0].name if s.verdicts else None,
+        "diagnosis": [v.sentence() for v in s.verdicts],
+        "reason": s.choice.reason,
+        "device": s.device,
+        "versions": s.versions,
+        "date": s.date,
+        "run": {"name": s.name, "strategy": s.strategy, "trials": len(s.rows), "knee_trial": knee.number},
+    }
+
+
+def recommendation_yaml(s: RunSummary) -> str | None:
+    """recommended.yaml's text, or None when the run has no recommendation."""
+    if s.choice.knee is None:
+        return None
+    data = recommendation_dict(s.choice.knee.knobs.to_dict(), _evidence(s))
+    header = (f"# tunekit recommendation for {s.name} on {s.device} ({s.date}).\n"
+              "# Load it with: tunekit.load_recommended(path).dataloader_kwargs()\n")
+    return header + yaml.safe_dump(data, sort_keys=False)

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunekit.analysis import Choice, defaults_trial, select
+from tunekit.config import Config
+from tunekit.diagnosis import Verdict, run_verdicts, trial_verdicts
+from tunekit.records import TrialRow
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a run found, computed once: the knee, the PyTorch-defaults baseline, the verdicts. The writers only
+    format it."""
+
+    name: str
+    strategy: str
+    choice: Choice
+    defaults: TrialRow | None
+    rows: tuple[TrialRow, ...]
+    device: str | None
+    versions: dict[str, Any]
+    date: str
+    min_headroom: float
+    stop_reason: str = ""
+    verdicts: tuple[Verdict, ...] = ()
+    trial_verdicts: dict[int, Verdict] = field(default_factory=dict)
+    per_hour: float | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.rows if not r.ok and r.status != "skipped")
+
+    @property
+    def skipped(self) -> int:
+        return sum(1 for r in self.rows if r.status == "skipped")
+
+    def per_money(self, rate: float | None) -> float | None:
+        """Samples per unit of money at ``cost.per_hour``, or None without a price."""
+        return None if not self.per_hour or rate is None else rate * 3600 / self.per_hour
+
+    @property
+    def speedup_vs_defaults(self) -> float | None:
+        if self.choice.knee is None or self.defaults is None or not self.defaults.rate:
+            return None
+        return self.choice.knee.rate / self.defaults.rate
+
+
+def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: str = "",
+              date: str | None = None, env: dict[str, Any] | None = None,
+              warnings: tuple[str, ...] = ()) -> RunSummary:
+    """Select the knee, find the baseline and diagnose the run."""
+    choice = select(cfg, rows)
+    ref = choice.knee or choice.best or next((r for r in rows if r.ok), None)
+    m = ref.measurement if ref else {}
+    per_trial = trial_verdicts(rows, cfg.selection)
+    return RunSummary(
+        name=cfg.name, strategy=strategy, choice=choice,
+        defaults=defaults_trial(rows, choice.knee) if choice.knee else None, rows=tuple(rows),
+        device=m.get("device_name"), versions=m.get("versions") or {},
+        date=date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        min_headroom=cfg.selection.min_headroom, stop_reason=stop_reason,
+        verdicts=tuple(run_verdicts(rows, choice.knee, per_trial, cfg.selection, env)),
+        trial_verdicts=per_trial, per_hour=cfg.cost.per_hour, warnings=tuple(warnings),
+    )

@@ -1,0 +1,259 @@
+"""The data of each plot: small typed objects computed from finished trials, or a sentence saying why the run
+has no data for that plot. Tests check these; :mod:`._draw` only renders them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from tunekit.analysis import Choice
+from tunekit.records import TrialRow
+
+_GIB = 2**30
+
+
+class Point(NamedTuple):
+    workers: int
+    samples_per_s: float
+    low: float
+    high: float
+    trial: int
+
+
+class Series(NamedTuple):
+    label: str
+    points: tuple[Point, ...]
+
+
+@dataclass(frozen=True)
+class WorkersPlot:
+    """Samples/s against num_workers: one series per pin_memory/prefetch variant, window range as error bars."""
+
+    title: str
+    series: tuple[Series, ...]
+    knee: Point | None
+    knee_label: str
+    best: Point | None
+    loader_ceiling: tuple[Point, ...]
+    compute_ceiling: float | None
+    best_label: str = "best"
+
+
+class BatchPoint(NamedTuple):
+    batch: int
+    samples_per_s: float
+    peak_gib: float | None
+
+
+@dataclass(frozen=True)
+class BatchPlot:
+    """Samples/s and peak memory against batch size, with the headroom limit and the batches that did not fit."""
+
+    title: str
+    points: tuple[BatchPoint, ...]
+    oom: tuple[int, ...]
+    limit_gib: float | None
+    memory_label: str
+    chosen: int | None
+
+
+class UtilPoint(NamedTuple):
+    util_pct: float
+    samples_per_s: float
+    stage: str
+    trial: int
+
+
+@dataclass(frozen=True)
+class UtilPlot:
+    """NVML utilization against samples/s, one point per trial: high utilization is not high output."""
+
+    title: str
+    points: tuple[UtilPoint, ...]
+    knee_trial: int | None
+
+
+class StepPoint(NamedTuple):
+    batch: int
+    ms_per_sample: float
+    ms_per_step: float
+
+
+@dataclass(frozen=True)
+class StepTimePlot:
+    """Per-sample step time against batch size (compute ceiling): how much fixed cost a larger batch amortises."""
+
+    title: str
+    points: tuple[StepPoint, ...]
+
+
+class FractionPoint(NamedTuple):
+    workers: int
+    data_wait: float
+    gpu_idle: float | None
+
+
+@dataclass(frozen=True)
+class FractionsPlot:
+    """Data-wait and GPU-idle fractions against num_workers, one series per pin_memory setting."""
+
+    title: str
+    series: tuple[tuple[str, tuple[FractionPoint, ...]], ...]
+
+
+class CompilePoint(NamedTuple):
+    mode: str
+    samples_per_s: float
+    compile_s: float
+    break_even_steps: float | None  # None: never pays off (not faster than eager)
+
+
+@dataclass(frozen=True)
+class CompilePlot:
+    """Steady samples/s per torch.compile mode, compile time, and the steps after which compiling pays off."""
+
+    title: str
+    points: tuple[CompilePoint, ...]
+    batch: int
+
+
+
+
+def _point(row: TrialRow) -> Point:
+    windows = row.measurement.get("samples_per_s_windows") or [row.rate]
+    return Point(row.knobs.num_workers, row.rate, float(min(windows)), float(max(windows)), row.number)
+
+
+def _knee_batch(choice: Choice) -> int | None:
+    ref = choice.knee or choice.best
+    return ref.knobs.batch_size if ref else None
+
+
+def _train_at(rows: list[TrialRow], batch: int | None) -> list[TrialRow]:
+    return [r for r in rows if r.ok and r.mode == "train" and r.knobs.compile == "none" and r.knobs.grad_accum == 1
+            and (batch is None or r.knobs.batch_size == batch)]
+
+
+def _swept_batch(rows: list[TrialRow], choice: Choice) -> int | None:
+    """The batch at which the most worker counts ran end to end (the knee's batch on a tie): the workers axis.
+    A knee found later at a smaller batch (the batch stage) is marked on it with its batch named."""
+    counts: dict[int, set[int]] = {}
+    for r in _train_at(rows, None):
+        counts.setdefault(r.knobs.batch_size, set()).add(r.knobs.num_workers)
+    chosen = _knee_batch(choice)
+    return max(counts, key=lambda b: (len(counts[b]), b == chosen, b)) if counts else chosen
+
+
+def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlot | str:
+    batch = _swept_batch(rows, choice)
+    train = _train_at(rows, batch)
+    if len({r.knobs.num_workers for r in train}) < 2:
+        return "the run has fewer than two worker counts measured end to end"
+    groups: dict[str, list[Point]] = {}
+    for r in sorted(train, key=lambda r: r.knobs.num_workers):
+        pf = f"prefetch={r.knobs.prefetch_factor}" if r.knobs.num_workers else "loading in the main process"
+        groups.setdefault(f"pin_memory={'on' if r.knobs.pin_memory else 'off'}, {pf}", []).append(_point(r))
+    loader = tuple(sorted((_point(r) for r in rows if r.ok and r.mode == "loader"
+                           and (batch is None or r.knobs.batch_size == batch)), key=lambda p: p.workers))
+    compute = [r for r in rows if r.ok and r.mode == "compute" and (batch is None or r.knobs.batch_size == batch)]
+    def at(row: TrialRow) -> str:
+        return "" if row.knobs.batch_size == batch else f", batch {row.knobs.batch_size}"
+
+    label = ""
+    if choice.knee is not None and choice.ratio is not None:
+        label = f"knee: {choice.knee.knobs.num_workers} workers{at(choice.knee)}, {choice.ratio:.1%} of best"
+    return WorkersPlot(
+        title=title, series=tuple(Series(k, tuple(v)) for k, v in groups.items()),
+        knee=_point(choice.knee) if choice.knee else None, knee_label=label,
+        best=_point(choice.best) if choice.best else None, loader_ceiling=loader,
+        compute_ceiling=compute[0].rate if compute else None,
+        best_label=f"best{' (' + at(choice.best)[2:] + ')' if choice.best and at(choice.best) else ''}",
+    )
+
+
+def _peak_gib(r: TrialRow) -> float | None:
+    m = r.measurement
+    peak = m.get("device_mem_peak_reserved_bytes") if m.get("headroom_basis") == "device" else m.get(
+        "host_mem_peak_bytes")
+    return None if peak is None else peak / _GIB
+
+
+def batch_data(rows: list[TrialRow], choice: Choice, title: str, min_headroom: float) -> BatchPlot | str:
+    source = [r for r in rows if r.mode == "compute"] or [r for r in rows if r.mode == "train"
+                                                           and r.knobs.compile == "none"]
+    best_by_batch: dict[int, TrialRow] = {}
+    for r in source:
+        if r.ok and (r.knobs.batch_size not in best_by_batch or r.rate > best_by_batch[r.knobs.batch_size].rate):
+            best_by_batch[r.knobs.batch_size] = r
+    oom = tuple(sorted({r.knobs.batch_size for r in source if r.status == "oom"} - set(best_by_batch)))
+    if not best_by_batch:
+        return "no batch size completed"
+    if len(best_by_batch) + len(oom) < 2:
+        return "the run has fewer than two batch sizes"
+    ok_rows = [best_by_batch[b] for b in sorted(best_by_batch)]
+    m = ok_rows[0].measurement
+    device = m.get("headroom_basis") == "device"
+    total = m.get("device_mem_total_bytes") if device else m.get("host_mem_total_bytes")
+    return BatchPlot(
+        title=title, points=tuple(BatchPoint(r.knobs.batch_size, r.rate, _peak_gib(r)) for r in ok_rows), oom=oom,
+        limit_gib=None if not total else (1 - min_headroom) * total / _GIB,
+        memory_label="peak device memory, reserved (GiB)" if device else "peak host memory, PSS (GiB)",
+        chosen=_knee_batch(choice),
+    )
+
+
+def util_data(rows: list[TrialRow], choice: Choice, title: str) -> UtilPlot | str:
+    points = tuple(UtilPoint(float(r.measurement["nvml_util_gpu_pct"]), r.rate, r.stage, r.number)
+                   for r in rows if r.ok and r.measurement.get("nvml_util_gpu_pct") is not None)
+    if len(points) < 2:
+        return "no NVML utilization was sampled (a CPU run, or NVML unavailable)"
+    return UtilPlot(title, points, choice.knee.number if choice.knee else None)
+
+
+def step_time_data(rows: list[TrialRow], title: str) -> StepTimePlot | str:
+    compute = sorted((r for r in rows if r.ok and r.mode == "compute"), key=lambda r: r.knobs.batch_size)
+    if len(compute) < 2:
+        return "the run has fewer than two compute-ceiling trials (batch sizes)"
+    return StepTimePlot(title, tuple(
+        StepPoint(r.knobs.batch_size, 1000.0 / r.rate, 1000.0 * float(r.measurement.get("step_time_s") or 0.0))
+        for r in compute))
+
+
+def fractions_data(rows: list[TrialRow], choice: Choice, title: str) -> FractionsPlot | str:
+    train = _train_at(rows, _swept_batch(rows, choice))
+    if len({r.knobs.num_workers for r in train}) < 2:
+        return "the run has fewer than two worker counts measured end to end"
+    series: dict[str, dict[int, FractionPoint]] = {}
+    for r in sorted(train, key=lambda r: (r.knobs.num_workers, -r.rate)):
+        busy = r.measurement.get("gpu_busy_frac")
+        label = f"pin_memory={'on' if r.knobs.pin_memory else 'off'}"
+        series.setdefault(label, {}).setdefault(r.knobs.num_workers, FractionPoint(
+            r.knobs.num_workers, float(r.measurement.get("data_wait_frac") or 0.0),
+            None if busy is None else 1.0 - float(busy)))
+    return FractionsPlot(title, tuple((k, tuple(v.values())) for k, v in series.items()))
+
+
+def compile_data(rows: list[TrialRow], choice: Choice, title: str) -> CompilePlot | str:
+    ref = choice.knee or choice.best
+    if ref is None:
+        return "no end-to-end config completed"
+    k = ref.knobs
+    same = [r for r in rows if r.ok and r.mode == "train" and r.knobs.num_workers == k.num_workers
+            and r.knobs.prefetch_factor == k.prefetch_factor and r.knobs.pin_memory == k.pin_memory
+            and r.knobs.batch_size == k.batch_size and r.knobs.grad_accum == k.grad_accum]
+    order = {m: i for i, m in enumerate(("none", "default", "reduce-overhead", "max-autotune-no-cudagraphs",
+                                        "max-autotune"))}
+    by_mode = {r.knobs.compile: r for r in sorted(same, key=lambda r: r.rate)}  # the fastest trial of each mode wins
+    by_mode = dict(sorted(by_mode.items(), key=lambda kv: order.get(kv[0], 99)))
+    if len(by_mode) < 2 or "none" not in by_mode:
+        return "the run has no eager and compiled trial of the same config to compare"
+    eager = by_mode["none"]
+    points = []
+    for mode, r in by_mode.items():
+        gain = 1.0 / eager.rate - 1.0 / r.rate  # seconds saved per sample
+        samples = r.compile_s / gain if mode != "none" and gain > 0 else None
+        steps = None if samples is None else samples / (k.batch_size * k.grad_accum)
+        points.append(CompilePoint(mode, r.rate, r.compile_s, 0.0 if mode == "none" else steps))
+    return CompilePlot(title, tuple(points), k.batch_size * k.grad_accum)
+
+

@@ -1,0 +1,168 @@
+"""Drawing: each ``draw_*`` renders one plot object from :mod:`._data` into a PNG, written atomically."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from tunekit._files import atomic_path
+from tunekit.report.plots._data import BatchPlot, CompilePlot, FractionsPlot, StepTimePlot, UtilPlot, WorkersPlot
+
+
+def _figure(title: str) -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _save(fig: Any, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    with atomic_path(path) as tmp:  # a killed run never leaves a half-written PNG
+        fig.savefig(tmp)
+    plt.close(fig)
+
+
+def draw_workers(plot: WorkersPlot, path: Path) -> None:
+    fig, ax = _figure(plot.title)
+    for series in plot.series:
+        xs = [p.workers for p in series.points]
+        ys = [p.samples_per_s for p in series.points]
+        err = [[p.samples_per_s - p.low for p in series.points], [p.high - p.samples_per_s for p in series.points]]
+        # markers only: skipped or unsearched worker counts between two points are not interpolated
+        ax.errorbar(xs, ys, yerr=err, marker="o", linestyle="none", capsize=3, label=series.label)
+    if plot.loader_ceiling:
+        ax.plot([p.workers for p in plot.loader_ceiling], [p.samples_per_s for p in plot.loader_ceiling], ":",
+                color="grey", marker=".", label="loader alone (ceiling)")
+    if plot.compute_ceiling:
+        ax.axhline(plot.compute_ceiling, color="black", linestyle="--", linewidth=1, label="compute ceiling")
+    if plot.best is not None:
+        ax.plot(plot.best.workers, plot.best.samples_per_s, marker="*", markersize=16, color="gold",
+                markeredgecolor="black", linestyle="none", label=plot.best_label, zorder=5)
+    if plot.knee is not None:
+        ax.plot(plot.knee.workers, plot.knee.samples_per_s, marker="o", markersize=14, markerfacecolor="none",
+                markeredgecolor="red", markeredgewidth=2, linestyle="none", label=plot.knee_label, zorder=6)
+    ax.set_xlabel("num_workers")
+    ax.set_ylabel("samples/s (median of windows; bars: window range)")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=-0.5)
+    # outside the axes: inside, it covered the few-worker points that matter most
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    _save(fig, path)
+
+
+def draw_batch(plot: BatchPlot, path: Path) -> None:
+    fig, ax = _figure(plot.title)
+    xs = [p.batch for p in plot.points]
+    ax.plot(xs, [p.samples_per_s for p in plot.points], "o-", color="tab:blue", label="samples/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("samples/s", color="tab:blue")
+    ax.set_ylim(bottom=0)
+    mem = ax.twinx()
+    mem_pts = [(p.batch, p.peak_gib) for p in plot.points if p.peak_gib is not None]
+    if mem_pts:
+        mem.plot(*zip(*mem_pts, strict=True), "s--", color="tab:orange", label=plot.memory_label)
+    if plot.limit_gib:
+        mem.axhline(plot.limit_gib, color="red", linewidth=1, label="headroom limit (memory axis)")
+    mem.set_ylabel(plot.memory_label, color="tab:orange")
+    mem.set_ylim(bottom=0, top=max([plot.limit_gib or 0] + [g for _, g in mem_pts]) * 1.15 or 1)
+    for batch in plot.oom:
+        ax.axvline(batch, color="red", linestyle=":", linewidth=1)
+        ax.annotate("OOM", (batch, 0), xytext=(3, 8), textcoords="offset points", color="red", fontsize=9)
+    if plot.chosen is not None:
+        ax.axvline(plot.chosen, color="green", linestyle="--", linewidth=1, label=f"chosen batch {plot.chosen}")
+    ax.set_xticks(sorted(set(xs) | set(plot.oom)))
+    ax.get_xaxis().set_major_formatter(_int_formatter())
+    lines = ax.get_legend_handles_labels()
+    more = mem.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="center right")
+    _save(fig, path)
+
+
+def _int_formatter() -> Any:
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _: f"{int(v)}")
+
+
+def draw_util(plot: UtilPlot, path: Path) -> None:
+    fig, ax = _figure(plot.title)
+    stages = sorted({p.stage for p in plot.points})
+    for stage in stages:
+        pts = [p for p in plot.points if p.stage == stage]
+        ax.scatter([p.util_pct for p in pts], [p.samples_per_s for p in pts], label=stage, s=36)
+    for p in plot.points:
+        if p.trial == plot.knee_trial:
+            ax.scatter([p.util_pct], [p.samples_per_s], s=220, facecolors="none", edgecolors="red", linewidths=2,
+                       label="knee", zorder=5)
+    ax.set_xlabel("NVML GPU utilization, mean over the windows (%)")
+    ax.set_ylabel("samples/s")
+    ax.set_xlim(0, 105)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8, loc="upper left")
+    _save(fig, path)
+
+
+def draw_step_time(plot: StepTimePlot, path: Path) -> None:
+    fig, ax = _figure(plot.title)
+    xs = [p.batch for p in plot.points]
+    ax.plot(xs, [p.ms_per_sample for p in plot.points], "o-", label="step time per sample (ms)")
+    for p in plot.points:
+        ax.annotate(f"{p.ms_per_step:.0f} ms/step", (p.batch, p.ms_per_sample), xytext=(4, 6),
+                    textcoords="offset points", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs)
+    ax.get_xaxis().set_major_formatter(_int_formatter())
+    ax.set_xlabel("batch size (model on a batch staged on the device)")
+    ax.set_ylabel("ms per sample")
+    ax.set_ylim(0, max(p.ms_per_sample for p in plot.points) * 1.15)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def draw_fractions(plot: FractionsPlot, path: Path) -> None:
+    fig, ax = _figure(plot.title)
+    for label, pts in plot.series:
+        xs = [p.workers for p in pts]
+        # markers only: worker counts between two points may not have been measured (skipped or not searched)
+        line = ax.plot(xs, [p.data_wait for p in pts], "o", markersize=8, label=f"data wait, {label}")[0]
+        idle = [(p.workers, p.gpu_idle) for p in pts if p.gpu_idle is not None]
+        if idle:
+            ax.plot(*zip(*idle, strict=True), "s", markerfacecolor="none", markersize=9, color=line.get_color(),
+                    label=f"GPU idle (events), {label}")
+    ax.set_xlabel("num_workers")
+    ax.set_ylabel("fraction of window time")
+    ax.set_ylim(0, 1.05)
+    ax.set_xlim(left=-0.5)
+    ax.legend(fontsize=8, loc="upper right")
+    _save(fig, path)
+
+
+def draw_compile(plot: CompilePlot, path: Path) -> None:
+    fig, ax = _figure(plot.title)
+    modes = [p.mode for p in plot.points]
+    bars = ax.bar(modes, [p.samples_per_s for p in plot.points], color="tab:blue")
+    for bar, p in zip(bars, plot.points, strict=True):
+        if p.mode == "none":
+            note = "eager"
+        elif p.break_even_steps is None:
+            note = f"compile {p.compile_s:.0f} s\nnever pays off"
+        else:
+            note = f"compile {p.compile_s:.0f} s\npays off after\n{math.ceil(p.break_even_steps):,} steps"
+        ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 4),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel(f"steady samples/s (batch {plot.batch})")
+    ax.set_ylim(0, max(p.samples_per_s for p in plot.points) * 1.3)
+    ax.set_xlabel("torch.compile mode")
+    _save(fig, path)
+
+

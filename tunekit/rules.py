@@ -1,0 +1,151 @@
+"""Every rule the sweep decides by, defined once with its named thresholds.
+
+The plan, the analysis, the diagnosis, the report and the benchmarks import these; none re-derives them.
+docs/rules.md explains each with the measurements behind it.
+
+Two kinds of noise appear here and nowhere else:
+
+* the **run's band**, ``max(tolerance, run noise)``: how far below the best a config may fall and still count as
+  "within noise" of it. The run noise is the median window CV of the comparable trials at or above their median
+  throughput, where the knee and the best compete: one erratic trial widens the band neither for itself nor for
+  the rest once that half holds three trials, and the steady, data-starved low end does not narrow it.
+* a **trial's margin**, ``max(tolerance, the trials' own window CVs)``: how much one or two single measurements may
+  be off, used where one trial is compared with another (a ceiling's upper bound, pinned against unpinned).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from statistics import median
+
+from tunekit.config import Selection
+from tunekit.records import TrialRow
+
+__all__ = [
+    "KNEE_STAGES", "MIN_POINTS", "NEAR_CEILING", "OVERHEAD_RATIO", "STARVED_WAIT", "STREAM_FULL", "NOISY_CV",
+    "CPU_SATURATED", "CPU_BUSY", "WORKER_WAITING", "MEMORY_WALL_MARGIN", "HOST_MEMORY_WARN", "SHM_WARN",
+    "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "stops_batch_growth", "run_noise", "band", "needed", "trial_margin",
+    "can_reach", "knee_stages", "of_ceiling", "input_bound", "worker_core_share",
+]
+
+# --- selection -----------------------------------------------------------------------------------------------
+
+KNEE_STAGES: tuple[str, ...] = ("end_to_end", "prefetch", "batch", "compile", "accumulation", "grid")
+"""The stages whose trials run end to end and may be chosen as the knee, in the order the staged plan runs them."""
+
+MIN_POINTS = 2
+"""Completed candidates a knee needs: with one point there is nothing to compare."""
+
+
+def knee_stages(before: str | None = None) -> tuple[str, ...]:
+    """The knee stages that run before ``before`` (all of them for None): the trials a stage refines."""
+    return KNEE_STAGES if before is None else KNEE_STAGES[: KNEE_STAGES.index(before)]
+
+
+def fits(row: TrialRow, selection: Selection) -> bool:
+    """Whether a trial left at least ``selection.min_headroom`` of its memory free (unknown headroom fits)."""
+    return row.headroom is None or row.headroom >= selection.min_headroom
+
+
+def stops_batch_growth(row: TrialRow, selection: Selection) -> bool:
+    """A batch that ran out of memory, or fit only under the headroom limit: no larger batch is tried."""
+    return row.status == "oom" or (row.ok and not fits(row, selection))
+
+
+def run_noise(rows: Iterable[TrialRow]) -> float:
+    """The run noise of comparable trials: the median window CV of those at or above their median throughput."""
+    rows = list(rows)
+    if not rows:
+        return 0.0
+    middle = median(r.rate for r in rows)
+    return float(median(r.noise_cv for r in rows if r.rate >= middle))
+
+
+def band(rows: Iterable[TrialRow], selection: Selection) -> float:
+    """The run's band: max(tolerance, run noise of ``rows``)."""
+    return max(selection.tolerance, run_noise(rows))
+
+
+def needed(best: TrialRow, allowed: float) -> float:
+    """The throughput a config must reach to be within ``allowed`` of ``best``."""
+    return best.rate * (1.0 - allowed)
+
+
+def trial_margin(selection: Selection, *rows: TrialRow) -> float:
+    """How much single measurements may be off: max(tolerance, each trial's window CV)."""
+    return max([selection.tolerance, *(r.noise_cv for r in rows)])
+
+
+def can_reach(ceiling: TrialRow, target: float, selection: Selection) -> bool:
+    """Whether a config bounded by ``ceiling`` (a loader-alone or compute-alone trial) could still reach
+    ``target``: the ceiling plus its own margin is at least the target."""
+    return ceiling.rate * (1.0 + trial_margin(selection, ceiling)) >= target
+
+
+# --- diagnosis -----------------------------------------------------------------------------------------------
+
+NEAR_CEILING = 0.90
+"""An end-to-end trial at or above this share of its batch's compute ceiling is bound by the model, not the input
+pipeline; below it, the input pipeline is the bound (and the plan tries smaller batches)."""
+
+OVERHEAD_RATIO = 1.3
+"""Per-sample step time this many times the best batch's: fixed per-step costs dominate (overhead-bound)."""
+
+STARVED_WAIT = 0.20
+"""Share of window time the loop blocks on the next batch above which a trial is data-bound."""
+
+STREAM_FULL = 0.90
+"""CUDA-event spans over wall time at or above which the stream has (almost) no idle gap between steps."""
+
+NOISY_CV = 0.10
+"""Window CV far above the 1-4 % of a quiet machine: the measurement is disturbed."""
+
+CPU_SATURATED = 0.85
+"""Share of the trial's usable CPUs its process tree kept busy above which the CPUs are the bound."""
+
+CPU_BUSY = 0.50
+"""CPU share above which a loader ceiling that stopped rising with more workers is blamed on the CPUs."""
+
+WORKER_WAITING = 0.30
+"""Loader workers that keep less than this share of the cores they could use busy (min(workers, CPUs)) wait (on
+I/O, a remote store, a lock) rather than compute: more workers, even beyond the core count, overlap the waits."""
+
+MEMORY_WALL_MARGIN = 0.05
+"""Headroom within this of the limit is at the memory wall."""
+
+# --- environment ---------------------------------------------------------------------------------------------
+
+HOST_MEMORY_WARN = 0.80
+"""Share of the machine's RAM a trial's process tree may use before the sweep warns."""
+
+SHM_WARN = 0.80
+"""Share of /dev/shm the loader's in-flight batches may need before the sweep warns."""
+
+HOT_GPU_C = 85
+"""GPU temperature (C) at which the sweep warns."""
+
+BENIGN_THROTTLE = frozenset({"gpu_idle", "sw_power_cap", "applications_clocks_setting"})
+"""NVML clock-event reasons that do not disturb a measurement."""
+
+
+def of_ceiling(row: TrialRow, ceiling: TrialRow | None) -> float | None:
+    """A trial's throughput as a share of a compute ceiling (None without one)."""
+    return row.rate / ceiling.rate if ceiling is not None and ceiling.rate else None
+
+
+def worker_core_share(row: TrialRow) -> float | None:
+    """The share of the cores the loader workers could use (min(workers, usable CPUs)) that they kept busy over the
+    windows: their CPU time per sample over their wall time per sample, scaled by how oversubscribed they were.
+    None when the trial has no workers or did not measure them."""
+    cpu, wall = row.figure("worker_cpu_per_sample_s"), row.figure("worker_wall_per_sample_s")
+    workers, cpus = row.knobs.num_workers, int(row.measurement.get("cpu_count") or 0)
+    if cpu is None or not wall or not workers or not cpus:
+        return None
+    return cpu / wall * workers / min(workers, cpus)
+
+
+def input_bound(row: TrialRow, ceiling: TrialRow | None) -> bool:
+    """Whether an end-to-end trial runs below :data:`NEAR_CEILING` of its batch's compute ceiling (False without a
+    ceiling): the input pipeline, not the model, holds it back."""
+    share = of_ceiling(row, ceiling)
+    return share is not None and share < NEAR_CEILING
