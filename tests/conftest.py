@@ -6,6 +6,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tunekit.config import set_dotted
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -24,11 +26,7 @@ def sleepy_config(**overrides: Any) -> dict[str, Any]:
         "trial": {"warmup_steps": 2, "measure_windows": 2, "window_s": 1.0, "timeout_s": 60},
     }
     for key, value in overrides.items():
-        node = cfg
-        *parents, last = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
+        set_dotted(cfg, key, value)
     return cfg
 
 

@@ -272,8 +272,9 @@ def test_an_idle_stream_keeps_the_data_verdict():
 
 
 def _loader_bound(tmp_path: Path, dataset_args: dict, workers: int, first: int) -> dict:
-    """A compute ceiling and one end-to-end trial of a sleepy model fed by ``dataset_args`` at ``workers``."""
-    cfg = sleepy_config(**{"workload.dataset_args": dataset_args, "workload.model_args": {"step_wait_s": 0.005}})
+    """A compute ceiling and one end-to-end trial of a sleepy model fed by ``dataset_args`` at ``workers``. The model
+    (1 ms per step of 8) stays far above what the loaders deliver on any box up to a few dozen cores."""
+    cfg = sleepy_config(**{"workload.dataset_args": dataset_args, "workload.model_args": {"step_wait_s": 0.001}})
     rows = rows_from_measurements([
         _trial(tmp_path, cfg, first, "compute", batch_size=8),
         _trial(tmp_path, cfg, first + 1, "train", num_workers=workers, prefetch_factor=2, batch_size=8)])
@@ -286,8 +287,8 @@ def test_waiting_workers_are_data_starved_and_computing_workers_cpu_preprocessin
     storage) leave the CPUs idle -> data-starved with the storage fix; workers that burn CPU saturate them ->
     cpu-preprocessing. The worker count alone decides neither."""
     workers = config.cpu_count() * (1 + over)
-    sleeping = _loader_bound(tmp_path, {"sample_wait_s": 0.02}, workers, 0)
-    burning = _loader_bound(tmp_path, {"sample_wait_s": 0.0, "sample_cpu_s": 0.01}, workers, 2)
+    sleeping = _loader_bound(tmp_path, {"sample_wait_s": 0.05}, workers, 0)
+    burning = _loader_bound(tmp_path, {"sample_wait_s": 0.0, "sample_cpu_s": 0.02}, workers, 2)
     assert sleeping.name == "data-starved", sleeping.sentence()
     assert sleeping.evidence["CPU busy"] < 0.5 and "waiting, not computing" in str(sleeping.evidence["workers"])
     assert "faster storage" in sleeping.fix and "beyond the usable core count" in sleeping.fix

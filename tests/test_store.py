@@ -64,7 +64,7 @@ def test_optuna_sees_the_end_to_end_trials_and_the_knee(tmp_path: Path):
 
 
 def test_optuna_dashboard_shows_the_same_best_trial(tmp_path: Path):
-    dashboard = pytest.importorskip("optuna_dashboard")
+    import optuna_dashboard as dashboard
     cfg = config.from_dict(sleepy_config())
     runs = store.open_run(tmp_path, cfg, resume=True, strategy="staged")
     _record(runs, cfg, "compute", "compute", _ok(0, "compute", "compute", 5000.0))

@@ -22,7 +22,21 @@ import pytest
 import tunekit
 from tests.conftest import sleepy_config
 
-KNEE = 6
+pytestmark = pytest.mark.slow  # whole sweeps in subprocesses, tens of seconds each
+
+PLATEAU = (6, 8)
+"""The analytic plateau of _knee_config: 8 samples per 20 ms step cap it at 400/s; W workers at 10 ms per sample
+deliver W x 100/s, so 6 and 8 workers both reach it, and 6 (the cheaper) is the knee on a quiet box."""
+
+
+def _check_knee(rec: tunekit.Recommended, trials: pd.DataFrame) -> None:
+    """The recommendation is on the plateau and is the cheapest end-to-end config within its band of the best:
+    exact on a quiet box, and still true when noise on a loaded one widens the band or moves a point."""
+    assert rec.num_workers in PLATEAU
+    assert 0.6 * 400 <= rec.evidence["samples_per_s"] <= 400 * 1.05
+    e2e = trials[(trials["mode"] == "train") & (trials["status"] == "ok")]
+    floor = rec.evidence["best_samples_per_s"] * (1 - rec.evidence["band"])
+    assert not ((e2e["num_workers"] < rec.num_workers) & (e2e["samples_per_s"] >= floor)).any()
 
 
 def _knee_config(**overrides) -> dict:
@@ -45,8 +59,16 @@ def _sweep(config: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[
                           capture_output=True, text=True, timeout=600)
 
 
+def _num(trial: optuna.trial.FrozenTrial) -> int:
+    return trial.user_attrs.get("number", trial.number)
+
+
 def _study_trials(out: Path) -> list[optuna.trial.FrozenTrial]:
-    return optuna.load_study(study_name="tunekit", storage=f"sqlite:///{out / 'study.db'}").get_trials()
+    """Every trial of a run, both studies (end-to-end and ceilings), in run-wide order (user attribute number)."""
+    storage = f"sqlite:///{out / 'study.db'}"
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    trials = [t for name in names for t in optuna.load_study(study_name=name, storage=storage).get_trials()]
+    return sorted(trials, key=_num)
 
 
 def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path):
@@ -54,12 +76,12 @@ def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path):
     staged = _sweep(config, tmp_path / "staged")
     assert staged.returncode == 0, staged.stderr
     rec = tunekit.load_recommended(tmp_path / "staged" / "recommended.yaml")
-    assert rec.num_workers == KNEE, staged.stdout
+    trials = pd.read_csv(tmp_path / "staged" / "trials.csv")
+    _check_knee(rec, trials)
     assert rec.pin_memory is False  # on the CPU pinning is not even tried
-    assert rec.dataloader_kwargs() == {"batch_size": 8, "num_workers": KNEE, "pin_memory": False,
+    assert rec.dataloader_kwargs() == {"batch_size": 8, "num_workers": rec.num_workers, "pin_memory": False,
                                        "prefetch_factor": 2, "persistent_workers": True}
     assert rec.evidence["speedup_vs_defaults"] > 3.5  # 400/s against 80/s, analytically 5x
-    trials = pd.read_csv(tmp_path / "staged" / "trials.csv")
     assert list(trials["stage"].unique()) == ["compute", "loader", "end_to_end"]
     assert len(trials) == 1 + 4 + 4
     e2e = trials[trials["stage"] == "end_to_end"]
@@ -67,7 +89,7 @@ def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path):
     skipped = e2e[e2e["status"] == "skipped"]
     assert list(skipped["num_workers"]) == [2]  # its loader ceiling (~200/s) cannot reach the ~400/s of 8 workers
     assert "the loader alone gives" in skipped.iloc[0]["reason"]
-    knee = e2e[e2e["num_workers"] == KNEE].iloc[0]
+    knee = e2e[e2e["num_workers"] == rec.num_workers].iloc[0]
     assert knee["samples_per_dollar"] == pytest.approx(knee["samples_per_s"] * 1000)  # 3600 s / 3.6 per hour
     assert knee["verdict"] == "compute-bound"  # 8 samples per 20 ms step: the model is the bound at the knee
     assert e2e[e2e["num_workers"] == 0].iloc[0]["verdict"] == "data-starved"
@@ -82,7 +104,8 @@ def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path):
 
     grid = _sweep(config, tmp_path / "grid", "--strategy", "grid")
     assert grid.returncode == 0, grid.stderr
-    assert tunekit.load_recommended(tmp_path / "grid" / "recommended.yaml").num_workers == KNEE
+    _check_knee(tunekit.load_recommended(tmp_path / "grid" / "recommended.yaml"),
+                pd.read_csv(tmp_path / "grid" / "trials.csv"))
     assert len(pd.read_csv(tmp_path / "grid" / "trials.csv")) == 4
 
 
@@ -90,10 +113,10 @@ def test_rerun_resumes_without_repeating(write_config, tmp_path: Path):
     config = write_config(_knee_config(**{"search.num_workers": [0, 2]}))
     first = _sweep(config, tmp_path / "run", "--strategy", "grid")
     assert first.returncode == 0, first.stderr
-    before = [(t.number, t.value) for t in _study_trials(tmp_path / "run")]
+    before = [(_num(t), t.value) for t in _study_trials(tmp_path / "run")]
     again = _sweep(config, tmp_path / "run", "--strategy", "grid")
     assert again.returncode == 0
-    assert [(t.number, t.value) for t in _study_trials(tmp_path / "run")] == before
+    assert [(_num(t), t.value) for t in _study_trials(tmp_path / "run")] == before
     changed = write_config(_knee_config(**{"search.num_workers": [0, 2], "search.batch_size": [16]}), "other.yaml")
     refused = _sweep(changed, tmp_path / "run", "--strategy", "grid")
     assert refused.returncode == 2 and "different config" in refused.stderr
@@ -111,7 +134,7 @@ def test_resume_after_sigkill_mid_trial(write_config, tmp_path: Path):
     orphan = int((out / "trials" / "1" / "worker.pid").read_text())
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    finished_before = {t.number: t.value for t in _study_trials(out) if t.state.is_finished()}
+    finished_before = {_num(t): t.value for t in _study_trials(out) if t.state.is_finished()}
     assert list(finished_before) == [0]
 
     resumed = _sweep(config, out, "--strategy", "grid")
@@ -123,7 +146,7 @@ def test_resume_after_sigkill_mid_trial(write_config, tmp_path: Path):
     done = [t for t in trials if "measurement" in t.user_attrs]
     keys = [(t.params["num_workers"], t.params["pin_memory"]) for t in done]
     assert sorted(keys) == [(0, False), (2, False), (6, False)]  # none lost, none repeated
-    assert {t.number: t.value for t in trials if t.number == 0} == finished_before  # kept as it was
+    assert {_num(t): t.value for t in trials if _num(t) == 0} == finished_before  # kept as it was
     assert trials[1].state == optuna.trial.TrialState.FAIL and "measurement" not in trials[1].user_attrs
 
 
@@ -165,9 +188,13 @@ def test_a_data_bound_knee_moves_to_a_smaller_batch_end_to_end(write_config, tmp
     trials = pd.read_csv(tmp_path / "run" / "trials.csv")
     assert list(trials["stage"].unique()) == ["compute", "loader", "end_to_end", "batch"]
     batch = trials[trials["stage"] == "batch"]
-    assert list(batch["batch_size"]) == [16, 8] and set(batch["status"]) == {"ok"}
+    # 16 first, then 8 while each keeps within the band (both deliver 200/s analytically; noise may end it at 16)
+    assert list(batch["batch_size"]) in ([16, 8], [16]) and set(batch["status"]) == {"ok"}
     rec = tunekit.load_recommended(tmp_path / "run" / "recommended.yaml")
-    assert rec.num_workers == 2 and rec.batch_size < 32
+    assert rec.num_workers == 2 and rec.batch_size in (8, 16, 32)
+    if rec.batch_size == 32:  # only when batch 16 fell out of the band of the best
+        floor = rec.evidence["best_samples_per_s"] * (1 - rec.evidence["band"])
+        assert batch.iloc[0]["samples_per_s"] < floor
     assert rec.evidence["samples_per_s"] >= 0.95 * rec.evidence["best_samples_per_s"]
     assert rec.evidence["samples_per_s"] == pytest.approx(200, rel=0.15)  # 2 workers x 100 samples/s
     report = (tmp_path / "run" / "report.md").read_text()

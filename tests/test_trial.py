@@ -81,9 +81,11 @@ def test_fidelity_against_plain_loop_and_analytic(tmp_path: Path, workers: int, 
     assert m["status"] == "ok", m
     reference = _plain_loop_rate(workers, 2, batch, sample_wait, step_wait)
     analytic = expected_samples_per_s(workers, batch, sample_wait, step_wait)
-    assert m["samples_per_s"] == pytest.approx(reference, rel=0.15)
-    assert m["samples_per_s"] == pytest.approx(analytic, rel=0.30)
-    assert m["samples_per_s"] <= analytic * 1.03  # sleeps can only make it slower, never faster
+    # Sleeps can only make a trial slower, never faster: the upper bounds are tight (counting batches prepared during
+    # warm-up reads 1.5-5x too fast); a loaded box only lowers both figures, so the lower bounds leave it room.
+    assert m["samples_per_s"] <= analytic * 1.03
+    assert m["samples_per_s"] >= 0.6 * analytic
+    assert m["samples_per_s"] == pytest.approx(reference, rel=0.25)
     if workers == 0:
         assert m["data_wait_frac"] > 0.5  # 40 ms of loading per 60 ms step, in the main process
 
@@ -99,8 +101,8 @@ def test_slow_first_step_and_deep_prefetch_are_not_counted(tmp_path: Path):
     assert m["status"] == "ok", m
     analytic = expected_samples_per_s(2, batch, sample_wait, step_wait)  # 200/s, loader-bound
     reference = _plain_loop_rate(2, 8, batch, sample_wait, step_wait, first_step_wait=2.0)
-    assert m["samples_per_s"] == pytest.approx(reference, rel=0.15)
-    assert max(m["samples_per_s_windows"]) <= analytic * 1.05
+    assert m["samples_per_s"] == pytest.approx(reference, rel=0.25)
+    assert max(m["samples_per_s_windows"]) <= analytic * 1.05  # no window counts the 16 prefetched batches
     assert m["first_step_s"] >= 2.0 and m["warmup_batches"] >= 1 + 16
 
 
@@ -112,9 +114,9 @@ def test_compute_and_loader_modes(tmp_path: Path):
                        tmp_path / "l", 60)
     assert compute["status"] == loader["status"] == "ok"
     # compute: the model alone on a staged batch, 8 samples / 20 ms; loader: 2 workers / 10 ms per sample
-    assert compute["samples_per_s"] == pytest.approx(400, rel=0.15)
+    assert 0.6 * 400 <= compute["samples_per_s"] <= 400 * 1.03
     assert compute["data_wait_frac"] < 0.01 and compute["host_processes"] == 1
-    assert loader["samples_per_s"] == pytest.approx(200, rel=0.15)
+    assert 0.6 * 200 <= loader["samples_per_s"] <= 200 * 1.03
     assert all(steps % 2 == 0 for steps in loader["steps_windows"])  # windows end on whole rounds of 2 workers
 
 

@@ -1,6 +1,7 @@
 """Every rule the sweep decides by, defined once with its named thresholds.
 
-The plan, the analysis, the diagnosis, the report and the benchmarks import these; none re-derives them.
+The plan, the analysis, the diagnosis, the environment warnings and the benchmarks import these; none re-derives
+them.
 docs/rules.md explains each with the measurements behind it.
 
 Two kinds of noise appear here and nowhere else:
@@ -25,7 +26,7 @@ __all__ = [
     "KNEE_STAGES", "MIN_POINTS", "NEAR_CEILING", "OVERHEAD_RATIO", "STARVED_WAIT", "STREAM_FULL", "NOISY_CV",
     "CPU_SATURATED", "CPU_BUSY", "WORKER_WAITING", "MEMORY_WALL_MARGIN", "HOST_MEMORY_WARN", "SHM_WARN",
     "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "stops_batch_growth", "run_noise", "band", "needed", "trial_margin",
-    "can_reach", "knee_stages", "of_ceiling", "input_bound", "worker_core_share",
+    "can_reach", "knee_stages", "of_ceiling", "input_bound", "worker_core_share", "waits_on_data",
 ]
 
 # --- selection -----------------------------------------------------------------------------------------------
@@ -142,6 +143,12 @@ def worker_core_share(row: TrialRow) -> float | None:
     if cpu is None or not wall or not workers or not cpus:
         return None
     return cpu / wall * workers / min(workers, cpus)
+
+
+def waits_on_data(wait: float, share: float | None) -> bool:
+    """A data-bound trial: the loop blocks on the next batch over STARVED_WAIT of the time and the trial runs below
+    NEAR_CEILING of its compute ceiling (or has none to compare with)."""
+    return wait > STARVED_WAIT and (share is None or share < NEAR_CEILING)
 
 
 def input_bound(row: TrialRow, ceiling: TrialRow | None) -> bool:

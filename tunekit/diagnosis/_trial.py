@@ -90,7 +90,7 @@ class Facts:
 
     @property
     def data_bound(self) -> bool:
-        return self.wait > rules.STARVED_WAIT and (self.of_ceiling is None or self.of_ceiling < rules.NEAR_CEILING)
+        return rules.waits_on_data(self.wait, self.of_ceiling)
 
     @property
     def workers_compute(self) -> bool:
@@ -191,7 +191,7 @@ def _cpu_preprocessing(row: TrialRow, f: Facts, trials: Trials) -> Evidence | No
     if row.mode != "train" or not f.data_bound or not row.knobs.num_workers or not f.cpus_saturated:
         return None
     ev = {**_data_evidence(row, f), "workers": row.knobs.num_workers, "usable CPUs": f.cpus, "CPU busy": f.cpu_busy}
-    if (f.cpu_busy or 0.0) <= rules.CPU_SATURATED and f.workers_compute:  # the machine's load decided
+    if (f.cpu_busy or 0.0) <= rules.CPU_SATURATED and f.workers_compute:  # the machine's load counted too
         ev["machine CPU busy"] = f.system_busy
         ev["workers' share of their cores"] = f.worker_share
     if f.plateau is not None and (f.cpu_busy or 0.0) <= rules.CPU_SATURATED:

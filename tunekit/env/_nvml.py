@@ -282,7 +282,7 @@ def open_nvml() -> ModuleType:
 
 
 def nvml_snapshot() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The driver's facts and every device's, read in one NVML session (an unavailable NVML is reported, not
+    """The driver's facts and every device's, read with one NVML initialisation (an unavailable NVML is reported, not
     raised)."""
     try:
         nv = open_nvml()

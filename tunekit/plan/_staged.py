@@ -71,8 +71,9 @@ def _end_to_end(s: _Sweep) -> list[Request] | None:
     assert batch is not None  # the loader stage stops the sweep without one
     wanted = [Request("end_to_end", "train", Knobs(num_workers=w, batch_size=batch, pin_memory=p, **s.base))
               for w in sorted(s.search.num_workers, reverse=True) for p in reversed(pins(s.cfg, s.cuda))]
-    defaults = Request("end_to_end", "train", Knobs(num_workers=0, batch_size=batch, pin_memory=False, **s.base))
-    if defaults not in wanted:  # PyTorch's defaults are every report's baseline, searched or not
+    defaults = Request("end_to_end", "train", Knobs(num_workers=0, batch_size=batch, pin_memory=False,
+                                                    **{**s.base, "compile": "none"}))
+    if defaults not in wanted:  # PyTorch's defaults (eager) are every report's baseline, searched or not
         wanted.append(defaults)
     left = pending(wanted, s.rows)
     return [_maybe_skip(left[0], s)] if left else []

@@ -1,4 +1,4 @@
-"""The measured loop of one trial, following DESIGN.md's fidelity rules.
+"""The measured loop of one trial, following the fidelity rules of docs/measurement.md.
 
 * Warm-up consumes the first batch, then the pipeline fill (num_workers x prefetch_factor batches), then the
   configured warm-up steps, so batches prepared during start-up or compilation are never counted as throughput.
