@@ -45,6 +45,7 @@ CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune", "max
 COMPILE_MODES: tuple[str, ...] = typing.get_args(CompileMode)
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+_NAME = re.compile(r"^(?!\.\.?$)[A-Za-z0-9._-]+$")
 
 
 def _meta(**kw: Any) -> dict[str, Any]:
@@ -145,7 +146,8 @@ class Cost:
 class Config:
     """A whole sweep config, as loaded from YAML."""
 
-    name: str
+    name: str = field(metadata=_meta(pattern=_NAME, allowed="a plain folder name (letters, digits, '.', '_', '-'; "
+                                                         "no '/', not '..'); choose another place with --out"))
     """Run name; the default output folder is results/<name>."""
     device: str = field(default="auto", metadata=_meta(pattern=_DEVICE, allowed="auto, cpu, cuda, cuda:N"))
     """auto (cuda when available), cpu, cuda or cuda:N."""

@@ -11,9 +11,10 @@ from typing import Any, Literal
 
 __all__ = ["Knobs", "TrialSpec", "STATUSES", "KNOB_NAMES", "failed_measurement", "skipped_measurement"]
 
-STATUSES: tuple[str, ...] = ("ok", "oom", "timeout", "crashed", "illegal_access", "bad_output", "skipped")
-"""How a trial ended: ok (measured), a failure (oom ... bad_output), or skipped (the plan showed it could not be
-the knee, so it never ran)."""
+STATUSES: tuple[str, ...] = ("ok", "oom", "timeout", "crashed", "illegal_access", "bad_output", "diverged",
+                             "skipped")
+"""How a trial ended: ok (measured), a failure (oom ... diverged: a NaN or Inf loss), or skipped (the plan showed
+it could not be the knee, so it never ran)."""
 Mode = Literal["train", "compute", "loader"]
 
 

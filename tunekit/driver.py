@@ -112,8 +112,14 @@ class _Sweep:
 def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: float, resume: bool,
               quiet: bool = False) -> SweepResult:
     """Run (or resume) a sweep into ``run_dir`` and write its outputs."""
+    with store.lock_run(run_dir):
+        return _locked_sweep(cfg, run_dir, strategy=strategy, budget_minutes=budget_minutes, resume=resume,
+                             quiet=quiet)
+
+
+def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: float, resume: bool,
+                  quiet: bool) -> SweepResult:
     console = make_console(quiet)
-    run_dir.mkdir(parents=True, exist_ok=True)
     runs = store.open_run(run_dir, cfg, resume=resume, strategy=strategy)
     recovered = runs.recover_running()
     if recovered:

@@ -15,6 +15,7 @@ interrupted, and the plan asks for it again. Runs recorded in one study (older r
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -32,9 +33,11 @@ from tunekit.config import COMPILE_MODES, Config
 from tunekit.errors import UsageError
 from tunekit.records import TrialRow
 
-__all__ = ["RunStore", "open_run", "load_run", "fingerprint", "STUDY_FILE", "MAIN_STUDY", "CEILINGS_STUDY"]
+__all__ = ["RunStore", "open_run", "load_run", "lock_run", "fingerprint", "STUDY_FILE", "MAIN_STUDY",
+           "CEILINGS_STUDY"]
 
 STUDY_FILE = "study.db"
+LOCK_FILE = ".tunekit.lock"
 MAIN_STUDY = "tunekit"
 CEILINGS_STUDY = "tunekit-ceilings"
 _CEILING_MODES = ("compute", "loader")
@@ -152,6 +155,32 @@ class RunStore:
     @property
     def strategy(self) -> str | None:
         return self.main.user_attrs.get("strategy")
+
+
+def lock_run(run_dir: Path) -> Any:
+    """Hold the run folder for this process: a second sweep or trial on it is refused at once, naming the holder.
+
+    The lock is an OS file lock (``flock``) that dies with its holder, so the lock file a killed sweep leaves
+    behind never blocks a resume. Keep the returned handle open for as long as the folder is in use.
+
+    Raises:
+        UsageError: another process holds the folder.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(run_dir / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise UsageError(f"{run_dir}: another tunekit process (pid {holder}) is using this run folder; wait for it "
+                         "to finish, or choose another --out") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
 
 
 def _storage(path: Path) -> optuna.storages.RDBStorage:

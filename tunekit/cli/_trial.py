@@ -34,23 +34,25 @@ def trial(config_path: str, sets: tuple[str, ...], mode: str, out_dir: str | Non
     if not isinstance(raw, dict):
         raise UsageError(f"{config_path}: the top level must be a mapping of keys")
     for key, value in config_sets.items():
-        config_mod.set_dotted(raw, key, yaml.safe_load(value))
+        config_mod.set_dotted(raw, key, _parse_value(key, value))
     cfg = config_mod.from_dict(raw, source=config_path, check_imports=True, default_name=Path(config_path).stem)
     knobs = _knobs(cfg, knob_sets)
     out = Path(out_dir or Path("results") / f"{cfg.name}-trial")
-    number = _next_trial_number(out / "trials")
-    (out / "trials").mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    spec = TrialSpec(number=number, stage="single", mode=mode, knobs=knobs, config=cfg.to_dict())
-    click.echo(f"trial {number}: {knobs.describe()} ({mode}) on {cfg.device} ...", err=True)
-    with interrupts_as_keyboard_interrupt():  # SIGTERM/SIGHUP kill the trial's process tree too
-        result = run_trial(spec, out / "trials" / str(number), cfg.trial.timeout_s)
-    write_json_atomic(out / "trials" / str(number) / "measurement.json", result)
-    click.echo(_summary(result))
-    click.echo(f"-> {out / 'trials' / str(number) / 'measurement.json'}")
-    if result["status"] != "ok":
-        sys.exit(1)
+    from tunekit.store import lock_run
 
+    with lock_run(out):  # held until the trial ends: no sweep or other trial writes here meanwhile
+        number = _next_trial_number(out / "trials")
+        (out / "trials").mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        spec = TrialSpec(number=number, stage="single", mode=mode, knobs=knobs, config=cfg.to_dict())
+        click.echo(f"trial {number}: {knobs.describe()} ({mode}) on {cfg.device} ...", err=True)
+        with interrupts_as_keyboard_interrupt():  # SIGTERM/SIGHUP kill the trial's process tree too
+            result = run_trial(spec, out / "trials" / str(number), cfg.trial.timeout_s)
+        write_json_atomic(out / "trials" / str(number) / "measurement.json", result)
+        click.echo(_summary(result))
+        click.echo(f"-> {out / 'trials' / str(number) / 'measurement.json'}")
+        if result["status"] != "ok":
+            sys.exit(1)
 
 
 def _split_sets(sets: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str]]:
@@ -134,3 +136,12 @@ def _summary(m: dict[str, Any]) -> str:
         f"warm-up: {m['warmup_s']:.2f} s over {m.get('warmup_batches')} batches; compile {m.get('compile_s', 0):.2f} s",
     ]
     return "\n".join(lines)
+
+
+def _parse_value(key: str, text: str) -> Any:
+    """A --set value as YAML (one line naming the key when it is not valid YAML)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"--set {key}={text}: not a valid YAML value ({problem})") from None

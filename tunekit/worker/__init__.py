@@ -43,10 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     spec_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     spec = TrialSpec.from_dict(read_json(spec_path))
-    try:
-        from tunekit.worker._measure import measure
+    from tunekit.worker._measure import Diverged, measure
 
+    try:
         result = measure(spec)
+    except Diverged as exc:
+        write_json_atomic(out_path, failed_measurement(spec, "diverged", str(exc), exception="Diverged"))
+        return EXIT_FAILED
     except Exception as exc:  # noqa: BLE001 - every failure becomes data
         text = "".join(traceback.format_exception(exc))
         sys.stderr.write(text)

@@ -28,7 +28,7 @@ from tunekit.contract import Knobs, TrialSpec
 from tunekit.worker._build import Built, build, make_loader, pick_device, to_device
 from tunekit.worker._monitor import CpuUse, Monitor, TreeCpu
 
-__all__ = ["measure", "MIN_WINDOW_STEPS"]
+__all__ = ["measure", "MIN_WINDOW_STEPS", "Diverged"]
 
 MIN_WINDOW_STEPS = 5
 """A window lasts at least trial.window_s and at least this many optimizer steps: with second-long steps a
@@ -57,6 +57,12 @@ class _Loop:
     work: Callable[[Any], None]
     micro: int = 0
     """Micro-batches trained so far; the optimizer steps every grad_accum of them."""
+    loss: Any = None
+    """The last micro-batch's loss, still on the device: checked at window edges only (no sync per step)."""
+
+
+class Diverged(RuntimeError):
+    """The loss went NaN or Inf: the trial's steps are not training steps, however fast they are."""
 
 
 def _sync(device: torch.device) -> None:
@@ -99,6 +105,7 @@ def _train_loop(built: Built, spec: TrialSpec, loader_iter: Any) -> _Loop:
         with built.autocast():
             loss = built.step_fn(model, batch, ctx)
         loss = loss / knobs.grad_accum
+        loop.loss = loss.detach()
         if scaler is not None:
             scaler.scale(loss).backward()
         else:
@@ -151,8 +158,16 @@ def _run_window(loop: _Loop, device: torch.device, window_s: float, batch: int, 
     _sync(device)
     wall = time.perf_counter() - t0
     used = cpu.end()
+    _check_loss(loop)
     busy = sum(s.elapsed_time(e) for s, e in events) / 1000.0 if cuda else None
     return _Window(wall, steps, steps * accum * batch, wait, busy, used)
+
+
+def _check_loss(loop: _Loop) -> None:
+    """Raise :class:`Diverged` when the last loss is not finite (after the window's sync: no extra sync)."""
+    if loop.loss is not None and not bool(torch.isfinite(loop.loss).all()):
+        raise Diverged(f"the loss is {loop.loss.float().item()} at micro-batch {loop.micro} "
+                       "(a NaN or Inf loss: the steps do not train)")
 
 
 def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) -> dict[str, Any]:
