@@ -47,6 +47,21 @@ def measurement(number: int, stage: str, mode: str, rate: float | None, *, statu
     return {**base, **extra}
 
 
+def trial_number(trial: Any) -> int:
+    """A stored trial's run-wide number (its trials/<n>/ folder)."""
+    return trial.user_attrs.get("number", trial.number)
+
+
+def study_trials(out: Path) -> list[Any]:
+    """Every trial of a run's study.db, both studies (end-to-end and ceilings), in run-wide order."""
+    import optuna
+
+    storage = f"sqlite:///{out / 'study.db'}"
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    trials = [t for name in names for t in optuna.load_study(study_name=name, storage=storage).get_trials()]
+    return sorted(trials, key=trial_number)
+
+
 @pytest.fixture
 def write_config(tmp_path: Path):
     def write(data: Any, name: str = "cfg.yaml") -> Path:

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 import tunekit
-from tests.conftest import sleepy_config
+from tests.conftest import sleepy_config, study_trials, trial_number
 
 pytestmark = pytest.mark.slow  # whole sweeps in subprocesses, tens of seconds each
 
@@ -59,18 +59,6 @@ def _sweep(config: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[
                           capture_output=True, text=True, timeout=600)
 
 
-def _num(trial: optuna.trial.FrozenTrial) -> int:
-    return trial.user_attrs.get("number", trial.number)
-
-
-def _study_trials(out: Path) -> list[optuna.trial.FrozenTrial]:
-    """Every trial of a run, both studies (end-to-end and ceilings), in run-wide order (user attribute number)."""
-    storage = f"sqlite:///{out / 'study.db'}"
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-    trials = [t for name in names for t in optuna.load_study(study_name=name, storage=storage).get_trials()]
-    return sorted(trials, key=_num)
-
-
 def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path):
     config = write_config(_knee_config(**{"cost.per_hour": 3.6}))
     staged = _sweep(config, tmp_path / "staged")
@@ -94,7 +82,7 @@ def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path):
     assert knee["verdict"] == "compute-bound"  # 8 samples per 20 ms step: the model is the bound at the knee
     assert e2e[e2e["num_workers"] == 0].iloc[0]["verdict"] == "data-starved"
     assert rec.evidence["verdict"] == "compute-bound" and rec.evidence["samples_per_dollar"] > 0
-    stored = _study_trials(tmp_path / "staged")
+    stored = study_trials(tmp_path / "staged")
     assert len(stored) == len(trials)
     assert {t.params["num_workers"] for t in stored} == {0, 2, 6, 8}
     assert {t.user_attrs["stage"] for t in stored} == {"compute", "loader", "end_to_end"}
@@ -113,10 +101,10 @@ def test_rerun_resumes_without_repeating(write_config, tmp_path: Path):
     config = write_config(_knee_config(**{"search.num_workers": [0, 2]}))
     first = _sweep(config, tmp_path / "run", "--strategy", "grid")
     assert first.returncode == 0, first.stderr
-    before = [(_num(t), t.value) for t in _study_trials(tmp_path / "run")]
+    before = [(trial_number(t), t.value) for t in study_trials(tmp_path / "run")]
     again = _sweep(config, tmp_path / "run", "--strategy", "grid")
     assert again.returncode == 0
-    assert [(_num(t), t.value) for t in _study_trials(tmp_path / "run")] == before
+    assert [(trial_number(t), t.value) for t in study_trials(tmp_path / "run")] == before
     changed = write_config(_knee_config(**{"search.num_workers": [0, 2], "search.batch_size": [16]}), "other.yaml")
     refused = _sweep(changed, tmp_path / "run", "--strategy", "grid")
     assert refused.returncode == 2 and "different config" in refused.stderr
@@ -134,7 +122,7 @@ def test_resume_after_sigkill_mid_trial(write_config, tmp_path: Path):
     orphan = int((out / "trials" / "1" / "worker.pid").read_text())
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    finished_before = {_num(t): t.value for t in _study_trials(out) if t.state.is_finished()}
+    finished_before = {trial_number(t): t.value for t in study_trials(out) if t.state.is_finished()}
     assert list(finished_before) == [0]
 
     resumed = _sweep(config, out, "--strategy", "grid")
@@ -142,11 +130,11 @@ def test_resume_after_sigkill_mid_trial(write_config, tmp_path: Path):
     assert "were running when the last sweep stopped" in resumed.stderr
     with pytest.raises(ProcessLookupError):
         os.killpg(orphan, 0)  # the dead sweep's trial was killed, not left to compete
-    trials = _study_trials(out)
+    trials = study_trials(out)
     done = [t for t in trials if "measurement" in t.user_attrs]
     keys = [(t.params["num_workers"], t.params["pin_memory"]) for t in done]
     assert sorted(keys) == [(0, False), (2, False), (6, False)]  # none lost, none repeated
-    assert {_num(t): t.value for t in trials if _num(t) == 0} == finished_before  # kept as it was
+    assert {trial_number(t): t.value for t in trials if trial_number(t) == 0} == finished_before  # kept as it was
     assert trials[1].state == optuna.trial.TrialState.FAIL and "measurement" not in trials[1].user_attrs
 
 
@@ -154,7 +142,7 @@ def test_budget_max_trials_is_honoured(write_config, tmp_path: Path):
     config = write_config(_knee_config(**{"budget.max_trials": 3}))
     result = _sweep(config, tmp_path / "run")
     assert result.returncode == 1  # three trials reach no end-to-end comparison: no recommendation, said why
-    assert len(_study_trials(tmp_path / "run")) == 3
+    assert len(study_trials(tmp_path / "run")) == 3
     assert len(pd.read_csv(tmp_path / "run" / "trials.csv")) == 3
     assert not (tmp_path / "run" / "recommended.yaml").exists()
     assert "No recommendation" in result.stdout

@@ -91,7 +91,7 @@ def load_recommended(path: str | os.PathLike[str]) -> Recommended:
     try:
         dl, tr = data["dataloader"], data["training"]
         return Recommended(
-            batch_size=int(dl["batch_size"]), num_workers=int(dl["num_workers"]),
+            batch_size=_count(dl, "batch_size", 1), num_workers=_count(dl, "num_workers", 0),
             prefetch_factor=dl.get("prefetch_factor"), pin_memory=bool(dl["pin_memory"]),
             persistent_workers=bool(dl.get("persistent_workers", False)),
             non_blocking=bool(tr.get("non_blocking", dl["pin_memory"])), grad_accum=int(tr.get("grad_accum", 1)),
@@ -99,3 +99,11 @@ def load_recommended(path: str | os.PathLike[str]) -> Recommended:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError([f"{label}: not a tunekit recommendation: missing or bad key {exc}"]) from None
+
+
+def _count(section: dict[str, Any], key: str, minimum: int) -> int:
+    """An integer setting (not a bool, not a float that int() would truncate)."""
+    value = section[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"dataloader.{key} = {value!r} (an integer >= {minimum})")
+    return value

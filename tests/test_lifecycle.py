@@ -1,0 +1,373 @@
+"""A sweep's life cycle through its stable interfaces only: the CLI in real subprocesses, the files a run writes,
+``tunekit.load_recommended`` and the study in study.db.
+
+Budget stops, interrupts (SIGTERM, Ctrl-C) and resume, the accumulation stage, a driver that never imports torch,
+the error paths of load_recommended, and a resume that would mix strategies. Every sweep here is the tiny CPU
+sleepy workload (tests/conftest.py): a trial is a few seconds, mostly interpreter and torch start-up.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import psutil
+import pytest
+import yaml
+
+import tunekit
+from tests.conftest import REPO, sleepy_config, study_trials
+from tunekit.errors import ConfigError
+
+EXIT_INTERRUPTED = 130  # cli.main: a KeyboardInterrupt (Ctrl-C, or SIGTERM/SIGHUP via the driver) exits 130
+
+
+def _tunekit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tunekit", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def _sweep_cmd(config: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "tunekit", "sweep", str(config), "--out", str(out), *extra]
+
+
+def _finished(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in trials if t.state.is_finished()]
+
+
+def _measured(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """Trials that finished with a measurement (ok or failed); an interrupted trial has none."""
+    return [t for t in _finished(trials) if "measurement" in t.user_attrs]
+
+
+def _key(t: optuna.trial.FrozenTrial) -> tuple:
+    return (t.user_attrs.get("stage"), *sorted(t.params.items()))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _processes_mentioning(text: str) -> list[tuple[int, str]]:
+    """Live processes whose command line contains ``text`` (zombies have an empty one)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+def _wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the sweep exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+# --- 1. budget.minutes (the same run is the first half of test 6) ---------------------------------------------------
+
+PLANNED = 5  # staged, workers [0, 2], one batch, on the CPU: 1 compute + 2 loader + 2 end-to-end trials
+
+
+@pytest.fixture(scope="module")
+def budget_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """``tunekit sweep --strategy staged --budget-min 0.05``: one trial alone (interpreter, torch, build, windows)
+    outlasts 3 s, so the budget stops the sweep after its first trial or so."""
+    base = tmp_path_factory.mktemp("budget")
+    config, out = base / "cfg.yaml", base / "run"
+    config.write_text(yaml.safe_dump(sleepy_config(**{"search.num_workers": [0, 2], "trial.window_s": 0.3}),
+                                     sort_keys=False))
+    extra = ("--strategy", "staged", "--budget-min", "0.05")
+    result = _tunekit("sweep", str(config), "--out", str(out), *extra)
+    return {"config": config, "out": out, "result": result, "args": extra}
+
+
+@pytest.mark.slow
+def test_budget_minutes_stops_the_sweep_early_and_still_writes_outputs(budget_run: dict):
+    out, result = budget_run["out"], budget_run["result"]
+    meta = json.loads((out / "sweep.json").read_text())
+    assert "budget.minutes = 0.05" in meta["stop_reason"], (meta, result.stderr)
+    assert meta["interrupted"] is False
+    trials = pd.read_csv(out / "trials.csv")
+    assert 1 <= len(trials) < PLANNED, trials
+    assert len(study_trials(out)) == len(trials)
+    report = (out / "report.md").read_text()
+    assert "Stopped early" in report and "budget.minutes" in report
+    # too few trials for an end-to-end comparison: no recommendation, said why, exit 1
+    assert result.returncode == 1, result.stderr
+    assert not (out / "recommended.yaml").exists()
+    assert "No recommendation" in result.stdout
+    for name in ("study.db", "config.resolved.yaml", "env.json"):
+        assert (out / name).exists(), name
+
+
+# --- 2. SIGTERM / Ctrl-C during a sweep, then resume -----------------------------------------------------------
+
+
+def _signal_mid_trial(cmd: list[str], out: Path, pids: Path, trial: int, sig: signal.Signals,
+                      logs: Path) -> tuple[int, list[int]]:
+    """Start the sweep, wait until trial ``trial`` has its two DataLoader workers serving samples, send ``sig`` to
+    the sweep process alone; return its exit code and the pids of the trial's worker and loader workers."""
+    with open(logs / "stdout", "w") as so, open(logs / "stderr", "w") as se:
+        proc = subprocess.Popen(cmd, stdout=so, stderr=se, stdin=subprocess.DEVNULL, cwd=REPO,
+                                start_new_session=True)
+    try:
+        pid_file = out / "trials" / str(trial) / "worker.pid"
+        _wait_for(pid_file.exists, 120, f"trial {trial} to start", proc)
+        worker = int(pid_file.read_text())
+
+        def loader_workers() -> list[int]:
+            found = []
+            for p in pids.iterdir():
+                try:
+                    if psutil.Process(int(p.name)).ppid() == worker:
+                        found.append(int(p.name))
+                except psutil.NoSuchProcess:
+                    pass
+            return found
+
+        _wait_for(lambda: len(loader_workers()) >= 2, 60, f"trial {trial}'s DataLoader workers to serve", proc)
+        victims = [worker, *loader_workers()]
+        proc.send_signal(sig)  # the sweep process only: the trial runs in its own session
+        return proc.wait(timeout=60), victims
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _assert_no_survivors(out: Path, victims: list[int]) -> None:
+    run_dir = str(out.resolve())
+    deadline = time.monotonic() + 10  # grace period; the launcher already waited for the trial's group to die
+    while (_processes_mentioning(run_dir) or any(_alive(p) for p in victims)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _processes_mentioning(run_dir)
+    assert not [p for p in victims if _alive(p)], "the trial or its DataLoader workers survived the sweep"
+
+
+def _interrupt_config(write_config, pids: Path, batches: list[int]) -> Path:
+    # 2 loader workers at 10 ms per sample: a batch of 32 takes a worker 0.32 s, so a batch-32 trial has ~2.5 s of
+    # pipeline fill, warm-up and windows (>= 5 steps each) left after its workers start serving
+    return write_config(sleepy_config(**{
+        "workload.dataset_args": {"sample_wait_s": 0.01, "pid_dir": str(pids)},
+        "search.num_workers": [2], "search.batch_size": batches, "search.prefetch_factor": [2],
+        "trial.window_s": 0.5,
+    }))
+
+
+@pytest.mark.slow
+def test_sigterm_mid_trial_kills_its_process_tree_then_resume_keeps_finished_trials(write_config, tmp_path: Path):
+    pids = tmp_path / "pids"  # every process that serves a sample touches a file named by its pid here
+    pids.mkdir()
+    config = _interrupt_config(write_config, pids, [8, 32])  # grid: trial 0 at batch 8, trial 1 at batch 32
+    out = tmp_path / "run"
+    cmd = _sweep_cmd(config, out, "--strategy", "grid")
+    rc, victims = _signal_mid_trial(cmd, out, pids, 1, signal.SIGTERM, tmp_path)
+    assert rc == EXIT_INTERRUPTED, (tmp_path / "stderr").read_text()
+    _assert_no_survivors(out, victims)
+
+    meta = json.loads((out / "sweep.json").read_text())
+    assert meta["interrupted"] is True and "interrupted" in meta["stop_reason"]
+    assert (out / "report.md").exists()
+    assert list(pd.read_csv(out / "trials.csv")["number"]) == [0]  # the outputs hold the finished trial
+    before = study_trials(out)
+    assert [t.number for t in _measured(before)] == [0]
+    assert before[1].user_attrs.get("status") == "interrupted" and "measurement" not in before[1].user_attrs
+    kept = {t.number: t.value for t in _measured(before)}
+
+    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "finished trial(s)" in resumed.stderr and "are kept" in resumed.stderr
+    after = study_trials(out)
+    assert len(_finished(after)) > len(_finished(before))
+    measured = _measured(after)
+    keys = [_key(t) for t in measured]
+    assert len(keys) == len(set(keys)) == 2, keys  # both grid configs once: none lost, none repeated
+    assert {t.number: t.value for t in measured if t.number in kept} == kept  # trial 0 kept as it was
+    assert sorted(t.params["batch_size"] for t in measured) == [8, 32]
+    assert json.loads((out / "sweep.json").read_text())["interrupted"] is False
+    assert len(pd.read_csv(out / "trials.csv")) == 2
+    assert (out / "recommended.yaml").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_first_trial_kills_its_process_tree_and_still_writes_outputs(write_config, tmp_path: Path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    config = _interrupt_config(write_config, pids, [32])
+    out = tmp_path / "run"
+    rc, victims = _signal_mid_trial(_sweep_cmd(config, out, "--strategy", "grid"), out, pids, 0, signal.SIGINT,
+                                    tmp_path)
+    assert rc == EXIT_INTERRUPTED, (tmp_path / "stderr").read_text()
+    _assert_no_survivors(out, victims)
+    meta = json.loads((out / "sweep.json").read_text())
+    assert meta["interrupted"] is True and "interrupted" in meta["stop_reason"]
+    for name in ("report.md", "trials.csv", "study.db"):
+        assert (out / name).exists(), name
+    assert not (out / "recommended.yaml").exists()
+    trials = study_trials(out)
+    assert [t.user_attrs.get("status") for t in trials] == ["interrupted"]  # not finished: it will run again
+    assert _measured(trials) == []
+
+
+# --- 3. + 4. + 5. (a valid file): one in-process sweep with an effective-batch target ----------------------------
+
+TARGET = 16
+
+
+@pytest.fixture(scope="module")
+def in_process_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A real staged sweep with search.target_effective_batch, run by ``tunekit.cli.main`` inside one fresh
+    interpreter, which then reports which torch modules it had imported."""
+    base = tmp_path_factory.mktemp("inproc")
+    config, out = base / "cfg.yaml", base / "run"
+    cfg = sleepy_config(**{
+        "workload.model_args": {"step_wait_s": 0.005}, "workload.dataset_args": {"sample_wait_s": 0.001},
+        "search.num_workers": [2], "search.batch_size": [4, 8], "search.target_effective_batch": TARGET,
+        "trial.window_s": 0.2,
+    })
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    code = textwrap.dedent(f"""
+        import json, sys
+        from tunekit.cli import main
+        code = 0
+        try:
+            main(["sweep", {str(config)!r}, "--out", {str(out)!r}, "--quiet"])
+        except SystemExit as exc:
+            code = exc.code
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchvision"))
+        print("RESULT " + json.dumps({{"exit": code, "torch_modules": loaded}}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout + proc.stderr
+    return {"out": out, "output": proc.stdout + proc.stderr, **json.loads(lines[-1][len("RESULT "):])}
+
+
+@pytest.mark.slow
+def test_the_driver_process_never_imports_torch(in_process_sweep: dict):
+    assert in_process_sweep["exit"] in (0, None), in_process_sweep["output"]
+    assert in_process_sweep["torch_modules"] == []
+    assert (in_process_sweep["out"] / "recommended.yaml").exists()
+    assert len(pd.read_csv(in_process_sweep["out"] / "trials.csv")) >= 4  # the trials did run (in subprocesses)
+
+
+@pytest.mark.slow
+def test_accumulation_stage_reaches_the_target_effective_batch(in_process_sweep: dict):
+    out = in_process_sweep["out"]
+    trials = pd.read_csv(out / "trials.csv")
+    accumulation = trials[trials["stage"] == "accumulation"]
+    assert len(accumulation) >= 1, trials[["number", "stage", "batch_size", "grad_accum", "status"]]
+    assert set(accumulation["status"]) == {"ok"}
+    assert all(accumulation["batch_size"] * accumulation["grad_accum"] == TARGET)
+    assert sorted(zip(accumulation["batch_size"], accumulation["grad_accum"], strict=True)) == [(4, 4), (8, 2)]
+    raw = yaml.safe_load((out / "recommended.yaml").read_text())
+    assert raw["training"]["grad_accum"] * raw["dataloader"]["batch_size"] == TARGET
+    rec = tunekit.load_recommended(out / "recommended.yaml")
+    assert rec.grad_accum * rec.batch_size == TARGET and rec.grad_accum > 1
+    assert rec.evidence["run"]["knee_trial"] in set(accumulation["number"])
+
+
+@pytest.mark.slow
+def test_recommended_yaml_of_a_real_sweep_drives_a_dataloader(in_process_sweep: dict):
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    rec = tunekit.load_recommended(in_process_sweep["out"] / "recommended.yaml")
+    kwargs = rec.dataloader_kwargs()
+    accepted = set(inspect.signature(DataLoader.__init__).parameters)
+    assert {"batch_size", "num_workers", "pin_memory"} <= set(kwargs) <= accepted, kwargs
+    assert kwargs["num_workers"] == 2 and {"prefetch_factor", "persistent_workers"} <= set(kwargs)
+    dataset = TensorDataset(torch.randn(4 * rec.batch_size, 3), torch.arange(4 * rec.batch_size))
+    loader = DataLoader(dataset, **kwargs)
+    x, y = next(iter(loader))
+    assert x.shape == (rec.batch_size, 3) and y.shape == (rec.batch_size,)
+    del loader  # persistent workers shut down with the loader
+
+
+# --- 5. load_recommended error paths -------------------------------------------------------------------------------
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+_VALID = {"dataloader": {"batch_size": 8, "num_workers": 2, "prefetch_factor": 2, "pin_memory": False,
+                         "persistent_workers": True},
+          "training": {"non_blocking": False, "grad_accum": 1, "compile": "none"}, "evidence": {}}
+
+
+def _with_batch(value) -> str:
+    data = json.loads(json.dumps(_VALID))
+    data["dataloader"]["batch_size"] = value
+    return yaml.safe_dump(data)
+
+
+@pytest.mark.parametrize("content", [
+    None,  # no file at all
+    "dataloader: [batch_size: 8\ntraining: {",
+    yaml.safe_dump({k: v for k, v in _VALID.items() if k != "dataloader"}),
+    _with_batch("eight"),
+    _with_batch(8.5),  # must not be truncated to 8
+    _with_batch(True),  # YAML true must not become batch 1
+], ids=["missing", "invalid-yaml", "no-dataloader", "batch-size-text", "batch-size-float", "batch-size-bool"])
+def test_load_recommended_errors_are_one_line_naming_the_file(tmp_path: Path, content: str | None):
+    path = tmp_path / "recommended.yaml"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError) as info:
+        tunekit.load_recommended(path)
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and len(info.value.lines()) == 1, message
+    assert str(path) in message
+
+
+def test_load_recommended_without_a_dataloader_names_the_key(tmp_path: Path):
+    path = _write(tmp_path / "recommended.yaml", yaml.safe_dump({"training": _VALID["training"]}))
+    with pytest.raises(ConfigError, match="dataloader"):
+        tunekit.load_recommended(path)
+
+
+# --- 6. resuming with another strategy ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_resume_with_a_different_strategy_is_refused(budget_run: dict, tmp_path: Path):
+    """Staged and grid trials must not mix in one study: the staged command rerun with --strategy grid on the same
+    --out is refused (exit 2, one line naming --no-resume) and the study is left as it was."""
+    out = tmp_path / "run"
+    shutil.copytree(budget_run["out"], out)  # a copy of test 1's staged run, so that test keeps its own
+    before = [(t.number, t.state, t.user_attrs.get("stage")) for t in study_trials(out)]
+    assert before and {stage for _, _, stage in before} <= {"compute", "loader", "end_to_end"}
+
+    args = [a if a != "staged" else "grid" for a in budget_run["args"]]
+    assert args != list(budget_run["args"])
+    grid = _tunekit("sweep", str(budget_run["config"]), "--out", str(out), *args)
+    lines = grid.stderr.strip().splitlines()
+    assert grid.returncode == 2, grid.stderr
+    assert len(lines) == 1 and "--no-resume" in lines[0], grid.stderr
+    assert [(t.number, t.state, t.user_attrs.get("stage")) for t in study_trials(out)] == before
+    assert json.loads((out / "sweep.json").read_text())["strategy"] == "staged"
