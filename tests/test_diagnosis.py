@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -316,3 +318,28 @@ def test_the_run_names_the_memory_boundary_of_a_batch_over_the_headroom_limit():
     found = run_verdicts(rows, rows[-1], trial_verdicts(rows, SELECTION), SELECTION)
     wall = next(v for v in found if v.name == "memory-wall")
     assert wall.evidence == {"headroom at batch 256": 0.084, "limit": 0.10, "largest batch that fits": 128}
+
+
+@pytest.mark.slow
+def test_storage_and_cpu_bound_loaders_get_their_verdict_and_fix_in_every_output(write_config, tmp_path: Path):
+    """The same worker counts on the same box, through whole sweeps: trials.csv, report.md and recommended.yaml
+    say data-starved (with the storage fix) for sleeping workers and cpu-preprocessing for burning ones."""
+    import pandas as pd
+    import yaml
+
+    workers = [config.cpu_count(), 2 * config.cpu_count()]
+    cases = {"data-starved": ({"sample_wait_s": 0.05}, "faster storage"),
+             "cpu-preprocessing": ({"sample_wait_s": 0.0, "sample_cpu_s": 0.02}, "on the GPU")}
+    for expected, (dataset_args, fix) in cases.items():
+        cfg = write_config(sleepy_config(**{
+            "workload.dataset_args": dataset_args, "workload.model_args": {"step_wait_s": 0.001},
+            "search.num_workers": workers, "strategy": "grid"}), name=f"{expected}.yaml")
+        out = tmp_path / expected
+        run = subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(out), "--quiet"],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        trials = pd.read_csv(out / "trials.csv")
+        assert set(trials["verdict"]) == {expected}, trials[["num_workers", "verdict", "verdict_evidence"]]
+        rec = yaml.safe_load((out / "recommended.yaml").read_text())
+        assert rec["evidence"]["verdict"] == expected and fix in rec["evidence"]["diagnosis"][0]
+        assert f"**{expected}**" in (out / "report.md").read_text()
