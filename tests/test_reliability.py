@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sqlite3
+import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import sleepy_config
-from tunekit import config, store
+from tunekit import config, launcher, store
 from tunekit.contract import Knobs, TrialSpec
-from tunekit.errors import ConfigError, UsageError
+from tunekit.errors import ConfigError, StorageError, UsageError
 from tunekit.launcher import run_trial
+from tunekit.outcome import classify_error
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -28,7 +35,7 @@ def test_a_second_process_on_a_run_folder_is_refused_naming_the_holder(write_con
             refused = _cli(*args)
             assert refused.returncode == 2, refused.stderr
             lines = refused.stderr.strip().splitlines()
-            assert len(lines) == 1 and str(out) in lines[0] and f"pid {__import__('os').getpid()}" in lines[0]
+            assert len(lines) == 1 and str(out) in lines[0] and f"pid {os.getpid()}" in lines[0]
         assert not (out / "study.db").exists() and not (out / "trials").exists()  # nothing written
         with pytest.raises(UsageError, match="another tunekit process"):
             store.lock_run(out)
@@ -59,3 +66,111 @@ def test_a_nan_loss_is_diverged_not_a_fast_step(tmp_path: Path):
     m = run_trial(spec, tmp_path / "t", 60)
     assert m["status"] == "diverged" and "nan" in m["reason"] and "micro-batch" in m["reason"]
     assert m["samples_per_s"] is None  # never a candidate for the knee
+
+
+def _tiny_sweep(write_config, out: Path, **overrides) -> subprocess.CompletedProcess[str]:
+    cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, **overrides}))
+    return _cli("sweep", str(cfg), "--out", str(out), "--quiet")
+
+
+def test_trials_the_study_does_not_know_are_never_overwritten(write_config, tmp_path: Path):
+    out = tmp_path / "run"
+    assert _tiny_sweep(write_config, out).returncode == 0
+    kept = {p.name: (p / "measurement.json").read_bytes() for p in (out / "trials").iterdir()}
+    (out / "study.db").write_bytes(b"")  # lost: an empty file beside the trials
+    for cmd in (lambda: _tiny_sweep(write_config, out), lambda: _cli("report", str(out))):
+        refused = cmd()
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert (out / "study.db").stat().st_size == 0  # report wrote no schema into it
+    assert {p.name: (p / "measurement.json").read_bytes() for p in (out / "trials").iterdir()} == kept
+    (out / "study.db").unlink()
+    assert "--no-resume" in _tiny_sweep(write_config, out).stderr  # missing: the same refusal
+
+
+def test_a_trial_into_a_sweeps_folder_is_refused_and_unknown_folders_block_a_resume(write_config, tmp_path: Path):
+    out = tmp_path / "run"
+    assert _tiny_sweep(write_config, out).returncode == 0
+    cfg = write_config(sleepy_config(), name="one.yaml")
+    refused = _cli("trial", str(cfg), "--out", str(out))
+    assert refused.returncode == 2 and "another --out" in refused.stderr
+    (out / "trials" / "99").mkdir()  # written by something else
+    resumed = _tiny_sweep(write_config, out)
+    assert resumed.returncode == 2 and "trials/99" in resumed.stderr and "--no-resume" in resumed.stderr
+
+
+def test_a_corrupt_study_is_one_line_naming_the_file_and_cause(write_config, tmp_path: Path):
+    out = tmp_path / "run"
+    assert _tiny_sweep(write_config, out).returncode == 0
+    (out / "study.db").write_bytes(b"this is not a database " * 100)
+    for result in (_tiny_sweep(write_config, out), _cli("report", str(out))):
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and len(lines) == 1, result.stderr
+        assert "study.db" in lines[0] and "not a database" in lines[0]
+
+
+def test_storage_failures_name_the_database_cause(tmp_path: Path):
+    import optuna
+
+    def failing() -> None:
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError as exc:
+            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from exc
+
+    with pytest.raises(StorageError) as err, store.storage_errors(tmp_path / "study.db"):
+        failing()
+    assert str(err.value) == f"{tmp_path / 'study.db'}: database or disk is full" and err.value.exit_code == 1
+
+
+def test_outputs_follow_the_umask(write_config, tmp_path: Path):
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "run"
+        assert _tiny_sweep(write_config, out).returncode == 0
+    finally:
+        os.umask(old)
+    for name in ("recommended.yaml", "report.md", "trials.csv", "env.json"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name
+
+
+def test_worker_counts_are_bounded_by_the_machine(write_config):
+    with pytest.raises(ConfigError, match="search.num_workers: 512 is more than this machine allows"):
+        config.from_dict(sleepy_config(**{"search.num_workers": [0, 512]}))
+    refused = _cli("trial", str(write_config(sleepy_config())), "--set", "num_workers=512")
+    assert refused.returncode == 2 and "num_workers" in refused.stderr
+    assert classify_error("BlockingIOError: [Errno 11] Resource temporarily unavailable")[1].startswith(
+        "the system refused another process")
+
+
+def test_a_chatty_dataset_cannot_fill_the_disk_with_logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(launcher, "LOG_KEEP_BYTES", 32 * 1024)
+    cfg = sleepy_config(**{"workload.dataset_args": {"sample_wait_s": 0.0, "print_every": 1}})
+    spec = TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(batch_size=8),
+                     config=config.from_dict(cfg).to_dict())
+    m = launcher.run_trial(spec, tmp_path / "t", 60)
+    assert m["status"] == "ok", m
+    log = (tmp_path / "t" / "worker.log").read_bytes()
+    assert len(log) < 3 * 32 * 1024 and b"bytes of output left out here" in log
+    assert log.rstrip().endswith(b"samples/s -> " + str(tmp_path / "t" / "measurement.json").encode())
+
+
+def test_sigterm_while_the_dataset_is_prepared_ends_its_processes(write_config, tmp_path: Path):
+    marker = 7654321  # in the prepare process's command line
+    cfg = write_config(sleepy_config(**{"workload.dataset_args": {"build_wait_s": 60, "num_samples": marker}}))
+    proc = subprocess.Popen([sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(tmp_path / "run")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def preparing() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline"])
+                if "tunekit.workloads.prepare" in " ".join(p.info["cmdline"] or []) and
+                str(marker) in " ".join(p.info["cmdline"] or [])]
+
+    deadline = time.monotonic() + 120
+    while not preparing():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err, err
+    time.sleep(0.5)
+    assert preparing() == []

@@ -38,6 +38,7 @@ __all__ = [
     "auto_workers",
     "cpu_count",
     "set_dotted",
+    "max_workers",
 ]
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -379,8 +380,25 @@ def _scalar(value: Any, tp: Any, path: str, check: dict[str, Any], source: str, 
     return value
 
 
+MAX_WORKERS_PER_CPU = 4
+"""search.num_workers may go up to this many workers per usable CPU (and to MIN_WORKER_BOUND on any machine):
+beyond it the workers only compete for the cores, or wait on storage that more workers do not make faster."""
+MIN_WORKER_BOUND = 32
+
+
+def max_workers(cpus: int | None = None) -> int:
+    """The largest num_workers a config may list on a machine with ``cpus`` usable CPUs."""
+    return max(MAX_WORKERS_PER_CPU * (cpus or cpu_count()), MIN_WORKER_BOUND)
+
+
 def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
     search = cfg.search
+    bound = max_workers()
+    too_many = [w for w in search.num_workers if w > bound]
+    if too_many:
+        errors.append(f"{source}: search.num_workers: {max(too_many)} is more than this machine allows ({bound}: "
+                      f"{MAX_WORKERS_PER_CPU} per usable CPU, {cpu_count()} usable, and at least "
+                      f"{MIN_WORKER_BOUND})")
     if search.target_effective_batch is not None:
         if search.grad_accum != [1]:
             errors.append(

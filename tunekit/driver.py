@@ -26,8 +26,7 @@ from tunekit._files import read_json, write_json_atomic, write_text_atomic
 from tunekit.config import Config, from_dict
 from tunekit.contract import TrialSpec, skipped_measurement
 from tunekit.env import snapshot, sweep_warnings
-from tunekit.errors import UsageError
-from tunekit.launcher import run_trial
+from tunekit.launcher import kill_tree, run_trial
 from tunekit.records import TrialRow
 
 __all__ = ["SweepResult", "run_sweep", "rebuild", "probe_cuda", "make_console", "interrupts_as_keyboard_interrupt"]
@@ -131,15 +130,16 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
     for line in before:
         console.print(f"[yellow]warning:[/] {line}")
     sweep = _Sweep(cfg, run_dir, strategy, runs, runs.rows(), probe_cuda(cfg.device), console)
-    _prepare_dataset(cfg, console)
     if sweep.rows:
         console.print(f"resuming: {len(sweep.rows)} finished trial(s) in {run_dir / store.STUDY_FILE} are kept")
     try:
         with interrupts_as_keyboard_interrupt():
+            _prepare_dataset(cfg, console)
             _run_trials(sweep, _Budget(budget_minutes, cfg.budget.max_trials))
     except KeyboardInterrupt:
         sweep.interrupted, sweep.stop_reason = True, "interrupted; rerun the same command to resume"
-        console.print("interrupted: the running trial was stopped; writing outputs for the finished trials")
+        console.print("interrupted: what was running (the dataset's preparation or a trial) was stopped with its "
+                      "processes; writing outputs for the finished trials")
     return _finish(sweep, env, before)
 
 
@@ -200,8 +200,6 @@ def _finish(sweep: _Sweep, env: dict[str, Any], before: list[str]) -> SweepResul
 
 def rebuild(run_dir: Path) -> report.RunSummary:
     """Rebuild a run's outputs from study.db alone (no trial is re-run, no GPU needed, the study is not written)."""
-    if not (run_dir / store.STUDY_FILE).exists():
-        raise UsageError(f"{run_dir}: no {store.STUDY_FILE} here; give the folder of a tunekit sweep")
     runs = store.load_run(run_dir)
     cfg = from_dict(runs.config, source=str(run_dir / store.STUDY_FILE))
     meta = read_json(run_dir / "sweep.json") if (run_dir / "sweep.json").exists() else {}
@@ -217,17 +215,21 @@ def _prepare_dataset(cfg: Config, console: Any) -> None:
     """Build the dataset once (and any cache it makes) before the first trial, in a subprocess."""
     wl = {"dataset": cfg.workload.dataset, "dataset_args": cfg.workload.dataset_args}
     t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "tunekit.workloads.prepare", json.dumps(wl)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        proc = subprocess.run([sys.executable, "-m", "tunekit.workloads.prepare", json.dumps(wl)],
-                              capture_output=True, text=True, timeout=max(600.0, cfg.trial.timeout_s))
+        out, err = proc.communicate(timeout=max(600.0, cfg.trial.timeout_s))
     except subprocess.TimeoutExpired:
+        kill_tree(proc)
         console.print("warning: preparing the dataset timed out; the first trial will finish it")
         return
+    finally:  # an interrupt ends the preparation and every process it started
+        kill_tree(proc)
     if proc.returncode != 0:  # the trials will fail and say why; the sweep goes on
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        tail = (err.strip().splitlines() or ["no output"])[-1]
         console.print(f"warning: building the dataset failed: {tail}")
         return
-    console.print(f"dataset ready: {proc.stdout.strip()} samples ({time.monotonic() - t0:.1f} s)", highlight=False)
+    console.print(f"dataset ready: {out.strip()} samples ({time.monotonic() - t0:.1f} s)", highlight=False)
 
 
 class _Progress:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["TunekitError", "ConfigError", "UsageError"]
+__all__ = ["TunekitError", "ConfigError", "UsageError", "StorageError"]
 
 
 class TunekitError(Exception):
@@ -12,6 +12,11 @@ class TunekitError(Exception):
 
     def lines(self) -> list[str]:
         return [str(self)]
+
+
+class StorageError(TunekitError):
+    """The run's study.db cannot be read or written (disk full, read-only folder, corrupt file). Exit code 1; the
+    trials already recorded stay in the file."""
 
 
 class UsageError(TunekitError):

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,11 +24,59 @@ from tunekit._files import read_json, write_json_atomic
 from tunekit.contract import STATUSES, TrialSpec, failed_measurement
 from tunekit.outcome import classify_error
 
-__all__ = ["run_trial", "REQUIRED_FIELDS"]
+__all__ = ["run_trial", "kill_tree", "REQUIRED_FIELDS", "LOG_KEEP_BYTES"]
 
 REQUIRED_FIELDS = ("samples_per_s", "samples_per_s_windows", "noise_cv", "step_time_s", "data_wait_frac",
                    "headroom", "warmup_s")
 _TERM_GRACE_S = 5.0
+LOG_KEEP_BYTES = 4 * 2**20
+"""worker.log keeps the first and the last this many bytes of a trial's output (a dataset that prints on every
+sample would otherwise fill the disk), with a line saying how much was left out between them."""
+
+
+class _CappedLog:
+    """The trial's output, read from its pipe by a thread: the head written as it comes, the tail kept in memory
+    and written when the trial ends."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = open(path, "wb")
+        self._written = 0
+        self._tail = bytearray()
+        self._dropped = 0
+        self._thread: threading.Thread | None = None
+        self._pipe: Any = None
+
+    def __enter__(self) -> _CappedLog:
+        return self
+
+    def follow(self, pipe: Any) -> None:
+        self._pipe = pipe
+        self._thread = threading.Thread(target=self._read, args=(pipe,), name="tunekit-log", daemon=True)
+        self._thread.start()
+
+    def _read(self, pipe: Any) -> None:
+        for chunk in iter(lambda: pipe.read1(65536), b""):
+            head = max(0, min(len(chunk), LOG_KEEP_BYTES - self._written))
+            if head:
+                self._file.write(chunk[:head])
+                self._file.flush()
+                self._written += head
+            self._tail += chunk[head:]
+            if len(self._tail) > LOG_KEEP_BYTES:
+                self._dropped += len(self._tail) - LOG_KEEP_BYTES
+                del self._tail[: len(self._tail) - LOG_KEEP_BYTES]
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=_TERM_GRACE_S)
+        if self._pipe is not None:
+            self._pipe.close()
+        if self._dropped:
+            self._file.write(f"\n[tunekit: {self._dropped} bytes of output left out here; worker.log keeps the "
+                             f"first and last {LOG_KEEP_BYTES} bytes]\n".encode())
+        self._file.write(bytes(self._tail))
+        self._file.close()
 
 
 def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: float) -> dict[str, Any]:
@@ -41,12 +91,13 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
     write_json_atomic(spec_path, spec.to_dict())
     out_path.unlink(missing_ok=True)
     t0 = time.perf_counter()
-    with open(trial_dir / "worker.log", "wb") as log:
+    with _CappedLog(trial_dir / "worker.log") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tunekit.worker", str(spec_path), str(out_path)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=_child_env(),
         )
+        log.follow(proc.stdout)
         pid_file = trial_dir / "worker.pid"
         pid_file.write_text(str(proc.pid))  # lets a resumed sweep kill a trial its dead predecessor left running
         timed_out = False
@@ -55,10 +106,10 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
         except subprocess.TimeoutExpired:
             timed_out = True
         except BaseException:
-            _kill_tree(proc)
+            kill_tree(proc)
             raise
         finally:
-            _kill_tree(proc)
+            kill_tree(proc)
             pid_file.unlink(missing_ok=True)
     wall = time.perf_counter() - t0
     result = _outcome(spec, proc.returncode, timed_out, timeout_s, out_path, trial_dir / "worker.log")
@@ -88,7 +139,7 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
-def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+def kill_tree(proc: subprocess.Popen[Any]) -> None:
     """Terminate the trial's process group, wait a grace period, then kill what is left and reap the leader."""
     pgid = proc.pid  # start_new_session: the worker leads its own group
     if proc.poll() is None:
@@ -147,8 +198,20 @@ def _outcome(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float,
         return failed_measurement(spec, status, reason)
     if rc == 0:
         return failed_measurement(spec, "bad_output", "the worker exited 0 but wrote no measurement.json")
+    full = _disk_full(out_path.parent)
+    if full and not log.strip():
+        return failed_measurement(spec, "crashed", full)
     status, reason = classify_error(log)
     return failed_measurement(spec, status, f"exit code {rc}: {reason}")
+
+
+def _disk_full(folder: Path) -> str | None:
+    """Why a trial could leave nothing behind: the disk holding its folder is (almost) full."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    return f"the disk holding {folder} is full ({free} bytes free): free space and resume" if free < 2**20 else None
 
 
 def _check_measurement(data: Any) -> str | None:

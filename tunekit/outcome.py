@@ -17,6 +17,9 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
                        r"HIP out of memory|out of memory on device", re.I)),
 ]
 
+_NO_FORK = re.compile(r"BlockingIOError[^\n]*|Resource temporarily unavailable[^\n]*|"
+                      r"can't start new thread[^\n]*", re.I)
+
 _LOADER_DIED = re.compile(r"DataLoader worker \(pids?\s*\(?[\d, ]+\)?\) (?:is killed by signal: [\w ]+|"
                           r"exited unexpectedly[^\n]*)", re.I)
 
@@ -30,6 +33,10 @@ def classify_error(text: str) -> tuple[str, str]:
         match = pattern.search(text)
         if match:
             return status, _line_around(text, match.start())
+    fork = _NO_FORK.search(text)
+    if fork:
+        return "crashed", (f"the system refused another process or thread ({fork.group(0).strip()[:200]}): lower "
+                           "num_workers, or raise the process limit (ulimit -u, the container's pids limit)")
     loader = _LOADER_DIED.search(text)
     if loader:
         return "crashed", f"a DataLoader worker died: {loader.group(0).rstrip('. ')}"

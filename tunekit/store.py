@@ -15,22 +15,26 @@ interrupted, and the plan asks for it again. Runs recorded in one study (older r
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
 import signal
+import sqlite3
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 from optuna.trial import TrialState
 
 from tunekit import __version__
 from tunekit.config import COMPILE_MODES, Config
-from tunekit.errors import UsageError
+from tunekit.errors import StorageError, UsageError
 from tunekit.records import TrialRow
 
 __all__ = ["RunStore", "open_run", "load_run", "lock_run", "fingerprint", "STUDY_FILE", "MAIN_STUDY",
@@ -43,6 +47,38 @@ CEILINGS_STUDY = "tunekit-ceilings"
 _CEILING_MODES = ("compute", "loader")
 _INTERRUPTED = "interrupted"
 _FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+_T = TypeVar("_T")
+
+
+def _cause(exc: BaseException) -> str:
+    """The database's own words for a storage failure (e.g. "database or disk is full"), found along the chain of
+    exceptions optuna and SQLAlchemy wrap it in."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, sqlite3.Error):
+            return str(seen).splitlines()[0]
+        seen = seen.__cause__ or seen.__context__
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
+@contextlib.contextmanager
+def storage_errors(path: Path) -> Iterator[None]:
+    """Turn a failure of the study file into one line naming the file and the cause (StorageError)."""
+    import sqlalchemy.exc
+
+    try:
+        yield
+    except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError, sqlite3.Error) as exc:
+        raise StorageError(f"{path}: {_cause(exc)}") from exc
+
+
+def _guarded(method: Callable[..., _T]) -> Callable[..., _T]:
+    @functools.wraps(method)
+    def call(self: RunStore, *args: Any, **kwargs: Any) -> _T:
+        with storage_errors(self.run_dir / STUDY_FILE):
+            return method(self, *args, **kwargs)
+
+    return call
 
 
 def fingerprint(cfg: Config) -> str:
@@ -84,14 +120,15 @@ class RunStore:
             return self.ceilings
         return self.main
 
-    def _next_number(self) -> int:
+    def next_number(self) -> int:
         """Run-wide trial numbers: every trial asked for in either study takes the next one."""
         return sum(len(s.get_trials(deepcopy=False)) for s in self._studies())
 
+    @_guarded
     def start(self, cfg: Config, stage: str, mode: str, knobs: dict[str, Any]) -> tuple[optuna.Trial, int]:
         """Ask for a trial with exactly these knobs, tagged with its number, stage and mode; it is RUNNING."""
         study = self._study_for(mode)
-        number = self._next_number()
+        number = self.next_number()
         study.enqueue_trial(knobs, user_attrs={"number": number, "stage": stage, "mode": mode},
                             skip_if_exists=False)
         trial = study.ask()
@@ -102,6 +139,7 @@ class RunStore:
                 raise RuntimeError(f"optuna returned {name}={got!r} for an enqueued {knobs[name]!r}")
         return trial, number
 
+    @_guarded
     def finish(self, trial: optuna.Trial, mode: str, measurement: dict[str, Any]) -> None:
         """Record a trial's measurement: COMPLETE with samples/s when ok, PRUNED when skipped (with the reason),
         FAIL (with status and reason) otherwise."""
@@ -114,11 +152,13 @@ class RunStore:
         trial.set_user_attr("reason", measurement.get("reason") or "")
         study.tell(trial, state=TrialState.PRUNED if measurement["status"] == "skipped" else TrialState.FAIL)
 
+    @_guarded
     def interrupt(self, trial: optuna.Trial, mode: str) -> None:
         """The sweep stopped while this trial ran: it does not count as finished and will be asked for again."""
         trial.set_user_attr("status", _INTERRUPTED)
         self._study_for(mode).tell(trial, state=TrialState.FAIL)
 
+    @_guarded
     def rows(self) -> list[TrialRow]:
         """Every finished trial (ok, failed or skipped; not interrupted) as rows, in run-wide trial order."""
         rows = []
@@ -130,6 +170,7 @@ class RunStore:
                 rows.append(TrialRow.from_measurement({**m, "number": t.user_attrs.get("number", t.number)}))
         return sorted(rows, key=lambda r: r.number)
 
+    @_guarded
     def recover_running(self) -> list[int]:
         """Close trials left RUNNING by a sweep that died as interrupted, killing their leftover process groups."""
         numbers = []
@@ -144,6 +185,7 @@ class RunStore:
                 numbers.append(number)
         return numbers
 
+    @_guarded
     def record_knee(self, knee: dict[str, Any] | None) -> None:
         """Store the sweep's knee on the main study (None: no recommendation)."""
         self.main.set_user_attr("knee", knee)
@@ -192,10 +234,36 @@ def open_run(run_dir: Path, cfg: Config, *, resume: bool, strategy: str) -> RunS
     """Open (or create) a run's studies for a sweep. Resuming a run made from a different config or with another
     strategy is a usage error."""
     path = run_dir / STUDY_FILE
-    if path.exists() and not resume:
-        path.unlink()
+    if not resume:
+        path.unlink(missing_ok=True)
         # the old trials' folders would otherwise sit beside the new ones, under the same numbers
         shutil.rmtree(run_dir / "trials", ignore_errors=True)
+    elif _trial_folders(run_dir) and (not path.exists() or path.stat().st_size == 0):
+        raise UsageError(f"{run_dir}: holds trials/ but {STUDY_FILE} is {'empty' if path.exists() else 'missing'}, "
+                         "so they cannot be resumed; use --no-resume to start again (deleting them), or another --out")
+    with storage_errors(path):
+        if path.exists() and path.stat().st_size:
+            _check_database(path)
+        runs = _open(run_dir, path, cfg, strategy)
+    unknown = sorted(n for n in _trial_folders(run_dir) if n >= runs.next_number())
+    if unknown:
+        raise UsageError(f"{run_dir}: trials/{unknown[0]} is not in {STUDY_FILE} (another command wrote it); use "
+                         "--no-resume to start again (deleting it), or another --out")
+    return runs
+
+
+def _trial_folders(run_dir: Path) -> set[int]:
+    trials = run_dir / "trials"
+    return {int(p.name) for p in trials.iterdir() if p.name.isdigit()} if trials.is_dir() else set()
+
+
+def _check_database(path: Path) -> None:
+    """Read the file as SQLite without writing it (a corrupt or foreign file raises sqlite3.DatabaseError)."""
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        db.execute("select count(*) from sqlite_master").fetchone()
+
+
+def _open(run_dir: Path, path: Path, cfg: Config, strategy: str) -> RunStore:
     storage = _storage(path)
     existing = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
     main = optuna.create_study(study_name=MAIN_STUDY, storage=storage, direction="maximize",
@@ -230,11 +298,27 @@ def _check_or_stamp(study: optuna.Study, cfg: Config, strategy: str, path: Path)
 
 
 def load_run(run_dir: Path) -> RunStore:
-    """Open an existing run's studies for reading."""
-    storage = _storage(run_dir / STUDY_FILE)
-    names = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
-    main = optuna.load_study(study_name=MAIN_STUDY, storage=storage)
-    ceilings = optuna.load_study(study_name=CEILINGS_STUDY, storage=storage) if CEILINGS_STUDY in names else None
+    """Open an existing run's studies for reading; a file that holds no tunekit study is refused unwritten.
+
+    Raises:
+        UsageError: no study.db, an empty one, or one without a tunekit study.
+        StorageError: the file cannot be read (corrupt, not SQLite).
+    """
+    path = run_dir / STUDY_FILE
+    if not path.exists():
+        raise UsageError(f"{run_dir}: no {STUDY_FILE} here; give the folder of a tunekit sweep")
+    if path.stat().st_size == 0:
+        raise UsageError(f"{path}: empty (0 bytes), not a tunekit run; give the folder of a tunekit sweep")
+    with storage_errors(path):
+        _check_database(path)
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("select name from sqlite_master where type = 'table'")}
+            names = {row[0] for row in db.execute("select study_name from studies")} if "studies" in tables else set()
+        if MAIN_STUDY not in names:
+            raise UsageError(f"{path}: holds no tunekit study; give the folder of a tunekit sweep")
+        storage = _storage(path)
+        main = optuna.load_study(study_name=MAIN_STUDY, storage=storage)
+        ceilings = optuna.load_study(study_name=CEILINGS_STUDY, storage=storage) if CEILINGS_STUDY in names else None
     return RunStore(run_dir, main, ceilings)
 
 

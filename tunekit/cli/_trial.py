@@ -41,6 +41,9 @@ def trial(config_path: str, sets: tuple[str, ...], mode: str, out_dir: str | Non
     from tunekit.store import lock_run
 
     with lock_run(out):  # held until the trial ends: no sweep or other trial writes here meanwhile
+        if (out / "study.db").exists():
+            raise UsageError(f"{out}: a sweep's run folder (it holds study.db), whose trial numbers a resumed sweep "
+                             "would reuse; give tunekit trial another --out")
         number = _next_trial_number(out / "trials")
         (out / "trials").mkdir(parents=True, exist_ok=True)
         write_text_atomic(out / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -99,12 +102,14 @@ def _parse_knob(key: str, text: str) -> Any:
             raise UsageError(f"--set compile={text}: choose one of: {', '.join(config_mod.COMPILE_MODES)}")
         return text
     minimum = 0 if key == "num_workers" else 1
+    maximum = config_mod.max_workers() if key == "num_workers" else None
     try:
         value = int(text)
     except ValueError:
-        raise UsageError(f"--set {key}={text}: expected an integer >= {minimum}") from None
-    if value < minimum:
-        raise UsageError(f"--set {key}={text}: expected an integer >= {minimum}")
+        value = None
+    if value is None or value < minimum or (maximum is not None and value > maximum):
+        upper = f" and <= {maximum} (config.max_workers on this machine)" if maximum is not None else ""
+        raise UsageError(f"--set {key}={text}: expected an integer >= {minimum}{upper}")
     return value
 
 

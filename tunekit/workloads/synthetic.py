@@ -36,8 +36,10 @@ class _SleepyDataset(Dataset):
         kill_at: int | None,
         pid_dir: str | None,
         sample_cpu_s: float = 0.0,
+        print_every: int = 0,
     ):
         self.num_samples = num_samples
+        self.print_every = print_every
         self.sample_cpu_s = sample_cpu_s
         self.sample_wait_s = sample_wait_s
         self.shape = tuple(shape)
@@ -62,6 +64,8 @@ class _SleepyDataset(Dataset):
                 time.sleep(3600)
         if self.sample_wait_s > 0:
             time.sleep(self.sample_wait_s)
+        if self.print_every and index % self.print_every == 0:
+            print(f"sample {index} " + "x" * 1024, flush=True)
         if self.sample_cpu_s > 0:
             end = time.thread_time() + self.sample_cpu_s
             while time.thread_time() < end:  # CPU time, not wall time: contention for cores slows it down
@@ -79,6 +83,8 @@ def sleepy_dataset(
     kill_at: int | None = None,
     pid_dir: str | None = None,
     sample_cpu_s: float = 0.0,
+    build_wait_s: float = 0.0,
+    print_every: int = 0,
 ) -> Dataset:
     """A dataset whose every sample costs ``sample_wait_s`` of wall time and no CPU (plus ``sample_cpu_s`` of CPU
     time, spent computing).
@@ -93,9 +99,13 @@ def sleepy_dataset(
         kill_at: an index whose access kills the loader worker process with SIGKILL.
         pid_dir: if set, each process that serves a sample touches a file named by its pid there.
         sample_cpu_s: CPU time each sample burns (a busy loop), as decoding does.
+        build_wait_s: wall time building the dataset takes (a slow first-time cache).
+        print_every: print a line of 1 KiB every this many samples (0: never), as a chatty dataset does.
     """
+    if build_wait_s > 0:
+        time.sleep(build_wait_s)
     return _SleepyDataset(num_samples, sample_wait_s, shape, num_classes, hang_at, raise_at, kill_at, pid_dir,
-                          sample_cpu_s)
+                          sample_cpu_s, print_every)
 
 
 class _SleepyModel(nn.Module):
