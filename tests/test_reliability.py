@@ -174,3 +174,21 @@ def test_sigterm_while_the_dataset_is_prepared_ends_its_processes(write_config, 
     assert proc.returncode == 130 and "interrupted" in err, err
     time.sleep(0.5)
     assert preparing() == []
+
+
+def test_a_read_only_study_is_one_line_naming_the_file(write_config, tmp_path: Path):
+    out = tmp_path / "run"
+    assert _tiny_sweep(write_config, out).returncode == 0
+    db = out / "study.db"
+    # root ignores file modes: make the file immutable instead (where the file system supports it)
+    lock = ["chattr", "+i", str(db)] if os.geteuid() == 0 else ["chmod", "0444", str(db)]
+    unlock = ["chattr", "-i", str(db)] if os.geteuid() == 0 else ["chmod", "0644", str(db)]
+    if subprocess.run(lock, capture_output=True).returncode != 0:
+        pytest.skip("this file system cannot make a file read-only for root")
+    try:
+        resumed = _tiny_sweep(write_config, out)  # resuming a finished sweep still records its knee
+    finally:
+        subprocess.run(unlock, check=True)
+    lines = resumed.stderr.strip().splitlines()
+    assert resumed.returncode == 1 and "study.db" in lines[-1] and "readonly" in lines[-1], resumed.stderr
+    assert lines[-1].startswith("tunekit: error:")

@@ -111,7 +111,8 @@ class _Sweep:
 def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: float, resume: bool,
               quiet: bool = False) -> SweepResult:
     """Run (or resume) a sweep into ``run_dir`` and write its outputs."""
-    with store.lock_run(run_dir):
+    # SIGTERM/SIGHUP act as Ctrl-C from the start: every phase ends its child processes and says so
+    with store.lock_run(run_dir), interrupts_as_keyboard_interrupt():
         return _locked_sweep(cfg, run_dir, strategy=strategy, budget_minutes=budget_minutes, resume=resume,
                              quiet=quiet)
 
@@ -133,9 +134,8 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
     if sweep.rows:
         console.print(f"resuming: {len(sweep.rows)} finished trial(s) in {run_dir / store.STUDY_FILE} are kept")
     try:
-        with interrupts_as_keyboard_interrupt():
-            _prepare_dataset(cfg, console)
-            _run_trials(sweep, _Budget(budget_minutes, cfg.budget.max_trials))
+        _prepare_dataset(cfg, console)
+        _run_trials(sweep, _Budget(budget_minutes, cfg.budget.max_trials))
     except KeyboardInterrupt:
         sweep.interrupted, sweep.stop_reason = True, "interrupted; rerun the same command to resume"
         console.print("interrupted: what was running (the dataset's preparation or a trial) was stopped with its "
