@@ -35,7 +35,7 @@ cfg = config.from_dict(raw)
 torch.manual_seed(0)
 device = pick_device(cfg.device)
 b = build(cfg, knobs, device)
-it = iter(make_loader(b.dataset, knobs, device))
+it = iter(make_loader(b.dataset, knobs, device, cfg))
 
 def step(n):
     batch = to_device(next(it), b.ctx, knobs.non_blocking)

@@ -45,7 +45,7 @@ def main() -> None:
     knobs = Knobs(num_workers=0, prefetch_factor=None, pin_memory=False, batch_size=args.batch, grad_accum=1,
                   compile="none")
     b = build(cfg, knobs, device)
-    it = iter(make_loader(b.dataset, knobs, device))
+    it = iter(make_loader(b.dataset, knobs, device, cfg))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def train() -> None:

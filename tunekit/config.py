@@ -44,7 +44,8 @@ __all__ = [
 Precision = Literal["fp32", "bf16", "fp16"]
 CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 COMPILE_MODES: tuple[str, ...] = typing.get_args(CompileMode)
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_IMPORT_PATH = re.compile(r"^([A-Za-z_][\w.]*|[^:]+\.py):[A-Za-z_][\w.]*$")
+_UNIT = re.compile(r"^[A-Za-z][\w-]*$")
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 _NAME = re.compile(r"^(?!\.\.?$)[A-Za-z0-9._-]+$")
 
@@ -79,6 +80,24 @@ class Workload:
     """Use channels-last memory format for the model and for 4-D inputs."""
     step: str | None = field(default=None, metadata=_meta(import_path=True))
     """Optional custom ``step(model, batch, ctx) -> loss``; the batch arrives already on the device."""
+    step_updates: bool = False
+    """The custom step runs backward and the optimizer step itself (``ctx.optimizer``, ``ctx.scaler``,
+    ``ctx.micro_step``, ``ctx.grad_accum``: clipping, schedulers, several optimizers) and returns the detached loss."""
+    collate_fn: str | None = field(default=None, metadata=_meta(import_path=True))
+    """The DataLoader's ``collate_fn`` (e.g. one that pads variable-length samples)."""
+    sampler: str | None = field(default=None, metadata=_meta(import_path=True))
+    """A factory ``sampler(dataset)`` returning the DataLoader's sampler (default: an endless random sampler)."""
+    worker_init_fn: str | None = field(default=None, metadata=_meta(import_path=True))
+    """The DataLoader's ``worker_init_fn``."""
+    loader: str | None = field(default=None, metadata=_meta(import_path=True))
+    """Your own DataLoader factory, called as ``loader(dataset, **knobs)`` with batch_size, num_workers,
+    pin_memory and, with workers, prefetch_factor and persistent_workers; it must pass them on (a DataLoader that
+    does not is a trial error)."""
+    count: str | None = field(default=None, metadata=_meta(import_path=True))
+    """``count(batch) -> int``: the items a batch holds in ``unit`` (e.g. non-padding tokens); default: the batch's
+    samples."""
+    unit: str = field(default="samples", metadata=_meta(pattern=_UNIT, allowed="a word such as samples, tokens"))
+    """What throughput counts: every figure is in ``unit``/s."""
 
 
 @dataclass(kw_only=True)
@@ -372,8 +391,8 @@ def _scalar(value: Any, tp: Any, path: str, check: dict[str, Any], source: str, 
             errors.append(f"{source}: {path}: {_show(value)} is out of range; must be {words} {check[key]}")
     if check.get("import_path") and not _IMPORT_PATH.match(value):
         errors.append(
-            f"{source}: {path}: {_show(value)} is not an import path; write it as 'module:attr', "
-            "e.g. 'torchvision.models:resnet50'"
+            f"{source}: {path}: {_show(value)} is not an import path; write it as 'module:attr' (e.g. "
+            "'torchvision.models:resnet50') or 'path/to/file.py:attr'"
         )
     if "pattern" in check and not check["pattern"].match(value):
         errors.append(f"{source}: {path}: {_show(value)} is not allowed; choose one of: {check['allowed']}")
@@ -392,7 +411,13 @@ def max_workers(cpus: int | None = None) -> int:
 
 
 def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
-    search = cfg.search
+    search, wl = cfg.search, cfg.workload
+    beside = [k for k in ("collate_fn", "sampler", "worker_init_fn") if getattr(wl, k)]
+    if wl.loader and beside:
+        errors.append(f"{source}: workload.{beside[0]}: workload.loader builds the whole DataLoader; set "
+                      f"{', '.join(beside)} inside it, not beside it")
+    if wl.step_updates and not wl.step:
+        errors.append(f"{source}: workload.step_updates: true needs workload.step, the step that updates")
     bound = max_workers()
     too_many = [w for w in search.num_workers if w > bound]
     if too_many:
@@ -415,7 +440,8 @@ def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
 def _check_import_paths(cfg: Config, source: str) -> list[str]:
     paths = {
         f"workload.{key}": getattr(cfg.workload, key)
-        for key in ("model", "dataset", "loss", "optimizer", "step")
+        for key in ("model", "dataset", "loss", "optimizer", "step", "collate_fn", "sampler", "worker_init_fn",
+                    "loader", "count")
         if getattr(cfg.workload, key) is not None
     }
     cmd = [sys.executable, "-m", "tunekit.workloads.resolve", json.dumps(paths)]

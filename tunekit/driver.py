@@ -233,7 +233,7 @@ def _prepare_dataset(cfg: Config, console: Any) -> None:
 
 
 class _Progress:
-    """A live bar (trials done / planned, elapsed, ETA, current stage and knobs, last samples/s) plus one log
+    """A live bar (trials done / planned, elapsed, ETA, current stage and knobs, last throughput) plus one log
     line per finished trial, so logs without a terminal still show progress."""
 
     def __init__(self, console: Any, total: int, done: int):
@@ -266,6 +266,6 @@ class _Progress:
     def finished(self, row: TrialRow, total: int) -> None:
         last = f"last {row.rate:.1f}/s" if row.ok else f"last {row.status}"
         self.progress.update(self.task, advance=1, total=total, last=last)
-        result = f"{row.rate:.1f} samples/s" if row.ok else f"{row.status}: {row.reason}"
+        result = f"{row.rate:.1f} {row.unit}/s" if row.ok else f"{row.status}: {row.reason}"
         self.progress.console.print(f"trial {row.number} [{row.stage}/{row.mode}] {row.knobs.describe()}: "
                                     f"{result}", highlight=False)

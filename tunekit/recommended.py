@@ -3,6 +3,8 @@
     rec = tunekit.load_recommended("recommended.yaml")
     loader = DataLoader(dataset, **rec.dataloader_kwargs())
     x = x.to(device, non_blocking=rec.non_blocking)
+    args = transformers.TrainingArguments(output_dir="out", **rec.training_arguments())
+    trainer = lightning.pytorch.Trainer(**rec.lightning_trainer_kwargs())
 """
 
 from __future__ import annotations
@@ -54,6 +56,63 @@ class Recommended:
         import torch
 
         return torch.compile(model, mode=None if self.compile_mode == "default" else self.compile_mode)
+
+    def training_arguments(self) -> dict[str, Any]:
+        """Keyword arguments for Hugging Face ``transformers.TrainingArguments``.
+
+        Maps the recommendation onto the names ``TrainingArguments`` takes (transformers is not imported here)::
+
+            args = TrainingArguments(output_dir="out", **rec.training_arguments())
+
+        ``dataloader_prefetch_factor`` is left out without workers (or without a recommended factor):
+        ``TrainingArguments`` raises ``ValueError`` for a prefetch factor with ``dataloader_num_workers == 0``.
+        ``dataloader_persistent_workers`` is True only with workers, as in :meth:`dataloader_kwargs`. Compile sets
+        ``torch_compile=True`` and ``torch_compile_mode`` (``"default"`` included); neither key is present when the
+        recommendation is not to compile. ``non_blocking`` has no counterpart: the Trainer moves batches itself.
+
+        Names checked against the ``TrainingArguments`` reference (huggingface.co/docs/transformers, main_classes/
+        trainer) and ``src/transformers/training_args.py``. The newest, ``dataloader_prefetch_factor``, came with
+        transformers 4.38.0 (huggingface/transformers#28498, merged January 2024); the others are older.
+
+        Returns:
+            ``per_device_train_batch_size``, ``dataloader_num_workers``, ``dataloader_pin_memory``,
+            ``dataloader_persistent_workers``, ``gradient_accumulation_steps``, and where they apply
+            ``dataloader_prefetch_factor``, ``torch_compile`` and ``torch_compile_mode``.
+        """
+        workers = self.num_workers > 0
+        kwargs: dict[str, Any] = {
+            "per_device_train_batch_size": self.batch_size,
+            "dataloader_num_workers": self.num_workers,
+            "dataloader_pin_memory": self.pin_memory,
+            "dataloader_persistent_workers": self.persistent_workers and workers,
+            "gradient_accumulation_steps": self.grad_accum,
+        }
+        if workers and self.prefetch_factor is not None:
+            kwargs["dataloader_prefetch_factor"] = self.prefetch_factor
+        if self.compile_mode is not None:
+            kwargs["torch_compile"] = True
+            kwargs["torch_compile_mode"] = self.compile_mode
+        return kwargs
+
+    def lightning_trainer_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``lightning.pytorch.Trainer`` (lightning is not imported here).
+
+        The Trainer takes only gradient accumulation; the rest of the recommendation goes where Lightning users
+        already write it:
+
+        - the DataLoader built in a ``LightningDataModule``'s ``train_dataloader()`` takes
+          ``DataLoader(dataset, **rec.dataloader_kwargs())`` (batch size, workers, prefetch, pinning, persistence);
+        - compile goes through ``model = rec.compile_model(model)`` before ``trainer.fit(model, datamodule=dm)``
+          (a no-op when the recommendation is not to compile).
+
+        ::
+
+            trainer = lightning.pytorch.Trainer(max_epochs=3, **rec.lightning_trainer_kwargs())
+
+        Returns:
+            ``{"accumulate_grad_batches": grad_accum}``.
+        """
+        return {"accumulate_grad_batches": self.grad_accum}
 
 
 def recommendation_dict(knobs: dict[str, Any], evidence: dict[str, Any]) -> dict[str, Any]:

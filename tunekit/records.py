@@ -24,7 +24,7 @@ class TrialRow:
     status: str
     reason: str = ""
     rate: float = 0.0
-    """Throughput (samples/s), median of the windows; 0 for a trial that was not measured."""
+    """Throughput (``unit``/s), median of the windows; 0 for a trial that was not measured."""
     noise_cv: float = 0.0
     """Coefficient of variation of the trial's window throughputs."""
     headroom: float | None = None
@@ -36,6 +36,11 @@ class TrialRow:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def unit(self) -> str:
+        """What the throughput counts (``workload.unit``): samples unless the workload counts tokens, say."""
+        return str(self.measurement.get("unit") or "samples")
 
     @property
     def key(self) -> tuple[Any, ...]:

@@ -54,10 +54,10 @@ def select_knee(rows: list[TrialRow], selection: Selection) -> Choice:
     ratio = knee.rate / best.rate
     if knee is best:
         reason = (f"The best config is also the cheapest within {allowed:.1%} of it "
-                  f"({best.rate:.1f} samples/s).")
+                  f"({best.rate:.1f} {best.unit}/s).")
     else:
         reason = (f"Knee: {knee.knobs.describe()} reaches {ratio:.1%} of the best ({knee.rate:.1f} vs "
-                  f"{best.rate:.1f} samples/s); the shortfall is within max(tolerance {selection.tolerance:.1%}, "
+                  f"{best.rate:.1f} {best.unit}/s); the shortfall is within max(tolerance {selection.tolerance:.1%}, "
                   f"the run's median window noise {noise:.1%}), and it is cheaper than "
                   f"{best.knobs.describe()}.")
     return Choice(knee, best, ratio, allowed, reason, too_tight)
@@ -75,7 +75,7 @@ def select(cfg: Config, rows: list[TrialRow]) -> Choice:
         best = max(accumulation, key=lambda r: r.rate)
         return Choice(best, best, 1.0, None,
                       f"Effective batch {target} is reached fastest with micro-batch {best.knobs.batch_size} x "
-                      f"{best.knobs.grad_accum} accumulation steps ({best.rate:.1f} samples/s).")
+                      f"{best.knobs.grad_accum} accumulation steps ({best.rate:.1f} {best.unit}/s).")
     reaching = [r for r in candidates if r.knobs.effective_batch == target]
     if not any(r.ok for r in reaching):
         return Choice(None, None, None, None,

@@ -128,7 +128,8 @@ def _summary(m: dict[str, Any]) -> str:
     gib = 1 / 2**30
     lines = [
         f"status: ok on {m.get('device_name')} ({m.get('device')})",
-        f"samples/s: {m['samples_per_s']:.1f} (windows {', '.join(f'{r:.1f}' for r in m['samples_per_s_windows'])};"
+        f"{m.get('unit', 'samples')}/s: {m['samples_per_s']:.1f} "
+        f"(windows {', '.join(f'{r:.1f}' for r in m['samples_per_s_windows'])};"
         f" noise cv {m['noise_cv'] * 100:.1f} %)",
         f"step time: {_fmt(m['step_time_s'], '.4f', unit=' s')}; data wait {_fmt(m['data_wait_frac'], '.1%')};"
         f" gpu busy {_fmt(m.get('gpu_busy_frac'), '.1%')};"

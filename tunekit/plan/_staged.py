@@ -96,7 +96,7 @@ def _maybe_skip(req: Request, s: _Sweep) -> Request:
     if rules.can_reach(ceiling, target, s.selection):
         return req
     return req.skipped(
-        f"the loader alone gives {ceiling.rate:.1f} samples/s at {req.knobs.num_workers} workers (trial "
+        f"the loader alone gives {ceiling.rate:.1f} {ceiling.unit}/s at {req.knobs.num_workers} workers (trial "
         f"{ceiling.number}), below the {target:.1f} needed to come within the band ({allowed:.1%}) of the best "
         f"end-to-end config so far ({best.rate:.1f}, trial {best.number})")
 
@@ -137,7 +137,8 @@ def _smaller_batches(s: _Sweep) -> list[Request] | None:
             if rules.can_reach(ceiling, target, s.selection):
                 return [req]
             return [req.skipped(
-                f"the compute ceiling at batch {batch} is {ceiling.rate:.1f} samples/s (trial {ceiling.number}), "
+                f"the compute ceiling at batch {batch} is {ceiling.rate:.1f} {ceiling.unit}/s (trial "
+                f"{ceiling.number}), "
                 f"below the {target:.1f} needed to come within the band ({allowed:.1%}) of the best config so far "
                 f"({best.rate:.1f}, trial {best.number})")]
         if not row.ok or row.rate < target:

@@ -24,24 +24,28 @@ def _recommendation(s: RunSummary) -> list[str]:
     k, best = s.choice.knee, s.choice.best
     if k is None:
         return [s.choice.reason, ""]
-    cost = f", {s.per_money(k.rate):,.0f} samples per unit of money" if s.per_hour else ""
-    out = [f"**{k.knobs.describe()}** — {k.rate:.1f} samples/s{cost} (trial {k.number}, window noise "
+    u = s.unit
+    cost = f", {s.per_money(k.rate):,.0f} {u} per unit of money" if s.per_hour else ""
+    out = [f"**{k.knobs.describe()}** — {k.rate:.1f} {u}/s{cost} (trial {k.number}, window noise "
            f"{k.noise_cv:.1%}).", "", s.choice.reason, ""]
     if best is not None and best is not k:
-        out += [f"Best measured: {best.knobs.describe()} at {best.rate:.1f} samples/s (trial "
+        out += [f"Best measured: {best.knobs.describe()} at {best.rate:.1f} {u}/s (trial "
                 f"{best.number}); the knee reaches {s.choice.ratio:.1%} of it.", ""]
     if s.defaults is not None:
         dk, kk = s.defaults.knobs, k.knobs
         same = "same batch" if (dk.batch_size, dk.grad_accum) == (kk.batch_size, kk.grad_accum) else (
             f"batch {dk.batch_size}" + (f", accumulation {dk.grad_accum}" if dk.grad_accum > 1 else ""))
-        out += [f"PyTorch defaults (0 workers, no pinning, {same}): {s.defaults.rate:.1f} samples/s "
+        out += [f"PyTorch defaults (0 workers, no pinning, {same}): {s.defaults.rate:.1f} {u}/s "
                 f"(trial {s.defaults.number}); the recommendation is **{s.speedup_vs_defaults:.2f}×** that.", ""]
     if k.headroom is not None:
         out += [f"Memory headroom at the knee: {k.headroom:.1%} of {k.measurement.get('headroom_basis')} memory.", ""]
-    return out + _ceilings(s.rows, k)
+    per_batch = k.measurement.get("items_per_batch_mean")
+    if u != "samples" and per_batch:
+        out += [f"Mean {u} per batch at the knee: {per_batch:,.1f} (batch {k.knobs.batch_size}).", ""]
+    return out + _ceilings(s.rows, k, u)
 
 
-def _ceilings(rows: tuple[TrialRow, ...], k: TrialRow) -> list[str]:
+def _ceilings(rows: tuple[TrialRow, ...], k: TrialRow, u: str) -> list[str]:
     compute = [r for r in rows if r.ok and r.mode == "compute" and r.knobs.batch_size == k.knobs.batch_size]
     loader = [r for r in rows if r.ok and r.mode == "loader" and r.knobs.num_workers == k.knobs.num_workers
               and r.knobs.batch_size == k.knobs.batch_size]
@@ -49,9 +53,9 @@ def _ceilings(rows: tuple[TrialRow, ...], k: TrialRow) -> list[str]:
         return []
     parts = []
     if compute:
-        parts.append(f"compute ceiling {compute[0].rate:.1f} samples/s (model on a staged batch)")
+        parts.append(f"compute ceiling {compute[0].rate:.1f} {u}/s (model on a staged batch)")
     if loader:
-        parts.append(f"loader ceiling {loader[0].rate:.1f} samples/s at {k.knobs.num_workers} workers")
+        parts.append(f"loader ceiling {loader[0].rate:.1f} {u}/s at {k.knobs.num_workers} workers")
     lowest = min(r.rate for r in compute + loader)
     return [f"Ceilings at this batch: {'; '.join(parts)}. The knee reaches {k.rate / lowest:.0%} of the "
             "lower one.", ""]
@@ -99,7 +103,7 @@ def _environment(env: dict[str, Any]) -> list[str]:
 
 def _trials(s: RunSummary) -> list[str]:
     out = ["## Trials", "", "| # | stage | mode | workers | prefetch | pin | batch | accum | compile | status | "
-           "samples/s | samples/$ | noise | data wait | NVML util | headroom | verdict |", "|" + " --- |" * 17]
+           f"{s.unit}/s | {s.unit}/$ | noise | data wait | NVML util | headroom | verdict |", "|" + " --- |" * 17]
     for r in sorted(s.rows, key=lambda r: r.number):
         k = r.knobs
         status = r.status if r.ok else f"{r.status}: {r.reason}"

@@ -13,6 +13,7 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
     assert knee is not None and best is not None
     m = knee.measurement
     return {
+        "unit": s.unit,
         "samples_per_s": round(knee.rate, 2),
         "best_samples_per_s": round(best.rate, 2),
         "ratio": round(float(s.choice.ratio or 0), 4),
@@ -21,6 +22,7 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
         "speedup_vs_defaults": round(s.speedup_vs_defaults, 3) if s.speedup_vs_defaults else None,
         "headroom": round(float(knee.headroom), 4) if knee.headroom is not None else None,
         "headroom_basis": m.get("headroom_basis"),
+        "items_per_batch_mean": m.get("items_per_batch_mean"),
         "noise_cv": round(knee.noise_cv, 4),
         "band": round(float(s.choice.band or 0), 4),
         "data_wait_frac": m.get("data_wait_frac"),

@@ -24,6 +24,8 @@ class RunSummary:
     versions: dict[str, Any]
     date: str
     min_headroom: float
+    unit: str = "samples"
+    """What throughput counts (workload.unit)."""
     stop_reason: str = ""
     verdicts: tuple[Verdict, ...] = ()
     trial_verdicts: dict[int, Verdict] = field(default_factory=dict)
@@ -62,7 +64,7 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
         defaults=defaults_trial(rows, choice.knee) if choice.knee else None, rows=tuple(rows),
         device=m.get("device_name"), versions=m.get("versions") or {},
         date=date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        min_headroom=cfg.selection.min_headroom, stop_reason=stop_reason,
+        min_headroom=cfg.selection.min_headroom, unit=cfg.workload.unit, stop_reason=stop_reason,
         verdicts=tuple(run_verdicts(rows, choice.knee, per_trial, cfg.selection, env)),
         trial_verdicts=per_trial, per_hour=cfg.cost.per_hour, warnings=tuple(warnings),
     )

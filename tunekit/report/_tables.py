@@ -32,7 +32,7 @@ def console_table(s: RunSummary) -> Any:
     from rich.table import Table
 
     table = Table(title=f"{s.name}: {len(s.rows)} trials", show_lines=False)
-    for col in ("#", "stage", "workers", "pf", "pin", "batch", "accum", "compile", "status", "samples/s", "noise",
+    for col in ("#", "stage", "workers", "pf", "pin", "batch", "accum", "compile", "status", f"{s.unit}/s", "noise",
                 "wait"):
         table.add_column(col, justify="right" if col not in ("stage", "status", "compile") else "left")
     knee, best = s.choice.knee, s.choice.best

@@ -3,33 +3,46 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler
 
 from tunekit.config import Config
 from tunekit.contract import Knobs
 from tunekit.workloads import resolve
 
-__all__ = ["Built", "StepContext", "build", "make_loader", "pick_device", "to_device"]
+__all__ = ["Built", "StepContext", "LoaderError", "build", "make_loader", "pick_device", "to_device", "loader_kwargs"]
 
 # Large enough that no trial reaches the end: the sampler never crosses an epoch boundary mid-trial.
 _SAMPLES_PER_EPOCH = 1 << 40
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+class LoaderError(RuntimeError):
+    """The user's DataLoader factory did not build the loader the trial asked for."""
+
+
 @dataclass
 class StepContext:
-    """What a custom ``step(model, batch, ctx)`` may use. The batch is already on ``device``."""
+    """What a custom ``step(model, batch, ctx)`` may use. The batch is already on ``device``.
+
+    With ``workload.step_updates`` the step owns the update: it calls backward (through ``scaler`` when it is not
+    None), and steps and zeroes ``optimizer`` when ``micro_step`` completes an accumulation of ``grad_accum``."""
 
     device: torch.device
     loss_fn: Callable[..., torch.Tensor] | None
     precision: str
     channels_last: bool
+    optimizer: torch.optim.Optimizer | None = None
+    scaler: Any = None
+    grad_accum: int = 1
+    micro_step: int = 0
+    """Micro-batches trained before this one (``(micro_step + 1) % grad_accum == 0``: this one ends a step)."""
 
 
 @dataclass
@@ -63,6 +76,10 @@ def pick_device(name: str) -> torch.device:
 
 
 def _default_step(model: torch.nn.Module, batch: Any, ctx: StepContext) -> torch.Tensor:
+    if isinstance(batch, Mapping):  # e.g. input_ids, attention_mask, labels: the model computes its loss
+        out = model(**batch)
+        loss = out["loss"] if isinstance(out, Mapping) else getattr(out, "loss", out)
+        return loss if loss.dim() == 0 else loss.float().mean()
     inputs, targets = batch[0], batch[1]
     out = model(inputs)
     if ctx.loss_fn is None:
@@ -84,23 +101,51 @@ def build(cfg: Config, knobs: Knobs, device: torch.device) -> Built:
     if knobs.compile != "none":
         model = torch.compile(model, mode=None if knobs.compile == "default" else knobs.compile)
     scaler = torch.amp.GradScaler(device.type) if wl.precision == "fp16" else None
-    ctx = StepContext(device=device, loss_fn=loss_fn, precision=wl.precision, channels_last=wl.channels_last)
+    ctx = StepContext(device=device, loss_fn=loss_fn, precision=wl.precision, channels_last=wl.channels_last,
+                      optimizer=optimizer, scaler=scaler, grad_accum=knobs.grad_accum)
     step_fn = resolve(wl.step) if wl.step else _default_step
     return Built(model, dataset, optimizer, ctx, step_fn, scaler, knobs.compile, time.perf_counter() - t0)
 
 
-def make_loader(dataset: Dataset, knobs: Knobs, device: torch.device) -> DataLoader:
-    """The DataLoader under test. Its sampler draws fresh permutations without ever ending the epoch."""
-    sampler = RandomSampler(dataset, num_samples=_SAMPLES_PER_EPOCH, generator=torch.Generator().manual_seed(0))
-    return DataLoader(
-        dataset,
-        batch_size=knobs.batch_size,
-        sampler=sampler,
-        num_workers=knobs.num_workers,
-        prefetch_factor=knobs.prefetch_factor if knobs.num_workers > 0 else None,
-        pin_memory=knobs.pin_memory and device.type == "cuda",
-        drop_last=True,
-    )
+def loader_kwargs(knobs: Knobs, device: torch.device) -> dict[str, Any]:
+    """The knobs as DataLoader keyword arguments (what recommended.yaml's ``dataloader_kwargs()`` gives)."""
+    kwargs: dict[str, Any] = {"batch_size": knobs.batch_size, "num_workers": knobs.num_workers,
+                              "pin_memory": knobs.pin_memory and device.type == "cuda"}
+    if knobs.num_workers > 0:
+        kwargs.update(prefetch_factor=knobs.prefetch_factor, persistent_workers=True)
+    return kwargs
+
+
+def make_loader(dataset: Dataset, knobs: Knobs, device: torch.device, cfg: Config) -> DataLoader:
+    """The DataLoader under test: the user's factory when there is one, else one built with the configured hooks.
+    A map-style dataset without a sampler of its own gets fresh permutations that never end the epoch; an
+    IterableDataset gets none (sharding across workers is the dataset's job)."""
+    wl = cfg.workload
+    kwargs = loader_kwargs(knobs, device)
+    if wl.loader:
+        loader = resolve(wl.loader)(dataset, **kwargs)
+        _check_factory(loader, kwargs)
+        return loader
+    if wl.sampler:
+        sampler = resolve(wl.sampler)(dataset)
+    elif isinstance(dataset, IterableDataset):
+        sampler = None
+    else:
+        sampler = RandomSampler(dataset, num_samples=_SAMPLES_PER_EPOCH, generator=torch.Generator().manual_seed(0))
+    kwargs.pop("persistent_workers", None)  # the trial's loader lives as long as the trial: one epoch
+    return DataLoader(dataset, sampler=sampler, drop_last=True,
+                      collate_fn=resolve(wl.collate_fn) if wl.collate_fn else None,
+                      worker_init_fn=resolve(wl.worker_init_fn) if wl.worker_init_fn else None, **kwargs)
+
+
+def _check_factory(loader: Any, kwargs: dict[str, Any]) -> None:
+    """The factory's loader must run with the knobs under test, or the trial measures something else."""
+    if not isinstance(loader, DataLoader):
+        raise LoaderError(f"workload.loader returned a {type(loader).__name__}, not a torch DataLoader")
+    for key in ("num_workers", "batch_size", "pin_memory", "prefetch_factor"):
+        if key in kwargs and getattr(loader, key, None) != kwargs[key]:
+            raise LoaderError(f"workload.loader built a DataLoader with {key}={getattr(loader, key, None)!r}, not "
+                              f"the trial's {kwargs[key]!r}: the factory must pass on the knobs it is given")
 
 
 def to_device(batch: Any, ctx: StepContext, non_blocking: bool) -> Any:
@@ -111,7 +156,15 @@ def to_device(batch: Any, ctx: StepContext, non_blocking: bool) -> Any:
             out = out.contiguous(memory_format=torch.channels_last)
         return out
     if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(b, ctx, non_blocking) for b in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, ctx, non_blocking) for k, v in batch.items()}
+        moved = [to_device(b, ctx, non_blocking) for b in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
+    if isinstance(batch, Mapping):
+        moved = {k: to_device(v, ctx, non_blocking) for k, v in batch.items()}
+        try:
+            return type(batch)(moved)  # dict subclasses, UserDict, BatchEncoding-like mappings keep their type
+        except Exception:  # noqa: BLE001 - a mapping type that cannot be rebuilt from a dict
+            return moved
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(batch, **{f.name: to_device(getattr(batch, f.name), ctx, non_blocking)
+                                             for f in dataclasses.fields(batch) if f.init})
     return batch

@@ -21,12 +21,14 @@ from typing import Any
 
 import psutil
 import torch
+from torch.utils.data import IterableDataset
 
 from tunekit import __version__
 from tunekit.config import Config, cpu_count, from_dict
 from tunekit.contract import Knobs, TrialSpec
 from tunekit.worker._build import Built, build, make_loader, pick_device, to_device
 from tunekit.worker._monitor import CpuUse, Monitor, TreeCpu
+from tunekit.workloads import resolve
 
 __all__ = ["measure", "MIN_WINDOW_STEPS", "Diverged"]
 
@@ -39,7 +41,9 @@ window of two or three steps quantises throughput too coarsely to be stable."""
 class _Window:
     wall_s: float
     steps: int
-    samples: int
+    samples: float
+    """Items (in the workload's unit) the window's micro-batches held."""
+    micro_batches: int
     data_wait_s: float
     busy_s: float | None
     cpu: CpuUse
@@ -55,6 +59,8 @@ class _Loop:
 
     fetch: Callable[[], Any]
     work: Callable[[Any], None]
+    count: Callable[[Any], float]
+    """Items a fetched batch holds, in the workload's unit."""
     micro: int = 0
     """Micro-batches trained so far; the optimizer steps every grad_accum of them."""
     loss: Any = None
@@ -82,51 +88,119 @@ def _nvml_sampler(device: torch.device) -> Any | None:
         return None
 
 
-def _train_loop(built: Built, spec: TrialSpec, loader_iter: Any) -> _Loop:
+class _Batches:
+    """The loader's batches, one epoch after another: an epoch that ends inside the trial is counted, never hidden.
+    For an IterableDataset with several workers, the first batch of each worker is fingerprinted: identical ones
+    mean every worker reads the whole stream (unsharded), which multiplies the throughput."""
+
+    def __init__(self, loader: Any, check_shards: int):
+        self.loader = loader
+        self.iterator = iter(loader)
+        self.epochs_ended = 0
+        self._check = check_shards
+        self._prints: list[bytes] = []
+        self.warnings: list[str] = []
+
+    def __call__(self) -> Any:
+        try:
+            batch = next(self.iterator)
+        except StopIteration:
+            self.epochs_ended += 1
+            self.shutdown()
+            self.iterator = iter(self.loader)
+            batch = next(self.iterator)
+        if len(self._prints) < self._check:
+            self._fingerprint(batch)
+        return batch
+
+    def _fingerprint(self, batch: Any) -> None:
+        self._prints.append(_digest(batch))
+        if len(self._prints) == self._check and len(set(self._prints)) < self._check:
+            same = [i for i, p in enumerate(self._prints) if self._prints.count(p) > 1]
+            self.warnings.append(
+                f"IterableDataset: the first batches of workers {', '.join(map(str, same))} are identical: every "
+                "worker yields the same samples (shard the stream with torch.utils.data.get_worker_info()), so "
+                "the throughput counts each sample once per worker")
+
+    def shutdown(self) -> None:
+        getattr(self.iterator, "_shutdown_workers", lambda: None)()
+
+
+def _digest(batch: Any) -> bytes:
+    import hashlib
+
+    h = hashlib.sha1()
+    for t in _tensors(batch):
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.digest()
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, (list, tuple)):
+        return [t for b in batch for t in _tensors(b)]
+    if isinstance(batch, dict):
+        return [t for b in batch.values() for t in _tensors(b)]
+    return []
+
+
+def _counter(cfg: Config, batch_size: int) -> Callable[[Any], float]:
+    if cfg.workload.count is None:
+        return lambda batch: batch_size
+    count = resolve(cfg.workload.count)
+    return lambda batch: float(count(batch))
+
+
+def _train_loop(built: Built, spec: TrialSpec, cfg: Config, batches: _Batches) -> _Loop:
     knobs, ctx = spec.knobs, built.ctx
-    model, optimizer, scaler = built.model, built.optimizer, built.scaler
-    staged: list[Any] = []
-
-    if spec.mode == "compute":
-        batch = next(loader_iter)
-        staged.append(to_device(batch, ctx, non_blocking=False))
+    count = _counter(cfg, knobs.batch_size)
+    if spec.mode == "compute":  # one batch staged on the device: counted once, on the host
+        first = batches()
+        items = count(first)
+        staged = to_device(first, ctx, non_blocking=False)
         _sync(ctx.device)
-
-        def fetch() -> Any:
-            return staged[0]
+        loop = _Loop(fetch=lambda: staged, work=lambda b: None, count=lambda b: items)
     else:
-
-        def fetch() -> Any:
-            return next(loader_iter)
+        loop = _Loop(fetch=batches, work=lambda b: None, count=count)
 
     def train(batch: Any) -> None:
         if spec.mode != "compute":
             batch = to_device(batch, ctx, non_blocking=knobs.non_blocking)
+        ctx.micro_step = loop.micro
         with built.autocast():
-            loss = built.step_fn(model, batch, ctx)
-        loss = loss / knobs.grad_accum
-        loop.loss = loss.detach()
-        if scaler is not None:
-            scaler.scale(loss).backward()
-        else:
-            loss.backward()
+            loss = built.step_fn(built.model, batch, ctx)
         loop.micro += 1
-        if loop.micro % knobs.grad_accum == 0:
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        if cfg.workload.step_updates:  # the step did backward and the optimizer step itself
+            loop.loss = loss.detach() if isinstance(loss, torch.Tensor) else None
+            return
+        _update(built, loop, loss / knobs.grad_accum, knobs.grad_accum)
 
     def copy_only(batch: Any) -> None:
         to_device(batch, ctx, non_blocking=knobs.non_blocking)
 
-    loop = _Loop(fetch=fetch, work=copy_only if spec.mode == "loader" else train)
+    loop.work = copy_only if spec.mode == "loader" else train
     return loop
 
 
-def _run_window(loop: _Loop, device: torch.device, window_s: float, batch: int, accum: int, round_batches: int,
+def _update(built: Built, loop: _Loop, loss: torch.Tensor, grad_accum: int) -> None:
+    """Backward, and the optimizer step when the accumulation completes (through the fp16 scaler if any)."""
+    loop.loss = loss.detach()
+    scaler, optimizer = built.scaler, built.optimizer
+    if scaler is not None:
+        scaler.scale(loss).backward()
+    else:
+        loss.backward()
+    if loop.micro % grad_accum == 0:
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def _run_window(loop: _Loop, device: torch.device, window_s: float, accum: int, round_batches: int,
                 cpu: TreeCpu) -> _Window:
     """Time one window. It ends on a whole round of the loader's workers (``round_batches`` batches): batch j
     and batch j + num_workers come from the same worker, so a window of whole rounds spans whole production
@@ -138,11 +212,13 @@ def _run_window(loop: _Loop, device: torch.device, window_s: float, batch: int, 
     t0 = time.perf_counter()
     wait = 0.0
     steps = 0
+    items = 0.0
     while True:
         for _ in range(accum):
             tw = time.perf_counter()
             item = loop.fetch()
             wait += time.perf_counter() - tw
+            items += loop.count(item)
             if cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
@@ -160,7 +236,7 @@ def _run_window(loop: _Loop, device: torch.device, window_s: float, batch: int, 
     used = cpu.end()
     _check_loss(loop)
     busy = sum(s.elapsed_time(e) for s, e in events) / 1000.0 if cuda else None
-    return _Window(wall, steps, steps * accum * batch, wait, busy, used)
+    return _Window(wall, steps, items, steps * accum, wait, busy, used)
 
 
 def _check_loss(loop: _Loop) -> None:
@@ -269,6 +345,7 @@ def _summarise(windows: list[_Window], cpus: int, workers: int) -> dict[str, Any
         "measured_s": wall,
         "measured_steps": steps,
         "measured_samples": samples,
+        "items_per_batch_mean": samples / sum(w.micro_batches for w in windows),
         "data_wait_frac": sum(w.data_wait_s for w in windows) / wall,
         "gpu_busy_frac": None if busy is None else min(1.0, busy),
         "cpu_util_cores": cpu_s / wall,
@@ -309,34 +386,42 @@ def _set_up(spec: TrialSpec) -> _Setup:
     built = build(cfg, spec.knobs, device)
     # The compute ceiling stages one batch on the device: no loader workers may compete with the model.
     knobs = replace(spec.knobs, num_workers=0) if spec.mode == "compute" else spec.knobs
-    return _Setup(cfg, device, built, knobs, make_loader(built.dataset, knobs, device), startup_s, cuda_init_s)
+    loader = make_loader(built.dataset, knobs, device, cfg)
+    return _Setup(cfg, device, built, knobs, loader, startup_s, cuda_init_s)
 
 
-def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> tuple[dict[str, Any], list[_Window],
-                                                                                 dict[str, Any], dict[str, Any]]:
-    """Warm up, then the timed windows: (warm-up figures, windows, device memory at the end of warm-up and of
-    the windows)."""
+@dataclass
+class _Measured:
+    warm: dict[str, Any]
+    windows: list[_Window]
+    warmup_memory: dict[str, Any]
+    memory: dict[str, Any]
+    epochs_ended: int
+    warnings: list[str]
+
+
+def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measured:
+    """Warm up, then the timed windows."""
     cfg, device = setup.cfg, setup.device
     cpu = TreeCpu()
-    loader_iter = iter(setup.loader)
+    workers = setup.loader_knobs.num_workers
+    iterable = isinstance(setup.built.dataset, IterableDataset)
+    batches = _Batches(setup.loader, workers if iterable and workers >= 2 and spec.mode != "compute" else 0)
     try:
-        loop = _train_loop(setup.built, spec, loader_iter)
+        loop = _train_loop(setup.built, spec, cfg, batches)
         warm = _warm_up(loop, spec, cfg, device)
         warmup_peak = _device_memory(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         monitor.measuring = True  # no work between warm-up and the first window: the loader would refill
-        windows = [
-            _run_window(loop, device, cfg.trial.window_s, spec.knobs.batch_size, spec.knobs.grad_accum,
-                        max(1, setup.loader_knobs.num_workers), cpu)
-            for _ in range(cfg.trial.measure_windows)
-        ]
+        windows = [_run_window(loop, device, cfg.trial.window_s, spec.knobs.grad_accum, max(1, workers), cpu)
+                   for _ in range(cfg.trial.measure_windows)]
         monitor.sample_now()
         monitor.measuring = False
-        return warm, windows, warmup_peak, _device_memory(device)
+        return _Measured(warm, windows, warmup_peak, _device_memory(device), batches.epochs_ended, batches.warnings)
     finally:
         # Stop the loader workers now: the closures in `loop` (and a traceback) would keep them alive.
-        getattr(loader_iter, "_shutdown_workers", lambda: None)()
+        batches.shutdown()
 
 
 def measure(spec: TrialSpec) -> dict[str, Any]:
@@ -346,12 +431,12 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
     device, built = setup.device, setup.built
     monitor = Monitor(_nvml_sampler(device)).start()
     try:
-        warm, windows, warmup_peak, memory = _measure_windows(spec, setup, monitor)
+        got = _measure_windows(spec, setup, monitor)
     finally:
         monitor.stop()
     cpus = cpu_count()
-    result = _summarise(windows, cpus, setup.loader_knobs.num_workers)
-    consumed = warm["warmup_batches"] + result["measured_steps"] * spec.knobs.grad_accum
+    warm = got.warm
+    result = _summarise(got.windows, cpus, setup.loader_knobs.num_workers)
     out: dict[str, Any] = {
         "status": "ok",
         "reason": "",
@@ -365,18 +450,29 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
         "cuda_init_s": setup.cuda_init_s,
         "build_s": built.build_s,
         "trial_s": time.perf_counter() - t_start,
-        "epoch_boundary_in_trial": False,
-        "dataset_len": len(built.dataset),
-        "dataset_passes": (consumed if spec.mode != "compute" else 1) * spec.knobs.batch_size
-        / len(built.dataset),
+        "unit": setup.cfg.workload.unit,
+        "epoch_boundary_in_trial": got.epochs_ended > 0,
+        "epochs_ended": got.epochs_ended,
+        "warnings": got.warnings,
+        **_dataset_fields(built, spec, warm["warmup_batches"] + result["measured_steps"] * spec.knobs.grad_accum),
         **_host_fields(monitor),
         "cpu_count": cpus,
         **_device_fields(device),
         "versions": _versions(),
     }
-    out.update(_memory_fields(memory, warmup_peak, out))
+    out.update(_memory_fields(got.memory, got.warmup_memory, out))
     out.update(_nvml_fields(monitor))
     return out
+
+
+def _dataset_fields(built: Built, spec: TrialSpec, consumed: int) -> dict[str, Any]:
+    """The dataset's length and the passes over it the trial made (None for a dataset without a length)."""
+    try:
+        length = len(built.dataset)  # type: ignore[arg-type]
+    except TypeError:
+        return {"dataset_len": None, "dataset_passes": None}
+    batches = consumed if spec.mode != "compute" else 1
+    return {"dataset_len": length, "dataset_passes": batches * spec.knobs.batch_size / length if length else None}
 
 
 def _host_fields(monitor: Monitor) -> dict[str, Any]:

@@ -21,13 +21,35 @@ def resolve(path: str) -> Callable[..., Any]:
         AttributeError: the attribute does not exist.
         TypeError: the attribute is not callable.
     """
-    module_name, _, attr = path.partition(":")
-    obj: Any = importlib.import_module(module_name)
+    module_name, _, attr = path.rpartition(":")
+    obj: Any = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
     for part in attr.split("."):
         obj = getattr(obj, part)
     if not callable(obj):
         raise TypeError(f"{attr} in module {module_name} is a {type(obj).__name__}, not a callable")
     return obj
+
+
+def _load_file(path: str) -> Any:
+    """A Python file as a module of its own name (not ``__main__``: a script's ``if __name__ == "__main__":`` block
+    does not run), loaded once per process."""
+    import importlib.util
+    import os
+    import sys
+
+    full = os.path.abspath(os.path.expanduser(path))
+    name = "tunekit_user_" + "".join(c if c.isalnum() else "_" for c in full)
+    if name in sys.modules:
+        return sys.modules[name]
+    if not os.path.isfile(full):
+        raise ModuleNotFoundError(f"no file {full}", name=path)
+    spec = importlib.util.spec_from_file_location(name, full)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, os.path.dirname(full))  # the script's own imports, as when it runs
+    spec.loader.exec_module(module)
+    return module
 
 
 def check_paths(paths: dict[str, str]) -> dict[str, str | None]:
@@ -40,7 +62,7 @@ def check_paths(paths: dict[str, str]) -> dict[str, str | None]:
         except ModuleNotFoundError as exc:
             problems[key] = f"does not resolve: no module named '{exc.name}'"
         except AttributeError:
-            module_name, _, attr = path.partition(":")
+            module_name, _, attr = path.rpartition(":")
             problems[key] = f"does not resolve: module '{module_name}' has no attribute '{attr}'"
         except TypeError as exc:
             problems[key] = f"does not resolve to a callable: {exc}"

@@ -68,8 +68,10 @@ def render_all(run_dir: Path, rows: list[TrialRow], choice: Choice, title: str,
         "fractions": (lambda: fractions_data(rows, choice, title), _draw.draw_fractions),
         "compile": (lambda: compile_data(rows, choice, title), _draw.draw_compile),
     }
+    unit = next((r.unit for r in rows if r.ok), "samples")
     results = []
     for name, label, file in PLOTS:
+        label = label.replace("samples/s", f"{unit}/s")
         build, draw = builders[name]
         data = build()
         path = run_dir / "plots" / file

@@ -37,6 +37,7 @@ class WorkersPlot:
     loader_ceiling: tuple[Point, ...]
     compute_ceiling: float | None
     best_label: str = "best"
+    unit: str = "samples"
 
 
 class BatchPoint(NamedTuple):
@@ -55,6 +56,7 @@ class BatchPlot:
     limit_gib: float | None
     memory_label: str
     chosen: int | None
+    unit: str = "samples"
 
 
 class UtilPoint(NamedTuple):
@@ -71,6 +73,7 @@ class UtilPlot:
     title: str
     points: tuple[UtilPoint, ...]
     knee_trial: int | None
+    unit: str = "samples"
 
 
 class StepPoint(NamedTuple):
@@ -85,6 +88,7 @@ class StepTimePlot:
 
     title: str
     points: tuple[StepPoint, ...]
+    unit: str = "samples"
 
 
 class FractionPoint(NamedTuple):
@@ -115,8 +119,13 @@ class CompilePlot:
     title: str
     points: tuple[CompilePoint, ...]
     batch: int
+    unit: str = "samples"
 
 
+
+
+def _unit(rows: list[TrialRow]) -> str:
+    return next((r.unit for r in rows if r.ok), "samples")
 
 
 def _point(row: TrialRow) -> Point:
@@ -163,6 +172,7 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
     if choice.knee is not None and choice.ratio is not None:
         label = f"knee: {choice.knee.knobs.num_workers} workers{at(choice.knee)}, {choice.ratio:.1%} of best"
     return WorkersPlot(
+        unit=_unit(rows),
         title=title, series=tuple(Series(k, tuple(v)) for k, v in groups.items()),
         knee=_point(choice.knee) if choice.knee else None, knee_label=label,
         best=_point(choice.best) if choice.best else None, loader_ceiling=loader,
@@ -195,6 +205,7 @@ def batch_data(rows: list[TrialRow], choice: Choice, title: str, min_headroom: f
     device = m.get("headroom_basis") == "device"
     total = m.get("device_mem_total_bytes") if device else m.get("host_mem_total_bytes")
     return BatchPlot(
+        unit=_unit(rows),
         title=title, points=tuple(BatchPoint(r.knobs.batch_size, r.rate, _peak_gib(r)) for r in ok_rows), oom=oom,
         limit_gib=None if not total else (1 - min_headroom) * total / _GIB,
         memory_label="peak device memory, reserved (GiB)" if device else "peak host memory, PSS (GiB)",
@@ -207,14 +218,14 @@ def util_data(rows: list[TrialRow], choice: Choice, title: str) -> UtilPlot | st
                    for r in rows if r.ok and r.measurement.get("nvml_util_gpu_pct") is not None)
     if len(points) < 2:
         return "no NVML utilization was sampled (a CPU run, or NVML unavailable)"
-    return UtilPlot(title, points, choice.knee.number if choice.knee else None)
+    return UtilPlot(title, points, choice.knee.number if choice.knee else None, unit=_unit(rows))
 
 
 def step_time_data(rows: list[TrialRow], title: str) -> StepTimePlot | str:
     compute = sorted((r for r in rows if r.ok and r.mode == "compute"), key=lambda r: r.knobs.batch_size)
     if len(compute) < 2:
         return "the run has fewer than two compute-ceiling trials (batch sizes)"
-    return StepTimePlot(title, tuple(
+    return StepTimePlot(unit=_unit(rows), title=title, points=tuple(
         StepPoint(r.knobs.batch_size, 1000.0 / r.rate, 1000.0 * float(r.measurement.get("step_time_s") or 0.0))
         for r in compute))
 
@@ -254,6 +265,6 @@ def compile_data(rows: list[TrialRow], choice: Choice, title: str) -> CompilePlo
         samples = r.compile_s / gain if mode != "none" and gain > 0 else None
         steps = None if samples is None else samples / (k.batch_size * k.grad_accum)
         points.append(CompilePoint(mode, r.rate, r.compile_s, 0.0 if mode == "none" else steps))
-    return CompilePlot(title, tuple(points), k.batch_size * k.grad_accum)
+    return CompilePlot(title, tuple(points), k.batch_size * k.grad_accum, unit=_unit(rows))
 
 

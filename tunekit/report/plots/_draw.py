@@ -51,7 +51,7 @@ def draw_workers(plot: WorkersPlot, path: Path) -> None:
         ax.plot(plot.knee.workers, plot.knee.samples_per_s, marker="o", markersize=14, markerfacecolor="none",
                 markeredgecolor="red", markeredgewidth=2, linestyle="none", label=plot.knee_label, zorder=6)
     ax.set_xlabel("num_workers")
-    ax.set_ylabel("samples/s (median of windows; bars: window range)")
+    ax.set_ylabel(f"{plot.unit}/s (median of windows; bars: window range)")
     ax.set_ylim(bottom=0)
     ax.set_xlim(left=-0.5)
     # outside the axes: inside, it covered the few-worker points that matter most
@@ -62,10 +62,10 @@ def draw_workers(plot: WorkersPlot, path: Path) -> None:
 def draw_batch(plot: BatchPlot, path: Path) -> None:
     fig, ax = _figure(plot.title)
     xs = [p.batch for p in plot.points]
-    ax.plot(xs, [p.samples_per_s for p in plot.points], "o-", color="tab:blue", label="samples/s")
+    ax.plot(xs, [p.samples_per_s for p in plot.points], "o-", color="tab:blue", label=f"{plot.unit}/s")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
-    ax.set_ylabel("samples/s", color="tab:blue")
+    ax.set_ylabel(f"{plot.unit}/s", color="tab:blue")
     ax.set_ylim(bottom=0)
     mem = ax.twinx()
     mem_pts = [(p.batch, p.peak_gib) for p in plot.points if p.peak_gib is not None]
@@ -105,7 +105,7 @@ def draw_util(plot: UtilPlot, path: Path) -> None:
             ax.scatter([p.util_pct], [p.samples_per_s], s=220, facecolors="none", edgecolors="red", linewidths=2,
                        label="knee", zorder=5)
     ax.set_xlabel("NVML GPU utilization, mean over the windows (%)")
-    ax.set_ylabel("samples/s")
+    ax.set_ylabel(f"{plot.unit}/s")
     ax.set_xlim(0, 105)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8, loc="upper left")
@@ -115,7 +115,8 @@ def draw_util(plot: UtilPlot, path: Path) -> None:
 def draw_step_time(plot: StepTimePlot, path: Path) -> None:
     fig, ax = _figure(plot.title)
     xs = [p.batch for p in plot.points]
-    ax.plot(xs, [p.ms_per_sample for p in plot.points], "o-", label="step time per sample (ms)")
+    per = "sample" if plot.unit == "samples" else plot.unit.removesuffix("s")
+    ax.plot(xs, [p.ms_per_sample for p in plot.points], "o-", label=f"step time per {per} (ms)")
     for p in plot.points:
         ax.annotate(f"{p.ms_per_step:.0f} ms/step", (p.batch, p.ms_per_sample), xytext=(4, 6),
                     textcoords="offset points", fontsize=8)
@@ -123,7 +124,7 @@ def draw_step_time(plot: StepTimePlot, path: Path) -> None:
     ax.set_xticks(xs)
     ax.get_xaxis().set_major_formatter(_int_formatter())
     ax.set_xlabel("batch size (model on a batch staged on the device)")
-    ax.set_ylabel("ms per sample")
+    ax.set_ylabel(f"ms per {per}")
     ax.set_ylim(0, max(p.ms_per_sample for p in plot.points) * 1.15)
     ax.legend(fontsize=8)
     _save(fig, path)
@@ -160,7 +161,7 @@ def draw_compile(plot: CompilePlot, path: Path) -> None:
             note = f"compile {p.compile_s:.0f} s\npays off after\n{math.ceil(p.break_even_steps):,} steps"
         ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 4),
                     textcoords="offset points", ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel(f"steady samples/s (batch {plot.batch})")
+    ax.set_ylabel(f"steady {plot.unit}/s (batch {plot.batch})")
     ax.set_ylim(0, max(p.samples_per_s for p in plot.points) * 1.3)
     ax.set_xlabel("torch.compile mode")
     _save(fig, path)
