@@ -21,3 +21,50 @@ def self_kill_step(model, batch, ctx):
 
 def nan_step(model, batch, ctx):
     return model(batch[0]).sum() * float("nan")
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """An endless stream of (input, label) samples; ``sharded`` splits it across DataLoader workers as it should."""
+
+    def __init__(self, sharded: bool):
+        self.sharded = sharded
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        start, step = (info.id, info.num_workers) if self.sharded and info is not None else (0, 1)
+        i = start
+        while True:
+            yield torch.full((3, 8, 8), float(i)), i % 10
+            i += step
+
+
+def sharded_stream():
+    return _Stream(sharded=True)
+
+
+def unsharded_stream():
+    """The classic bug: every worker yields the whole stream."""
+    return _Stream(sharded=False)
+
+
+def own_loader(dataset, **knobs):
+    """A user's DataLoader factory: its own collate, the knobs passed on."""
+    return torch.utils.data.DataLoader(dataset, shuffle=True, drop_last=True,
+                                       collate_fn=torch.utils.data.default_collate, **knobs)
+
+
+def loader_ignoring_workers(dataset, **knobs):
+    """A factory that drops num_workers: the trial would measure another loader."""
+    knobs = {k: v for k, v in knobs.items() if k not in ("num_workers", "prefetch_factor", "persistent_workers")}
+    return torch.utils.data.DataLoader(dataset, shuffle=True, drop_last=True, **knobs)
+
+
+def clipping_step(model, batch, ctx):
+    """A step that owns the update: backward, gradient clipping, the optimizer step; returns the detached loss."""
+    loss = torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+    (loss / ctx.grad_accum).backward()
+    if (ctx.micro_step + 1) % ctx.grad_accum == 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
+        ctx.optimizer.step()
+        ctx.optimizer.zero_grad(set_to_none=True)
+    return loss.detach()

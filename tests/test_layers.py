@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("diagnosis", "plan"),
     ("worker", "report"),
     ("driver",),
-    ("cli",),
+    ("cli", "_api"),
     ("__main__",),
 )
 """Bottom to top. Modules of one layer do not import each other: the plan does not read the diagnosis, the store

@@ -229,18 +229,47 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node[last] = value
 
 
-def load(path: str | os.PathLike[str], *, check_imports: bool = True) -> Config:
-    """Load and validate a config file.
+def load(path: str | os.PathLike[str] | dict[str, Any], *, check_imports: bool = True,
+         overrides: dict[str, Any] | None = None) -> Config:
+    """Load and validate a config file (or already-parsed config data), with dotted-key overrides applied first.
 
     Args:
-        path: the YAML file.
+        path: the YAML file, or a mapping of config keys.
         check_imports: also resolve every import path (in a subprocess, so this process never imports torch).
+        overrides: ``{"trial.window_s": 10, ...}``, applied before validation.
 
     Raises:
         ConfigError: listing every problem found, one line each.
     """
-    raw = read_yaml(path)
-    return from_dict(raw, source=str(path), check_imports=check_imports, default_name=Path(path).stem)
+    if isinstance(path, dict):
+        raw: Any = json.loads(json.dumps(path, default=_import_path))  # a copy; callables become import paths
+        source, name = "<config>", "run"
+    else:
+        raw, source, name = read_yaml(path), str(path), Path(path).stem
+    if overrides:
+        if not isinstance(raw, dict):
+            raise ConfigError([f"{source}: the top level must be a mapping of keys, got {_kind(raw)}"])
+        for key, value in overrides.items():
+            set_dotted(raw, key, json.loads(json.dumps(value, default=_import_path)))
+    return from_dict(raw, source=source, check_imports=check_imports, default_name=name)
+
+
+def _import_path(obj: Any) -> str:
+    """A callable given in place of an import path (Python API): ``module:qualname``, or ``file.py:qualname`` for
+    one defined in the script being run, which the trial process loads by path (its ``__main__`` block does not
+    run there)."""
+    if not callable(obj):
+        raise ConfigError([f"<config>: {obj!r} is neither plain data nor a callable"])
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if not module or "<locals>" in name or "<lambda>" in name:
+        raise ConfigError([f"<config>: {name or obj!r} is not importable: define it at the top level of a module "
+                           "or of your script"])
+    if module == "__main__":
+        main_file = getattr(sys.modules["__main__"], "__file__", None)
+        if not main_file:
+            raise ConfigError([f"<config>: {name} lives in an interactive session; define it in a file"])
+        return f"{os.path.abspath(main_file)}:{name}"
+    return f"{module}:{name}"
 
 
 def read_yaml(path: str | os.PathLike[str]) -> Any:

@@ -24,12 +24,14 @@ import yaml
 from tunekit import plan, report, store
 from tunekit._files import read_json, write_json_atomic, write_text_atomic
 from tunekit.config import Config, from_dict
-from tunekit.contract import TrialSpec, skipped_measurement
+from tunekit.contract import Knobs, TrialSpec, skipped_measurement
 from tunekit.env import snapshot, sweep_warnings
+from tunekit.errors import UsageError
 from tunekit.launcher import kill_tree, run_trial
 from tunekit.records import TrialRow
 
-__all__ = ["SweepResult", "run_sweep", "rebuild", "probe_cuda", "make_console", "interrupts_as_keyboard_interrupt"]
+__all__ = ["SweepResult", "run_sweep", "run_single", "first_knobs", "rebuild", "probe_cuda", "make_console",
+           "interrupts_as_keyboard_interrupt"]
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,30 @@ def _finish(sweep: _Sweep, env: dict[str, Any], before: list[str]) -> SweepResul
     return SweepResult(sweep.run_dir, summary, sweep.interrupted)
 
 
+def first_knobs(cfg: Config, **chosen: Any) -> Knobs:
+    """The knobs of a single trial: ``chosen`` ones, the rest the first value of each search list."""
+    s = cfg.search
+    first = {"num_workers": s.num_workers[0], "prefetch_factor": s.prefetch_factor[0],
+             "pin_memory": s.pin_memory[0], "batch_size": s.batch_size[0], "grad_accum": s.grad_accum[0],
+             "compile": s.compile[0]}
+    return Knobs(**{**first, **chosen})
+
+
+def run_single(cfg: Config, knobs: Knobs, mode: str, out: Path) -> tuple[dict[str, Any], Path]:
+    """Exactly one trial into ``out/trials/<n>/`` (``tunekit trial``): its measurement and its folder. A sweep's run
+    folder is refused (a resumed sweep would reuse the number)."""
+    with store.lock_run(out), interrupts_as_keyboard_interrupt():  # no other sweep or trial writes here meanwhile
+        if (out / store.STUDY_FILE).exists():
+            raise UsageError(f"{out}: a sweep's run folder (it holds {store.STUDY_FILE}), whose trial numbers a "
+                             "resumed sweep would reuse; give the trial another --out")
+        trials = out / "trials"
+        number = max((int(p.name) for p in trials.glob("*") if p.name.isdigit()), default=-1) + 1
+        write_text_atomic(out / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        spec = TrialSpec(number=number, stage="single", mode=mode, knobs=knobs, config=cfg.to_dict())
+        result = run_trial(spec, trials / str(number), cfg.trial.timeout_s)
+        return result, trials / str(number)
+
+
 def rebuild(run_dir: Path) -> report.RunSummary:
     """Rebuild a run's outputs from study.db alone (no trial is re-run, no GPU needed, the study is not written)."""
     runs = store.load_run(run_dir)
@@ -269,3 +295,5 @@ class _Progress:
         result = f"{row.rate:.1f} {row.unit}/s" if row.ok else f"{row.status}: {row.reason}"
         self.progress.console.print(f"trial {row.number} [{row.stage}/{row.mode}] {row.knobs.describe()}: "
                                     f"{result}", highlight=False)
+        for warning in row.measurement.get("warnings") or []:
+            self.progress.console.print(f"[yellow]warning:[/] trial {row.number}: {warning}", highlight=False)

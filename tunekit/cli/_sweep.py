@@ -19,15 +19,18 @@ from tunekit.cli._outcome import print_outcome
               help="staged (default from the config) or grid (every combination).")
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Keep the finished trials of an earlier sweep in the same folder, or start again.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="A dotted config key to override (e.g. --set trial.window_s=5 --set 'search.batch_size=[64,128]').")
 @click.option("--quiet", is_flag=True, help="No progress bar or trial log.")
 def sweep(config_path: str, out_dir: str | None, budget_min: float | None, strategy: str | None, resume: bool,
-          quiet: bool) -> None:
+          sets: tuple[str, ...], quiet: bool) -> None:
     """Run short isolated trials, pick the throughput knee, write plots, report.md, trials.csv, study.db and
     recommended.yaml under results/<name>/."""
+    from tunekit.cli._trial import parse_overrides
     from tunekit.driver import make_console, run_sweep
     from tunekit.report import console_table
 
-    cfg = config_mod.load(config_path)
+    cfg = config_mod.load(config_path, overrides=parse_overrides(sets))
     run_dir = Path(out_dir or Path("results") / cfg.name)
     result = run_sweep(cfg, run_dir, strategy=strategy or cfg.strategy,
                        budget_minutes=budget_min or cfg.budget.minutes, resume=resume, quiet=quiet)

@@ -8,7 +8,7 @@ import click
 import yaml
 
 from tunekit import config as config_mod
-from tunekit.contract import KNOB_NAMES, Knobs, TrialSpec
+from tunekit.contract import KNOB_NAMES
 from tunekit.errors import UsageError
 
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,
@@ -25,37 +25,20 @@ _BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False,
               help="Output folder (default results/<name>-trial).")
 def trial(config_path: str, sets: tuple[str, ...], mode: str, out_dir: str | None) -> None:
     """Run exactly one trial and write OUT/trials/<n>/measurement.json."""
-    from tunekit._files import write_json_atomic, write_text_atomic
-    from tunekit.driver import interrupts_as_keyboard_interrupt
-    from tunekit.launcher import run_trial
+
+    from tunekit.driver import first_knobs, run_single
 
     knob_sets, config_sets = _split_sets(sets)
-    raw = config_mod.read_yaml(config_path)
-    if not isinstance(raw, dict):
-        raise UsageError(f"{config_path}: the top level must be a mapping of keys")
-    for key, value in config_sets.items():
-        config_mod.set_dotted(raw, key, _parse_value(key, value))
-    cfg = config_mod.from_dict(raw, source=config_path, check_imports=True, default_name=Path(config_path).stem)
-    knobs = _knobs(cfg, knob_sets)
+    overrides = {key: _parse_value(key, value) for key, value in config_sets.items()}
+    cfg = config_mod.load(config_path, overrides=overrides)
+    knobs = first_knobs(cfg, **{key: _parse_knob(key, text) for key, text in knob_sets.items()})
     out = Path(out_dir or Path("results") / f"{cfg.name}-trial")
-    from tunekit.store import lock_run
-
-    with lock_run(out):  # held until the trial ends: no sweep or other trial writes here meanwhile
-        if (out / "study.db").exists():
-            raise UsageError(f"{out}: a sweep's run folder (it holds study.db), whose trial numbers a resumed sweep "
-                             "would reuse; give tunekit trial another --out")
-        number = _next_trial_number(out / "trials")
-        (out / "trials").mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        spec = TrialSpec(number=number, stage="single", mode=mode, knobs=knobs, config=cfg.to_dict())
-        click.echo(f"trial {number}: {knobs.describe()} ({mode}) on {cfg.device} ...", err=True)
-        with interrupts_as_keyboard_interrupt():  # SIGTERM/SIGHUP kill the trial's process tree too
-            result = run_trial(spec, out / "trials" / str(number), cfg.trial.timeout_s)
-        write_json_atomic(out / "trials" / str(number) / "measurement.json", result)
-        click.echo(_summary(result))
-        click.echo(f"-> {out / 'trials' / str(number) / 'measurement.json'}")
-        if result["status"] != "ok":
-            sys.exit(1)
+    click.echo(f"trial: {knobs.describe()} ({mode}) on {cfg.device} ...", err=True)
+    result, trial_dir = run_single(cfg, knobs, mode, out)
+    click.echo(_summary(result))
+    click.echo(f"-> {trial_dir / 'measurement.json'}")
+    if result["status"] != "ok":
+        sys.exit(1)
 
 
 def _split_sets(sets: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str]]:
@@ -77,21 +60,6 @@ def _split_sets(sets: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str]]:
     return knobs, config
 
 
-def _knobs(cfg: config_mod.Config, sets: dict[str, str]) -> Knobs:
-    s = cfg.search
-    values: dict[str, Any] = {
-        "num_workers": s.num_workers[0],
-        "prefetch_factor": s.prefetch_factor[0],
-        "pin_memory": s.pin_memory[0],
-        "batch_size": s.batch_size[0],
-        "grad_accum": s.grad_accum[0],
-        "compile": s.compile[0],
-    }
-    for key, text in sets.items():
-        values[key] = _parse_knob(key, text)
-    return Knobs(**values)
-
-
 def _parse_knob(key: str, text: str) -> Any:
     if key == "pin_memory":
         if text.lower() not in _BOOL_WORDS:
@@ -111,11 +79,6 @@ def _parse_knob(key: str, text: str) -> Any:
         upper = f" and <= {maximum} (config.max_workers on this machine)" if maximum is not None else ""
         raise UsageError(f"--set {key}={text}: expected an integer >= {minimum}{upper}")
     return value
-
-
-def _next_trial_number(trials: Path) -> int:
-    numbers = [int(p.name) for p in trials.glob("*") if p.name.isdigit()] if trials.exists() else []
-    return max(numbers, default=-1) + 1
 
 
 def _fmt(value: Any, spec: str = ".3f", scale: float = 1.0, unit: str = "") -> str:
@@ -142,6 +105,17 @@ def _summary(m: dict[str, Any]) -> str:
         f"warm-up: {m['warmup_s']:.2f} s over {m.get('warmup_batches')} batches; compile {m.get('compile_s', 0):.2f} s",
     ]
     return "\n".join(lines)
+
+
+def parse_overrides(sets: tuple[str, ...]) -> dict[str, Any]:
+    """``--set`` items of dotted config keys, values parsed as YAML."""
+    overrides = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key.strip():
+            raise UsageError(f"--set {item!r}: expected a dotted config key, e.g. --set trial.window_s=5")
+        overrides[key.strip()] = _parse_value(key.strip(), value)
+    return overrides
 
 
 def _parse_value(key: str, text: str) -> Any:

@@ -69,6 +69,20 @@ def _diagnosis(s: RunSummary) -> list[str]:
         out = ["No verdict: there is no knee to diagnose and the run shows no run-wide bound.", ""]
     if s.warnings:
         out += ["Environment warnings:", ""] + [f"- {w}" for w in s.warnings] + [""]
+    trial_notes = _trial_warnings(s.rows)
+    if trial_notes:
+        out += ["Trial warnings:", ""] + [f"- {w}" for w in trial_notes] + [""]
+    return out
+
+
+def _trial_warnings(rows: tuple[TrialRow, ...]) -> list[str]:
+    """What trials flagged about the data (unsharded iterable workers) and epochs that ended inside them."""
+    out = []
+    for r in rows:
+        out += [f"trial {r.number}: {w}" for w in r.measurement.get("warnings") or []]
+        if r.measurement.get("epochs_ended"):
+            out.append(f"trial {r.number}: the loader's epoch ended {r.measurement['epochs_ended']} time(s) inside "
+                       "the trial; each restart of its workers is part of the measurement")
     return out
 
 

@@ -1,0 +1,136 @@
+"""Your own job as you run it: loader hooks, iterable data, units other than samples, a step that owns the update,
+and the Python API with a factory defined right here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+import tunekit
+from tests.conftest import REPO, sleepy_config
+from tunekit.workloads.synthetic import sleepy_dataset
+
+TEXT = {
+    "workload.model": "tunekit.workloads.text:gpt_model",
+    "workload.model_args": {"vocab_size": 512, "context": 64, "layers": 1, "heads": 2, "width": 32},
+    "workload.dataset": "tunekit.workloads.text:synthetic_documents",
+    "workload.dataset_args": {"vocab_size": 512, "context": 64, "min_words": 5, "max_words": 60},
+    "workload.collate_fn": "tunekit.workloads.text:pad_collate",
+    "workload.count": "tunekit.workloads.text:count_tokens",
+    "workload.unit": "tokens",
+    "workload.loss": None,
+    "workload.optimizer": "torch.optim:AdamW",
+}
+
+
+def tiny_dataset(num_samples: int = 10_000):
+    """A factory defined in this test module, handed to the Python API as a callable."""
+    return sleepy_dataset(num_samples=num_samples, sample_wait_s=0.002)
+
+
+def _trial(tmp_path: Path, name: str, knobs: dict | None = None, **overrides) -> dict:
+    cfg = sleepy_config(**overrides)
+    return tunekit.trial(cfg, knobs=knobs, out=tmp_path / name).measurement
+
+
+def test_dict_batches_with_a_padding_collate_are_measured_in_tokens(tmp_path: Path):
+    m = _trial(tmp_path, "text", {"num_workers": 2, "batch_size": 8}, **TEXT)
+    assert m["status"] == "ok", m
+    assert m["unit"] == "tokens"
+    # 5-60 words a document, under 64 tokens after truncation: the mean tokens per batch of 8 lies in between
+    assert 8 * 5 <= m["items_per_batch_mean"] <= 8 * 64
+    assert m["samples_per_s"] == pytest.approx(m["measured_samples"] / m["measured_s"], rel=0.2)
+    assert m["measured_samples"] == pytest.approx(m["items_per_batch_mean"] * m["measured_steps"])
+
+
+def test_an_iterable_dataset_runs_and_unsharded_workers_are_flagged(tmp_path: Path):
+    iterable = {"workload.dataset_args": {}, "workload.model_args": {"step_wait_s": 0.002}}
+    sharded = _trial(tmp_path, "sharded", {"num_workers": 2, "batch_size": 8},
+                     **{"workload.dataset": "tests._workloads:sharded_stream", **iterable})
+    assert sharded["status"] == "ok", sharded
+    assert sharded["warnings"] == [] and sharded["dataset_len"] is None and not sharded["epoch_boundary_in_trial"]
+    unsharded = _trial(tmp_path, "unsharded", {"num_workers": 2, "batch_size": 8},
+                       **{"workload.dataset": "tests._workloads:unsharded_stream", **iterable})
+    assert unsharded["status"] == "ok", unsharded
+    (warning,) = unsharded["warnings"]
+    assert "workers 0, 1" in warning and "identical" in warning and "get_worker_info" in warning
+
+
+def test_a_users_loader_factory_is_used_and_must_honour_the_knobs(tmp_path: Path):
+    good = _trial(tmp_path, "good", {"num_workers": 2, "batch_size": 8},
+                  **{"workload.loader": "tests._workloads:own_loader"})
+    assert good["status"] == "ok", good
+    assert good["host_processes"] >= 3  # its two workers ran
+    bad = _trial(tmp_path, "bad", {"num_workers": 2, "batch_size": 8},
+                 **{"workload.loader": "tests._workloads:loader_ignoring_workers"})
+    assert bad["status"] == "crashed"
+    assert "num_workers=0, not the trial's 2" in bad["reason"] and "\n" not in bad["reason"]
+
+
+def test_a_step_that_owns_the_update(tmp_path: Path):
+    owns = {"workload.step": "tests._workloads:clipping_step", "workload.model_args": {"step_wait_s": 0.0}}
+    m = _trial(tmp_path, "owns", {"batch_size": 8, "grad_accum": 2}, **owns, **{"workload.step_updates": True})
+    assert m["status"] == "ok", m
+    # the step returns a detached loss: had tunekit run backward on it too, the trial would have failed
+    wrong = _trial(tmp_path, "wrong", {"batch_size": 8}, **owns)
+    assert wrong["status"] == "crashed" and "does not require grad" in wrong["reason"]
+
+
+def test_the_python_api_with_a_factory_defined_in_this_module(tmp_path: Path):
+    cfg = sleepy_config(**{"workload.dataset": tiny_dataset, "workload.dataset_args": {},
+                           "search.num_workers": [0, 2], "strategy": "grid", "trial.window_s": 0.3})
+    outcome = tunekit.sweep(cfg, out=tmp_path / "run", overrides={"trial.measure_windows": 2})
+    assert outcome.recommendation is not None and outcome.recommendation.num_workers in (0, 2)
+    assert len(outcome.trials) == 2 and set(outcome.trials["status"]) == {"ok"}
+    resolved = yaml.safe_load((tmp_path / "run" / "config.resolved.yaml").read_text())
+    assert resolved["workload"]["dataset"] == "tests.test_own_job:tiny_dataset"
+    assert resolved["trial"]["measure_windows"] == 2
+
+
+def test_a_factory_defined_in_the_users_script(tmp_path: Path):
+    """A training script that defines its dataset and calls tunekit.trial: the trial process loads the script by
+    path, without running its main block again."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        import tunekit
+        from tunekit.workloads.synthetic import sleepy_dataset, sleepy_model
+
+        def my_dataset():
+            return sleepy_dataset(sample_wait_s=0.001)
+
+        if __name__ == "__main__":
+            print("main block ran", file=sys.stderr)
+            cfg = {{"name": "script", "device": "cpu",
+                    "workload": {{"model": sleepy_model, "model_args": {{"step_wait_s": 0.005}},
+                                  "dataset": my_dataset}},
+                    "search": {{"batch_size": [8]}},
+                    "trial": {{"warmup_steps": 2, "measure_windows": 2, "window_s": 0.3}}}}
+            result = tunekit.trial(cfg, out={str(tmp_path / "out")!r})
+            print(result.measurement["status"], result.measurement["samples_per_s"] > 0)
+        """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["ok", "True"]
+    assert run.stderr.count("main block ran") == 1  # not again in the trial process
+    resolved = yaml.safe_load((tmp_path / "out" / "config.resolved.yaml").read_text())
+    assert resolved["workload"]["dataset"] == f"{script}:my_dataset"
+
+
+def test_sweep_takes_set_overrides(write_config, tmp_path: Path):
+    cfg = write_config(sleepy_config(**{"trial.window_s": 0.3}))
+    run = subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(tmp_path / "run"),
+                          "--quiet", "--set", "search.num_workers=[0]", "--set", "strategy=grid"],
+                         capture_output=True, text=True, timeout=300)
+    assert "strategy=grid" in run.stderr and run.returncode == 2  # a plain key is not a dotted config key
+    run = subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(tmp_path / "run"),
+                          "--quiet", "--set", "search.num_workers=[0, 2]", "--strategy", "grid"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    resolved = yaml.safe_load((tmp_path / "run" / "config.resolved.yaml").read_text())
+    assert resolved["search"]["num_workers"] == [0, 2]

@@ -1,0 +1,149 @@
+"""Recommended's mappings onto the argument names users type elsewhere: Hugging Face ``TrainingArguments``, Lightning's
+``Trainer``, and ``torch.utils.data.DataLoader``, from a recommended.yaml of the shape ``tunekit sweep`` writes."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from torch.utils.data import DataLoader, TensorDataset
+
+import tunekit
+from tunekit.recommended import recommendation_dict
+
+PINNED = {
+    "dataloader": {"batch_size": 32, "num_workers": 8, "prefetch_factor": 4, "pin_memory": True,
+                   "persistent_workers": True},
+    "training": {"non_blocking": True, "grad_accum": 2, "compile": "reduce-overhead"},
+    "evidence": {},
+}
+"""(a) 8 workers, prefetch 4, pinned, accumulation 2, compiled with mode reduce-overhead."""
+
+IN_PROCESS = {
+    "dataloader": {"batch_size": 16, "num_workers": 0, "prefetch_factor": None, "pin_memory": False,
+                   "persistent_workers": False},
+    "training": {"non_blocking": False, "grad_accum": 1, "compile": "none"},
+    "evidence": {},
+}
+"""(b) loading in the main process, no pinning, no accumulation, not compiled."""
+
+CASES = {"pinned": PINNED, "in_process": IN_PROCESS}
+
+EXPECTED_TRAINING_ARGUMENTS = {
+    "pinned": {
+        "per_device_train_batch_size": 32,
+        "dataloader_num_workers": 8,
+        "dataloader_prefetch_factor": 4,
+        "dataloader_pin_memory": True,
+        "dataloader_persistent_workers": True,
+        "gradient_accumulation_steps": 2,
+        "torch_compile": True,
+        "torch_compile_mode": "reduce-overhead",
+    },
+    "in_process": {
+        "per_device_train_batch_size": 16,
+        "dataloader_num_workers": 0,
+        "dataloader_pin_memory": False,
+        "dataloader_persistent_workers": False,
+        "gradient_accumulation_steps": 1,
+    },
+}
+
+EXPECTED_LIGHTNING = {"pinned": {"accumulate_grad_batches": 2}, "in_process": {"accumulate_grad_batches": 1}}
+
+TRAINING_ARGUMENTS_NAMES = frozenset({
+    "per_device_train_batch_size",
+    "dataloader_num_workers",
+    "dataloader_prefetch_factor",
+    "dataloader_pin_memory",
+    "dataloader_persistent_workers",
+    "gradient_accumulation_steps",
+    "torch_compile",
+    "torch_compile_mode",
+})
+"""``transformers.TrainingArguments`` parameters, as checked by hand in its reference (main_classes/trainer) and
+src/transformers/training_args.py; used when transformers is not installed."""
+
+LIGHTNING_TRAINER_NAMES = frozenset({"accumulate_grad_batches"})
+"""``lightning.pytorch.Trainer`` parameters (lightning.ai/docs/pytorch/stable, gradient accumulation)."""
+
+
+def _load(tmp_path: Path, content: dict[str, Any]) -> tunekit.Recommended:
+    path = tmp_path / "recommended.yaml"
+    path.write_text(yaml.safe_dump(content, sort_keys=False))
+    return tunekit.load_recommended(path)
+
+
+def _accepted(module: str, attr: str, fallback: frozenset[str]) -> frozenset[str]:
+    """The parameter names of ``module.attr`` where that package is installed, else the hand-checked list."""
+    try:
+        package = importlib.import_module(module)
+    except ImportError:
+        return fallback
+    return frozenset(inspect.signature(getattr(package, attr)).parameters)
+
+
+def test_the_fixtures_have_the_shape_tunekit_writes():
+    pinned = {"batch_size": 32, "num_workers": 8, "prefetch_factor": 4, "pin_memory": True, "grad_accum": 2,
+              "compile": "reduce-overhead"}
+    in_process = {"batch_size": 16, "num_workers": 0, "prefetch_factor": 2, "pin_memory": False, "grad_accum": 1,
+                  "compile": "none"}
+    assert recommendation_dict(pinned, {}) == PINNED
+    assert recommendation_dict(in_process, {}) == IN_PROCESS
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_training_arguments(tmp_path: Path, case: str):
+    assert _load(tmp_path, CASES[case]).training_arguments() == EXPECTED_TRAINING_ARGUMENTS[case]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_training_arguments_are_training_arguments_parameters(tmp_path: Path, case: str):
+    accepted = _accepted("transformers", "TrainingArguments", TRAINING_ARGUMENTS_NAMES)
+    assert set(_load(tmp_path, CASES[case]).training_arguments()) <= accepted
+
+
+@pytest.mark.parametrize("mode", ["default", "max-autotune"])
+def test_training_arguments_name_every_compile_mode(tmp_path: Path, mode: str):
+    content = {**PINNED, "training": {**PINNED["training"], "compile": mode}}
+    kwargs = _load(tmp_path, content).training_arguments()
+    assert (kwargs["torch_compile"], kwargs["torch_compile_mode"]) == (True, mode)
+
+
+def test_training_arguments_leave_out_a_prefetch_factor_the_file_does_not_give(tmp_path: Path):
+    content = {**PINNED, "dataloader": {**PINNED["dataloader"], "prefetch_factor": None}}
+    kwargs = _load(tmp_path, content).training_arguments()
+    assert "dataloader_prefetch_factor" not in kwargs and kwargs["dataloader_num_workers"] == 8
+
+
+def test_training_arguments_never_persist_workers_without_workers(tmp_path: Path):
+    content = {**IN_PROCESS, "dataloader": {**IN_PROCESS["dataloader"], "persistent_workers": True}}
+    kwargs = _load(tmp_path, content).training_arguments()
+    assert kwargs["dataloader_persistent_workers"] is False and "dataloader_prefetch_factor" not in kwargs
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_lightning_trainer_kwargs(tmp_path: Path, case: str):
+    kwargs = _load(tmp_path, CASES[case]).lightning_trainer_kwargs()
+    assert kwargs == EXPECTED_LIGHTNING[case]
+    assert set(kwargs) <= _accepted("lightning.pytorch", "Trainer", LIGHTNING_TRAINER_NAMES)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_dataloader_kwargs_drive_a_dataloader(tmp_path: Path, case: str):
+    rec = _load(tmp_path, CASES[case])
+    dataset = TensorDataset(torch.randn(3 * rec.batch_size, 5), torch.arange(3 * rec.batch_size))
+    loader = DataLoader(dataset, **rec.dataloader_kwargs())
+    shapes = [(tuple(x.shape), tuple(y.shape)) for x, y in loader]
+    assert shapes == [((rec.batch_size, 5), (rec.batch_size,))] * 3
+    del loader  # persistent workers shut down with the loader
+
+
+def test_the_mappings_import_neither_transformers_nor_lightning():
+    source = (Path(tunekit.__file__).parent / "recommended.py").read_text()
+    assert "import transformers" not in source and "import lightning" not in source
