@@ -26,7 +26,7 @@ __all__ = [
     "KNEE_STAGES", "MIN_POINTS", "NEAR_CEILING", "OVERHEAD_RATIO", "STARVED_WAIT", "STREAM_FULL", "NOISY_CV",
     "CPU_SATURATED", "CPU_BUSY", "WORKER_WAITING", "MEMORY_WALL_MARGIN", "HOST_MEMORY_WARN", "SHM_WARN",
     "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "stops_batch_growth", "run_noise", "band", "needed", "trial_margin",
-    "can_reach", "knee_stages", "of_ceiling", "input_bound", "worker_core_share", "waits_on_data",
+    "can_reach", "knee_stages", "of_ceiling", "input_bound", "worker_core_share", "waits_on_data", "machine_noise",
 ]
 
 # --- selection -----------------------------------------------------------------------------------------------
@@ -99,7 +99,8 @@ STREAM_FULL = 0.90
 """CUDA-event spans over wall time at or above which the stream has (almost) no idle gap between steps."""
 
 NOISY_CV = 0.10
-"""Window CV far above the 1-4 % of a quiet machine: the measurement is disturbed."""
+"""Window CV far above the 1-4 % of a quiet machine: the measurement is disturbed, unless the batches' content
+varies as much (see :func:`machine_noise`)."""
 
 CPU_SATURATED = 0.85
 """Share of the trial's usable CPUs its process tree kept busy above which the CPUs are the bound."""
@@ -132,6 +133,13 @@ BENIGN_THROTTLE = frozenset({"gpu_idle", "sw_power_cap", "applications_clocks_se
 def of_ceiling(row: TrialRow, ceiling: TrialRow | None) -> float | None:
     """A trial's throughput as a share of a compute ceiling (None without one)."""
     return row.rate / ceiling.rate if ceiling is not None and ceiling.rate else None
+
+
+def machine_noise(row: TrialRow) -> bool:
+    """Window noise the machine made: over NOISY_CV, and not explained by batches whose content varies from window
+    to window (variable-length text counted in tokens: the noise must exceed twice the items-per-batch CV)."""
+    content = row.figure("items_per_batch_cv", 0.0) or 0.0
+    return row.noise_cv > NOISY_CV and row.noise_cv > 2 * content
 
 
 def worker_core_share(row: TrialRow) -> float | None:

@@ -134,9 +134,11 @@ def _shared_gpu(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     # Noisy windows point at the GPU only when the loop is not waiting on data: a saturated input pipeline (CPU
     # contention among loader workers) makes windows jitter on its own, with the GPU to itself.
     gpu_bound = row.mode == "compute" or (row.mode == "train" and f.wait <= rules.STARVED_WAIT)
-    if not (throttle or (row.noise_cv > rules.NOISY_CV and gpu_bound)):
+    if not (throttle or (rules.machine_noise(row) and gpu_bound)):
         return None
     ev: Evidence = {"window noise (CV)": row.noise_cv}
+    if row.figure("items_per_batch_cv"):
+        ev["items per batch, CV across windows"] = row.figure("items_per_batch_cv")
     if row.mode == "train":
         ev["data wait"] = f.wait
     if throttle:

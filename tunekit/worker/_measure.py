@@ -323,11 +323,15 @@ def _versions() -> dict[str, Any]:
     }
 
 
+def _cv(values: list[float]) -> float:
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / mean if len(values) > 1 and mean > 0 else 0.0
+
+
 def _summarise(windows: list[_Window], cpus: int, workers: int) -> dict[str, Any]:
     rates = [w.samples_per_s for w in windows]
     median = statistics.median(rates)
-    mean = statistics.fmean(rates)
-    cv = statistics.stdev(rates) / mean if len(rates) > 1 and mean > 0 else 0.0
+    cv = _cv(rates)
     wall = sum(w.wall_s for w in windows)
     steps = sum(w.steps for w in windows)
     samples = sum(w.samples for w in windows)
@@ -346,6 +350,9 @@ def _summarise(windows: list[_Window], cpus: int, workers: int) -> dict[str, Any
         "measured_steps": steps,
         "measured_samples": samples,
         "items_per_batch_mean": samples / sum(w.micro_batches for w in windows),
+        # how much the batches' content varied from window to window (0 when every batch counts the same): with
+        # variable-length batches part of the window noise is the data's, not the machine's
+        "items_per_batch_cv": _cv([w.samples / w.micro_batches for w in windows]),
         "data_wait_frac": sum(w.data_wait_s for w in windows) / wall,
         "gpu_busy_frac": None if busy is None else min(1.0, busy),
         "cpu_util_cores": cpu_s / wall,
