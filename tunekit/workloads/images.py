@@ -30,6 +30,7 @@ from torchvision import datasets
 from torchvision.transforms import v2
 
 from tunekit.config import cpu_count
+from tunekit.workloads._common import normalise_index, validate
 
 __all__ = ["synthetic_jpeg", "image_folder", "train_transform"]
 
@@ -104,7 +105,7 @@ class SyntheticJpegDataset(Dataset):
         return self.num_images
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        index = _normalise_index(index, self.num_images)
+        index = normalise_index(index, self.num_images)
         with Image.open(_image_path(self.root, index)) as image:
             rgb = image.convert("RGB")
         return self.transform(rgb), index % self.num_classes
@@ -150,8 +151,8 @@ def synthetic_jpeg(
     Raises:
         ValueError: If an argument is out of range.
     """
-    _validate(num_images=num_images, crop=crop, num_classes=num_classes, width=width, height=height)
-    _validate(seed=seed, minimum=0)
+    validate(num_images=num_images, crop=crop, num_classes=num_classes, width=width, height=height)
+    validate(seed=seed, minimum=0)
     if not isinstance(quality, int) or not 1 <= quality <= 100:
         raise ValueError(f"quality must be an integer in 1..100, got {quality!r}")
     params = _Params(width=width, height=height, quality=quality, seed=seed, num_images=num_images)
@@ -183,19 +184,6 @@ def image_folder(root: str, crop: int = 224) -> datasets.ImageFolder:
 # --------------------------------------------------------------------------------------------- helpers
 
 
-def _validate(minimum: int = 1, **values: int) -> None:
-    for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _normalise_index(index: int, length: int) -> int:
-    index = int(index)
-    if index < 0:
-        index += length
-    if not 0 <= index < length:
-        raise IndexError(f"index {index} out of range for dataset of length {length}")
-    return index
 
 
 def _image_path(root: str | Path, index: int) -> str:

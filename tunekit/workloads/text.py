@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from tunekit.workloads._common import normalise_index, validate
+
 __all__ = ["LMOutput", "gpt_model", "synthetic_documents", "pad_collate", "count_tokens"]
 
 PAD_ID = 0
@@ -229,7 +231,7 @@ def gpt_model(
     Raises:
         ValueError: If an argument is out of range.
     """
-    _validate(vocab_size=vocab_size, context=context, layers=layers, heads=heads, width=width)
+    validate(vocab_size=vocab_size, context=context, layers=layers, heads=heads, width=width)
     if width % heads:
         raise ValueError(f"heads must divide width, got width={width}, heads={heads}")
     if not 0.0 <= dropout < 1.0:
@@ -399,7 +401,7 @@ class SyntheticDocuments(Dataset):
 
     def text(self, index: int) -> str:
         """The raw text of document ``index``, before tokenization."""
-        index = _normalise_index(index, self.num_docs)
+        index = normalise_index(index, self.num_docs)
         # A string seed is hashed with SHA-512: the same document in every process, whatever PYTHONHASHSEED is.
         rng = random.Random(f"text:{self.seed}:{index}")
         # Log-uniform lengths: many short documents and a long tail, as in web text.
@@ -494,9 +496,9 @@ def synthetic_documents(
     Raises:
         ValueError: If an argument is out of range.
     """
-    _validate(num_docs=num_docs, min_words=min_words, max_words=max_words, context=context)
-    _validate(seed=seed, minimum=0)
-    _validate(vocab_size=vocab_size, minimum=_MIN_VOCAB)
+    validate(num_docs=num_docs, min_words=min_words, max_words=max_words, context=context)
+    validate(seed=seed, minimum=0)
+    validate(vocab_size=vocab_size, minimum=_MIN_VOCAB)
     if max_words < min_words:
         raise ValueError(f"max_words must be >= min_words, got min_words={min_words}, max_words={max_words}")
     tokenizer = ByteBPETokenizer(_learn_merges(vocab_size - _FIRST_MERGE_ID))
@@ -532,21 +534,3 @@ def count_tokens(batch: dict[str, Any]) -> int:
     Call it on the host batch; on a device tensor the sum would wait for the device.
     """
     return int(batch["attention_mask"].sum())
-
-
-# --------------------------------------------------------------------------------------------- helpers
-
-
-def _validate(minimum: int = 1, **values: int) -> None:
-    for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _normalise_index(index: int, length: int) -> int:
-    index = int(index)
-    if index < 0:
-        index += length
-    if not 0 <= index < length:
-        raise IndexError(f"index {index} out of range for dataset of length {length}")
-    return index
