@@ -11,10 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import psutil
 import pytest
 
-from tests.conftest import sleepy_config
+from tests.conftest import sleepy_config, study_trials
 from tunekit import config, launcher, store
 from tunekit.contract import Knobs, TrialSpec
 from tunekit.errors import ConfigError, StorageError, UsageError
@@ -192,3 +193,40 @@ def test_a_read_only_study_is_one_line_naming_the_file(write_config, tmp_path: P
     lines = resumed.stderr.strip().splitlines()
     assert resumed.returncode == 1 and "study.db" in lines[-1] and "readonly" in lines[-1], resumed.stderr
     assert lines[-1].startswith("tunekit: error:")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 8 MiB file system of its own (tmpfs), or a skip where this machine does not allow mounting one."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small file system needs root")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_is_one_line_and_the_sweep_resumes_once_space_is_freed(write_config, small_disk: Path):
+    cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1, 2], "trial.window_s": 0.3, "strategy": "grid"}))
+    out = small_disk / "run"
+    free_kib = int(subprocess.run(["df", "-k", "--output=avail", str(small_disk)], capture_output=True,
+                                  text=True).stdout.split()[-1])
+    (small_disk / "filler").write_bytes(b"\0" * ((free_kib - 230) * 1024))  # room for the study and a few trials
+    full = _cli("sweep", str(cfg), "--out", str(out), "--quiet")
+    assert full.returncode == 1, full.stderr
+    last = full.stderr.strip().splitlines()[-1]
+    assert last.startswith("tunekit: error:") and ("full" in last or "No space left" in last), last
+    assert str(small_disk) in last  # names the file it could not write
+    before = {t.user_attrs["number"]: t.value for t in _finished(out)}
+
+    (small_disk / "filler").unlink()
+    resumed = _cli("sweep", str(cfg), "--out", str(out), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    after = {t.user_attrs["number"]: t.value for t in _finished(out)}
+    assert all(after[n] == v for n, v in before.items())  # nothing recorded was lost or changed
+    assert (out / "recommended.yaml").exists() and len(pd.read_csv(out / "trials.csv")) >= 3
+
+
+def _finished(out: Path) -> list:
+    return [t for t in study_trials(out) if t.state.is_finished() and "measurement" in t.user_attrs]

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tunekit.errors import TunekitError
+
 __all__ = ["atomic_path", "write_text_atomic", "write_json_atomic", "read_json"]
 
 
@@ -18,13 +20,19 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary path beside ``path`` (same suffix, so writers that infer a format from it still work); once the
     block succeeds it replaces ``path`` in one step, otherwise it is removed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}")
-    os.close(fd)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}")
+        os.close(fd)
+    except OSError as exc:
+        raise TunekitError(f"{path}: cannot write: {exc.strerror or exc}") from exc
     try:
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs such as recommended.yaml are shared
         os.replace(tmp, path)
+    except OSError as exc:  # a full disk, a read-only folder: one line naming the file
+        Path(tmp).unlink(missing_ok=True)
+        raise TunekitError(f"{path}: cannot write: {exc.strerror or exc}") from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
