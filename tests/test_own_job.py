@@ -134,3 +134,26 @@ def test_sweep_takes_set_overrides(write_config, tmp_path: Path):
     assert run.returncode == 0, run.stderr
     resolved = yaml.safe_load((tmp_path / "run" / "config.resolved.yaml").read_text())
     assert resolved["search"]["num_workers"] == [0, 2]
+
+
+def test_mapping_and_dataclass_batches_reach_the_device_with_their_type():
+    import collections
+    import dataclasses
+
+    import torch
+
+    from tunekit.worker._build import StepContext, to_device
+
+    class Encoding(collections.UserDict):  # a BatchEncoding-like mapping
+        pass
+
+    @dataclasses.dataclass
+    class Pair:
+        inputs: torch.Tensor
+        label: torch.Tensor
+
+    ctx = StepContext(device=torch.device("meta"), loss_fn=None, precision="fp32", channels_last=False)
+    moved = to_device(Encoding(input_ids=torch.ones(2, 3)), ctx, non_blocking=False)
+    assert type(moved) is Encoding and moved["input_ids"].device.type == "meta"
+    pair = to_device(Pair(torch.ones(2), torch.zeros(2)), ctx, non_blocking=False)
+    assert type(pair) is Pair and pair.inputs.device.type == pair.label.device.type == "meta"
