@@ -80,3 +80,8 @@ def test_an_erratic_cheap_trial_is_not_within_noise():
     assert result.knee.number == 4  # 16 workers, prefetch 2, unpinned: 93.9 % of the best, within 7.2 %
     assert result.band == pytest.approx(0.072, abs=0.001)
     assert "median window noise 7.2%" in result.reason
+
+
+def test_a_run_without_trials_still_has_a_trials_table_header():
+    frame = trials_frame([])
+    assert len(frame) == 0 and list(frame.columns[:4]) == ["number", "stage", "mode", "num_workers"]

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tunekit.contract import Knobs
 from tunekit.records import TrialRow
 
 _SCALAR_TYPES = (int, float, str, bool, type(None))
@@ -26,7 +27,8 @@ def trials_frame(rows: list[TrialRow], extra: dict[int, dict[str, Any]] | None =
                 rec[key] = " ".join(f"{v:.2f}" for v in value)
         rec.update((extra or {}).get(row.number, {}))
         records.append(rec)
-    frame = pd.DataFrame.from_records(records)
+    columns = ["number", "stage", "mode", *Knobs.__dataclass_fields__, "non_blocking", "status", "reason"]
+    frame = pd.DataFrame.from_records(records) if records else pd.DataFrame(columns=columns)  # a header, at least
     if "prefetch_factor" in frame:
         frame["prefetch_factor"] = frame["prefetch_factor"].astype("Int64")  # integers with gaps, not floats
     return frame
