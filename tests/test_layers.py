@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import REPO
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "_files", "outcome"),
-    ("contract", "config"),
+    ("errors", "outcome"),
+    ("_files", "contract", "config"),
     ("records", "recommended", "workloads"),
     ("rules", "store", "launcher"),
     ("analysis", "env"),

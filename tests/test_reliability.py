@@ -70,7 +70,8 @@ def test_a_nan_loss_is_diverged_not_a_fast_step(tmp_path: Path):
 
 
 def _tiny_sweep(write_config, out: Path, **overrides) -> subprocess.CompletedProcess[str]:
-    cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, **overrides}))
+    cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid",
+                                        **overrides}))
     return _cli("sweep", str(cfg), "--out", str(out), "--quiet")
 
 

@@ -14,7 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,9 +209,10 @@ def first_knobs(cfg: Config, **chosen: Any) -> Knobs:
     return Knobs(**{**first, **chosen})
 
 
-def run_single(cfg: Config, knobs: Knobs, mode: str, out: Path) -> tuple[dict[str, Any], Path]:
+def run_single(cfg: Config, knobs: Knobs, mode: str, out: Path,
+               announce: Callable[[int], None] = lambda number: None) -> tuple[dict[str, Any], Path]:
     """Exactly one trial into ``out/trials/<n>/`` (``tunekit trial``): its measurement and its folder. A sweep's run
-    folder is refused (a resumed sweep would reuse the number)."""
+    folder is refused (a resumed sweep would reuse the number). ``announce(number)`` runs once the folder is held."""
     with store.lock_run(out), interrupts_as_keyboard_interrupt():  # no other sweep or trial writes here meanwhile
         if (out / store.STUDY_FILE).exists():
             raise UsageError(f"{out}: a sweep's run folder (it holds {store.STUDY_FILE}), whose trial numbers a "
@@ -220,6 +221,7 @@ def run_single(cfg: Config, knobs: Knobs, mode: str, out: Path) -> tuple[dict[st
         number = max((int(p.name) for p in trials.glob("*") if p.name.isdigit()), default=-1) + 1
         write_text_atomic(out / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         spec = TrialSpec(number=number, stage="single", mode=mode, knobs=knobs, config=cfg.to_dict())
+        announce(number)
         result = run_trial(spec, trials / str(number), cfg.trial.timeout_s)
         return result, trials / str(number)
 

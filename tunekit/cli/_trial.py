@@ -33,8 +33,8 @@ def trial(config_path: str, sets: tuple[str, ...], mode: str, out_dir: str | Non
     cfg = config_mod.load(config_path, overrides=overrides)
     knobs = first_knobs(cfg, **{key: _parse_knob(key, text) for key, text in knob_sets.items()})
     out = Path(out_dir or Path("results") / f"{cfg.name}-trial")
-    click.echo(f"trial: {knobs.describe()} ({mode}) on {cfg.device} ...", err=True)
-    result, trial_dir = run_single(cfg, knobs, mode, out)
+    result, trial_dir = run_single(cfg, knobs, mode, out, announce=lambda number: click.echo(
+        f"trial {number}: {knobs.describe()} ({mode}) on {cfg.device} ...", err=True))
     click.echo(_summary(result))
     click.echo(f"-> {trial_dir / 'measurement.json'}")
     if result["status"] != "ok":
