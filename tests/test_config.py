@@ -18,9 +18,13 @@ def _problems(write_config, data) -> list[str]:
 
 
 def test_shipped_configs_load():
-    for name in ("quickstart", "resnet", "resnet-cheapdata"):
-        cfg = config.load(REPO / "configs" / f"{name}.yaml")
+    shipped = sorted((REPO / "configs").glob("*.yaml"))
+    assert {p.stem for p in shipped} >= {"quickstart", "resnet", "resnet-cheapdata", "gpt-tokens"}
+    for path in shipped:
+        cfg = config.load(path)
         assert cfg.workload.model and cfg.search.batch_size
+    text = config.load(REPO / "configs" / "gpt-tokens.yaml", check_imports=False)
+    assert text.workload.unit == "tokens" and text.workload.count and text.workload.collate_fn
     resnet = config.load(REPO / "configs" / "resnet.yaml", check_imports=False)
     assert resnet.workload.precision == "bf16" and resnet.workload.channels_last
     assert resnet.search.compile == ["none", "default"]
