@@ -172,3 +172,17 @@ def test_no_pruning_against_trials_that_leave_too_little_headroom():
     req = _maybe_skip(plan.Request("end_to_end", "train", rows[-1].knobs.__class__(
         num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=8)), rows, cfg)
     assert req.skip is None  # the 8-worker trial cannot be the knee: it is no yardstick for 2 workers, which may fit
+
+
+def test_compile_is_skipped_with_evidence_when_the_knee_waits_on_data():
+    cfg = _cfg(**{"search.batch_size": [8], "search.num_workers": [0, 8], "search.pin_memory": [False],
+                  "search.prefetch_factor": [2]})
+    base = [_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 800, num_workers=0),
+            _m(2, "loader", "loader", 800, num_workers=8), _m(4, "end_to_end", "train", 80, data_wait_frac=0.8)]
+    starved = rows_from_measurements([*base, _m(3, "end_to_end", "train", 200, num_workers=8, data_wait_frac=0.5)])
+    (req,) = plan.next_requests(cfg, starved, strategy="staged", cuda=False)
+    assert req.stage == "compile" and req.knobs.compile == "default"
+    assert req.skip and "waits on data 50%" in req.skip and "50% of its compute ceiling" in req.skip
+    bound = rows_from_measurements([*base, _m(3, "end_to_end", "train", 390, num_workers=8, data_wait_frac=0.02)])
+    (req,) = plan.next_requests(cfg, bound, strategy="staged", cuda=False)
+    assert req.stage == "compile" and req.skip is None  # the model is the bound: compiling may help

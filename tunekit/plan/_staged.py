@@ -147,13 +147,21 @@ def _smaller_batches(s: _Sweep) -> list[Request] | None:
 
 
 def _compile(s: _Sweep) -> list[Request] | None:
-    """The other compile modes at the knee."""
+    """The other compile modes at the knee; skipped with the evidence when the knee waits on data below its compute
+    ceiling (a faster model changes nothing then, and compiling costs tens of seconds a trial)."""
     knee = s.knee("compile")
     if knee is None:
         return None
     k = knee.knobs
-    return pending([Request("compile", "train", Knobs(**{**k.to_dict(), "compile": c}))
+    left = pending([Request("compile", "train", Knobs(**{**k.to_dict(), "compile": c}))
                     for c in s.search.compile if c != k.compile], s.rows)
+    ceiling = next((r for r in s.done("compute") if r.ok and r.knobs.batch_size == k.batch_size), None)
+    share, wait = rules.of_ceiling(knee, ceiling), knee.figure("data_wait_frac", 0.0) or 0.0
+    if left and rules.waits_on_data(wait, share) and share is not None:
+        return [left[0].skipped(
+            f"the knee (trial {knee.number}) waits on data {wait:.0%} of the time at {share:.0%} of its compute "
+            f"ceiling (trial {ceiling.number}): the input pipeline is the bound, so a faster model changes nothing")]
+    return left
 
 
 def _accumulation(s: _Sweep) -> list[Request] | None:
