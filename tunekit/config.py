@@ -127,7 +127,7 @@ class TrialSettings:
     warmup_steps: int = field(default=10, metadata=_meta(min=0))
     """Steps run before timing, on top of the pipeline fill (num_workers x prefetch_factor batches)."""
     measure_windows: int = field(default=3, metadata=_meta(min=2))
-    """Timed windows; samples/s is their median and the noise their spread."""
+    """Timed windows; the throughput is their median and the noise their spread."""
     window_s: float = field(default=3.0, metadata=_meta(gt=0))
     """Length of one timed window in seconds."""
     timeout_s: float = field(default=300.0, metadata=_meta(gt=0))
@@ -156,7 +156,7 @@ class Budget:
 
 @dataclass(kw_only=True)
 class Cost:
-    """What the machine costs, to report samples per dollar beside samples/s."""
+    """What the machine costs, to report items per unit of money beside the throughput."""
 
     per_hour: float | None = field(default=None, metadata=_meta(gt=0))
     """Price of the machine per hour (any currency); null to leave cost out."""
@@ -182,7 +182,7 @@ class Config:
     budget: Budget = field(default_factory=Budget)
     """Sweep budget."""
     cost: Cost = field(default_factory=Cost)
-    """Machine price, for samples per dollar."""
+    """Machine price, for items per unit of money."""
     strategy: Literal["staged", "grid"] = "staged"
     """staged (ceilings, then end to end, then refinements) or grid (every combination)."""
     source: str = field(default="<dict>", metadata={"internal": True})

@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 
 from tunekit import config as config_mod
-from tunekit.cli._outcome import print_outcome
+from tunekit.cli._outcome import parse_overrides, print_outcome
 
 
 @click.command()
@@ -26,7 +26,6 @@ def sweep(config_path: str, out_dir: str | None, budget_min: float | None, strat
           sets: tuple[str, ...], quiet: bool) -> None:
     """Run short isolated trials, pick the throughput knee, write plots, report.md, trials.csv, study.db and
     recommended.yaml under results/<name>/."""
-    from tunekit.cli._trial import parse_overrides
     from tunekit.driver import make_console, run_sweep
     from tunekit.report import console_table
 

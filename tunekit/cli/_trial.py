@@ -5,9 +5,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from tunekit import config as config_mod
+from tunekit.cli._outcome import parse_value
 from tunekit.contract import KNOB_NAMES
 from tunekit.errors import UsageError
 
@@ -29,7 +29,7 @@ def trial(config_path: str, sets: tuple[str, ...], mode: str, out_dir: str | Non
     from tunekit.driver import first_knobs, run_single
 
     knob_sets, config_sets = _split_sets(sets)
-    overrides = {key: _parse_value(key, value) for key, value in config_sets.items()}
+    overrides = {key: parse_value(key, value) for key, value in config_sets.items()}
     cfg = config_mod.load(config_path, overrides=overrides)
     knobs = first_knobs(cfg, **{key: _parse_knob(key, text) for key, text in knob_sets.items()})
     out = Path(out_dir or Path("results") / f"{cfg.name}-trial")
@@ -105,23 +105,3 @@ def _summary(m: dict[str, Any]) -> str:
         f"warm-up: {m['warmup_s']:.2f} s over {m.get('warmup_batches')} batches; compile {m.get('compile_s', 0):.2f} s",
     ]
     return "\n".join(lines)
-
-
-def parse_overrides(sets: tuple[str, ...]) -> dict[str, Any]:
-    """``--set`` items of dotted config keys, values parsed as YAML."""
-    overrides = {}
-    for item in sets:
-        key, sep, value = item.partition("=")
-        if not sep or "." not in key.strip():
-            raise UsageError(f"--set {item!r}: expected a dotted config key, e.g. --set trial.window_s=5")
-        overrides[key.strip()] = _parse_value(key.strip(), value)
-    return overrides
-
-
-def _parse_value(key: str, text: str) -> Any:
-    """A --set value as YAML (one line naming the key when it is not valid YAML)."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UsageError(f"--set {key}={text}: not a valid YAML value ({problem})") from None

@@ -109,14 +109,15 @@ class Facts:
 
 def _facts(row: TrialRow, trials: Trials) -> Facts:
     k = row.knobs
-    share = rules.of_ceiling(row, trials.compute.get(k.batch_size))
+    ceiling = trials.compute.get(k.batch_size)
+    share = rules.of_ceiling(row, ceiling)
     busy = row.figure("gpu_busy_frac")
     return Facts(
         wait=row.figure("data_wait_frac", 0.0) or 0.0,
         of_ceiling=share,
         busy=busy,
         stream_full=(not k.pin_memory and busy is not None and busy >= rules.STREAM_FULL
-                     and share is not None and share < rules.NEAR_CEILING),
+                     and rules.input_bound(row, ceiling)),
         cpu_busy=row.figure("cpu_util_frac"),
         system_busy=None if row.figure("system_cpu_pct") is None else (row.figure("system_cpu_pct") or 0.0) / 100,
         worker_share=rules.worker_core_share(row),

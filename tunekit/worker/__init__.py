@@ -43,14 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     spec_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     spec = TrialSpec.from_dict(read_json(spec_path))
-    from tunekit.worker._measure import Diverged, measure
-
     try:
+        from tunekit.worker._measure import measure  # torch: a broken install is a classified failure too
+
         result = measure(spec)
-    except Diverged as exc:
-        write_json_atomic(out_path, failed_measurement(spec, "diverged", str(exc), exception="Diverged"))
-        return EXIT_FAILED
     except Exception as exc:  # noqa: BLE001 - every failure becomes data
+        if type(exc).__name__ == "Diverged":  # a NaN/Inf loss: its own status, the reason as written
+            write_json_atomic(out_path, failed_measurement(spec, "diverged", str(exc), exception="Diverged"))
+            return EXIT_FAILED
         text = "".join(traceback.format_exception(exc))
         sys.stderr.write(text)
         sys.stderr.flush()
