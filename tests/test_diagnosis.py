@@ -33,6 +33,9 @@ CASES = {
     "h2d-copy": measurement(10, "train", "train", 1500, num_workers=8, data_wait_frac=0.1),
     # 87 % of the compute ceiling with 3 % data wait and no small-batch penalty: no bound stands out
     "unattributed": measurement(10, "train", "train", 1740, num_workers=8, data_wait_frac=0.03),
+    # two ranks at 70 % of twice one GPU's throughput (trial 11), 40 % of a step in gradient sync, no data wait
+    "communication-bound": measurement(10, "train", "train", 2800, num_workers=8, ranks=2, data_wait_frac=0.02,
+                                       sync_share=0.4),
     "shared-gpu": measurement(
         10, "train", "train", 1500, num_workers=8, noise_cv=0.2, nvml={"throttle_reasons": ["hw_slowdown"]}
     ),
@@ -41,7 +44,8 @@ CASES = {
 
 FIX_WORDS = {"shared-gpu": "idle GPU", "memory-wall": "accumulation", "h2d-copy": "pin_memory=True",
              "cpu-preprocessing": "on the GPU", "data-starved": "faster storage", "overhead-bound": "larger batch",
-             "compute-bound": "the model itself", "unattributed": "profile"}
+             "compute-bound": "the model itself", "unattributed": "profile",
+             "communication-bound": "accumulate gradients"}
 
 
 @pytest.mark.parametrize("name", VERDICTS)
@@ -49,6 +53,8 @@ def test_every_verdict_on_fixtures(name: str):
     ms = [*CEILINGS, CASES[name]]
     if name == "h2d-copy":
         ms.append(measurement(11, "train", "train", 1800, num_workers=8, pin_memory=True, data_wait_frac=0.05))
+    if name == "communication-bound":
+        ms.append(measurement(11, "scaling", "train", 2000, num_workers=8, data_wait_frac=0.02))
     verdict = trial_verdicts(rows_from_measurements(ms), SELECTION)[10]
     assert verdict.name == name
     assert verdict.evidence and verdict.fix

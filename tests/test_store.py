@@ -12,7 +12,7 @@ from tunekit import config, store
 from tunekit.errors import UsageError
 
 KNOBS = {"num_workers": 2, "prefetch_factor": 2, "pin_memory": False, "batch_size": 8, "grad_accum": 1,
-         "compile": "none"}
+         "compile": "none", "ranks": 1}
 
 
 def _ok(number: int, stage: str, mode: str, rate: float, knobs: dict = KNOBS) -> dict:

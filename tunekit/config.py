@@ -31,6 +31,7 @@ __all__ = [
     "Selection",
     "Budget",
     "Cost",
+    "Launch",
     "COMPILE_MODES",
     "load",
     "read_yaml",
@@ -105,7 +106,7 @@ class Search:
     """The knobs a sweep varies. Lists are deduplicated; numeric lists are sorted."""
 
     num_workers: list[int] = field(default_factory=lambda: [0, 2, 4], metadata=_meta(min=0))
-    """DataLoader worker counts, or ``auto`` for 0 ... 2x the usable CPU count."""
+    """DataLoader worker counts (per rank under launch), or ``auto`` for 0 ... 2x the usable CPUs (per rank)."""
     prefetch_factor: list[int] = field(default_factory=lambda: [2], metadata=_meta(min=1))
     """Batches prefetched per worker (only with num_workers > 0)."""
     pin_memory: list[bool] = field(default_factory=lambda: [False, True])
@@ -162,6 +163,29 @@ class Cost:
     """Price of the machine per hour (any currency); null to leave cost out."""
 
 
+_ENDPOINT = re.compile(r"^[A-Za-z0-9._-]+:\d{1,5}$")
+
+
+@dataclass(kw_only=True)
+class Launch:
+    """How an end-to-end trial is launched: one process, or one DDP rank per GPU under torchrun."""
+
+    nproc_per_node: int = field(default=1, metadata=_meta(min=1))
+    """Ranks (one per GPU) on each node; above 1, end-to-end trials run under ``torch.distributed.run`` with
+    DistributedDataParallel, and num_workers and prefetch_factor are per rank."""
+    nnodes: int = field(default=1, metadata=_meta(min=1))
+    """Nodes; above 1, start ``tunekit node`` on every other node (docs/distributed.md)."""
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """Process-group backend: auto is nccl on CUDA devices and gloo on the CPU."""
+    rdzv_endpoint: str | None = field(default=None, metadata=_meta(pattern=_ENDPOINT, allowed="host:port"))
+    """``host:port`` of the node running the sweep, where every node's ranks meet; needed when nnodes > 1."""
+
+    @property
+    def world(self) -> int:
+        """Ranks of a multi-GPU trial, all nodes together (1: trials run as single processes)."""
+        return self.nproc_per_node * self.nnodes
+
+
 @dataclass(kw_only=True)
 class Config:
     """A whole sweep config, as loaded from YAML."""
@@ -183,6 +207,8 @@ class Config:
     """Sweep budget."""
     cost: Cost = field(default_factory=Cost)
     """Machine price, for items per unit of money."""
+    launch: Launch = field(default_factory=Launch)
+    """Single process, or DDP ranks per node (multi-GPU trials)."""
     strategy: Literal["staged", "grid"] = "staged"
     """staged (ceilings, then end to end, then refinements) or grid (every combination)."""
     source: str = field(default="<dict>", metadata={"internal": True})
@@ -304,6 +330,10 @@ def from_dict(
     cfg = _load_dataclass(Config, raw, "", source, errors)
     if cfg is not None:
         cfg.source = source
+        search = raw.get("search")
+        if isinstance(search, dict) and search.get("num_workers") == "auto" and cfg.launch.nproc_per_node > 1:
+            # per rank: the ranks of a node share its CPUs
+            cfg.search.num_workers = auto_workers(max(1, cpu_count() // cfg.launch.nproc_per_node))
         _cross_checks(cfg, source, errors)
         if check_imports and not errors:
             errors.extend(_check_import_paths(cfg, source))
@@ -447,6 +477,16 @@ def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
                       f"{', '.join(beside)} inside it, not beside it")
     if wl.step_updates and not wl.step:
         errors.append(f"{source}: workload.step_updates: true needs workload.step, the step that updates")
+    launch = cfg.launch
+    if launch.nnodes > 1 and not launch.rdzv_endpoint:
+        errors.append(f"{source}: launch.rdzv_endpoint: launch.nnodes = {launch.nnodes} needs the host:port where "
+                      "the nodes meet (the node running the sweep)")
+    if launch.world > 1 and cfg.device not in ("auto", "cuda", "cpu"):
+        errors.append(f"{source}: device: {cfg.device} names one GPU, but launch runs {launch.nproc_per_node} ranks "
+                      "per node, one GPU each; choose one of: auto, cuda, cpu")
+    if launch.backend == "nccl" and cfg.device == "cpu":
+        errors.append(f"{source}: launch.backend: nccl needs CUDA devices, but device is cpu; choose one of: auto, "
+                      "gloo")
     bound = max_workers()
     too_many = [w for w in search.num_workers if w > bound]
     if too_many:

@@ -34,6 +34,9 @@ class Knobs:
     """Micro-batches per optimizer step."""
     compile: str = "none"
     """torch.compile mode, or none."""
+    ranks: int = 1
+    """Training processes (one per GPU, DDP) the trial runs on, all nodes together; num_workers and prefetch_factor
+    are per rank. 1 is a single process without torch.distributed."""
 
     def __post_init__(self) -> None:
         if self.num_workers == 0 and self.prefetch_factor is not None:
@@ -54,7 +57,8 @@ class Knobs:
 
     def describe(self) -> str:
         """The knobs in words, e.g. ``8 workers, prefetch 2, pinned, batch 256``."""
-        parts = [f"{self.num_workers} workers"]
+        parts = [f"{self.num_workers} workers" if self.ranks == 1
+                 else f"{self.num_workers} workers per rank x {self.ranks} ranks"]
         if self.num_workers:
             parts.append(f"prefetch {self.prefetch_factor}")
         parts.append("pinned" if self.pin_memory else "not pinned")

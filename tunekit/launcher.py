@@ -1,5 +1,9 @@
 """Run one trial in its own subprocess and session, and turn however it ended into a measurement.
 
+A trial of several ranks (``knobs.ranks > 1``) runs under ``torch.distributed.run`` (torchrun) in that same session;
+torchrun starts each rank in a session of its own, so killing a trial also walks its process tree. A rank that fails
+writes measurement.rank<r>.json, which stands in for the missing measurement.json.
+
 The worker writes measurement.json itself when it can. What it cannot report — a timeout, a signal, a missing or
 malformed file — the launcher classifies here. On timeout (or when the caller is interrupted) the launcher
 terminates the trial's whole process group, then kills it, so no DataLoader worker outlives its trial.
@@ -19,12 +23,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 import tunekit
 from tunekit._files import read_json, write_json_atomic
 from tunekit.contract import STATUSES, TrialSpec, failed_measurement
 from tunekit.outcome import classify_error
 
-__all__ = ["run_trial", "kill_tree", "REQUIRED_FIELDS", "LOG_KEEP_BYTES"]
+__all__ = ["run_trial", "kill_tree", "worker_command", "REQUIRED_FIELDS", "LOG_KEEP_BYTES"]
 
 REQUIRED_FIELDS = ("samples_per_s", "samples_per_s_windows", "noise_cv", "step_time_s", "data_wait_frac",
                    "headroom", "warmup_s")
@@ -92,8 +98,10 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
     out_path.unlink(missing_ok=True)
     t0 = time.perf_counter()
     with _CappedLog(trial_dir / "worker.log") as log:
+        for stale in trial_dir.glob("measurement.rank*.json"):
+            stale.unlink()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tunekit.worker", str(spec_path), str(out_path)],
+            worker_command(spec) + [str(spec_path), str(out_path)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=_child_env(),
         )
@@ -118,6 +126,23 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
     return result
 
 
+def worker_command(spec: TrialSpec, node_rank: int = 0) -> list[str]:
+    """The command that runs a trial's worker (its spec and measurement paths follow): the worker itself, or
+    torchrun starting ``knobs.ranks`` of them across ``launch.nnodes`` nodes."""
+    if spec.knobs.ranks <= 1:
+        return [sys.executable, "-m", "tunekit.worker"]
+    launch = spec.config.get("launch") or {}
+    nnodes = int(launch.get("nnodes") or 1)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={spec.knobs.ranks // nnodes}",
+           f"--nnodes={nnodes}", "--max-restarts=0", "--monitor-interval=0.5"]
+    if nnodes == 1:
+        cmd.append("--standalone")  # a free port on this host
+    else:
+        host, port = str(launch["rdzv_endpoint"]).rsplit(":", 1)
+        cmd += [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}"]
+    return cmd + ["-m", "tunekit.worker"]
+
+
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     # The worker must import this tunekit and the user's own modules (relative to where they ran us).
@@ -126,6 +151,7 @@ def _child_env() -> dict[str, str]:
         roots.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(roots)
     env["PYTHONUNBUFFERED"] = "1"
+    env["TUNEKIT_LAUNCHER_PID"] = str(os.getpid())  # the worker (every rank) dies with the sweep
     return env
 
 
@@ -139,20 +165,42 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
+def _descendant_groups(pid: int) -> set[int]:
+    """The process groups of every descendant of ``pid`` (torchrun's ranks lead sessions of their own)."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return set()
+    groups = set()
+    for child in children:
+        try:
+            groups.add(os.getpgid(child.pid))
+        except OSError:
+            continue
+    return groups
+
+
 def kill_tree(proc: subprocess.Popen[Any]) -> None:
-    """Terminate the trial's process group, wait a grace period, then kill what is left and reap the leader."""
-    pgid = proc.pid  # start_new_session: the worker leads its own group
+    """Terminate the trial's process group and the groups of all its descendants, wait a grace period, then kill
+    what is left and reap the leader."""
+    pgid = proc.pid  # start_new_session: the worker (or torchrun) leads its own group
+    groups = {pgid}
     if proc.poll() is None:
-        _signal_group(pgid, signal.SIGTERM)
+        groups |= _descendant_groups(proc.pid)
+        for group in groups:  # torchrun forwards SIGTERM to its ranks itself; the loop reaches the rest
+            _signal_group(group, signal.SIGTERM)
         try:
             proc.wait(timeout=_TERM_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
-    _signal_group(pgid, signal.SIGKILL)
+    groups |= _descendant_groups(proc.pid)
+    for group in groups:
+        _signal_group(group, signal.SIGKILL)
     proc.wait()
     deadline = time.monotonic() + _TERM_GRACE_S
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        _signal_group(pgid, signal.SIGKILL)
+    while any(_group_alive(g) for g in groups) and time.monotonic() < deadline:
+        for group in groups:
+            _signal_group(group, signal.SIGKILL)
         time.sleep(0.05)
 
 
@@ -188,6 +236,9 @@ def _outcome(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float,
         if problem:
             return failed_measurement(spec, "bad_output", problem)
         return data
+    failed_rank = _rank_failure(out_path)
+    if failed_rank is not None:
+        return failed_rank
     log = _tail(log_path)
     if rc is not None and rc < 0:
         name = signal.Signals(-rc).name if -rc in signal.valid_signals() else str(-rc)
@@ -203,6 +254,20 @@ def _outcome(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float,
         return failed_measurement(spec, "crashed", full)
     status, reason = classify_error(log)
     return failed_measurement(spec, status, f"exit code {rc}: {reason}")
+
+
+def _rank_failure(out_path: Path) -> dict[str, Any] | None:
+    """The failure a rank of a multi-rank trial reported itself (the lowest rank's, when several did)."""
+    found = sorted(out_path.parent.glob("measurement.rank*.json"),
+                   key=lambda p: int(p.stem.removeprefix("measurement.rank") or 0))
+    for path in found:
+        try:
+            data = read_json(path)
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("status") in STATUSES and data.get("status") != "ok":
+            return data
+    return None
 
 
 def _disk_full(folder: Path) -> str | None:

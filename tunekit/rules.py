@@ -26,7 +26,8 @@ __all__ = [
     "KNEE_STAGES", "MIN_POINTS", "NEAR_CEILING", "OVERHEAD_RATIO", "STARVED_WAIT", "STREAM_FULL", "NOISY_CV",
     "CPU_SATURATED", "CPU_BUSY", "WORKER_WAITING", "MEMORY_WALL_MARGIN", "HOST_MEMORY_WARN", "SHM_WARN",
     "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "stops_batch_growth", "run_noise", "band", "needed", "trial_margin",
-    "can_reach", "knee_stages", "of_ceiling", "input_bound", "worker_core_share", "waits_on_data", "machine_noise",
+    "can_reach", "knee_stages", "of_ceiling", "SYNC_SHARE", "SCALING_HEALTHY", "scaling_efficiency",
+    "communication_bound", "input_bound", "worker_core_share", "waits_on_data", "machine_noise",
 ]
 
 # --- selection -----------------------------------------------------------------------------------------------
@@ -77,10 +78,10 @@ def trial_margin(selection: Selection, *rows: TrialRow) -> float:
     return max([selection.tolerance, *(r.noise_cv for r in rows)])
 
 
-def can_reach(ceiling: TrialRow, target: float, selection: Selection) -> bool:
-    """Whether a config bounded by ``ceiling`` (a loader-alone or compute-alone trial) could still reach
-    ``target``: the ceiling plus its own margin is at least the target."""
-    return ceiling.rate * (1.0 + trial_margin(selection, ceiling)) >= target
+def can_reach(ceiling: TrialRow, target: float, selection: Selection, ranks: int = 1) -> bool:
+    """Whether a config of ``ranks`` ranks bounded by ``ceiling`` (a loader-alone or compute-alone trial of one)
+    could still reach ``target``: the ceiling, ``ranks`` times over, plus its own margin is at least the target."""
+    return ceiling.rate * ranks * (1.0 + trial_margin(selection, ceiling)) >= target
 
 
 # --- diagnosis -----------------------------------------------------------------------------------------------
@@ -112,6 +113,14 @@ WORKER_WAITING = 0.30
 """Loader workers that keep less than this share of the cores they could use busy (min(workers, CPUs)) wait (on
 I/O, a remote store, a lock) rather than compute: more workers, even beyond the core count, overlap the waits."""
 
+SYNC_SHARE = 0.25
+"""Share of a training step (on a batch already on the device) that gradient synchronisation adds over the same
+step under DDP's no_sync, above which communication is a bound of its own."""
+
+SCALING_HEALTHY = 0.90
+"""Scaling efficiency (N-rank throughput over N x one GPU's, same per-rank config) at or above which adding GPUs
+pays off as it should."""
+
 MEMORY_WALL_MARGIN = 0.05
 """Headroom within this of the limit is at the memory wall."""
 
@@ -131,8 +140,25 @@ BENIGN_THROTTLE = frozenset({"gpu_idle", "sw_power_cap", "applications_clocks_se
 
 
 def of_ceiling(row: TrialRow, ceiling: TrialRow | None) -> float | None:
-    """A trial's throughput as a share of a compute ceiling (None without one)."""
-    return row.rate / ceiling.rate if ceiling is not None and ceiling.rate else None
+    """A trial's throughput per rank as a share of a (one-GPU) compute ceiling (None without one)."""
+    return row.rate / row.knobs.ranks / ceiling.rate if ceiling is not None and ceiling.rate else None
+
+
+def scaling_efficiency(multi: TrialRow, single: TrialRow) -> float | None:
+    """Throughput of ``multi``'s ranks over that many times ``single``'s (the same per-rank config on one GPU)."""
+    if not (multi.ok and single.ok and single.rate):
+        return None
+    return multi.rate / (multi.knobs.ranks * single.rate)
+
+
+def communication_bound(row: TrialRow, efficiency: float | None) -> bool:
+    """A multi-rank trial whose gradient sync takes over SYNC_SHARE of a step while the loop does not wait on data,
+    and (when it was measured) scales below SCALING_HEALTHY."""
+    share = row.figure("sync_share")
+    if row.knobs.ranks < 2 or share is None or share < SYNC_SHARE:
+        return False
+    return (row.figure("data_wait_frac", 0.0) or 0.0) <= STARVED_WAIT and (
+        efficiency is None or efficiency < SCALING_HEALTHY)
 
 
 def machine_noise(row: TrialRow) -> bool:
@@ -147,7 +173,7 @@ def worker_core_share(row: TrialRow) -> float | None:
     windows: their CPU time per sample over their wall time per sample, scaled by how oversubscribed they were.
     None when the trial has no workers or did not measure them."""
     cpu, wall = row.figure("worker_cpu_per_sample_s"), row.figure("worker_wall_per_sample_s")
-    workers, cpus = row.knobs.num_workers, int(row.measurement.get("cpu_count") or 0)
+    workers, cpus = row.knobs.num_workers * row.knobs.ranks, int(row.measurement.get("cpu_count") or 0)
     if cpu is None or not wall or not workers or not cpus:
         return None
     return cpu / wall * workers / min(workers, cpus)

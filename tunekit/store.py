@@ -34,6 +34,7 @@ from optuna.trial import TrialState
 
 from tunekit import __version__
 from tunekit.config import COMPILE_MODES, Config
+from tunekit.contract import Knobs
 from tunekit.errors import StorageError, UsageError
 from tunekit.records import TrialRow
 
@@ -101,6 +102,7 @@ def _choices(cfg: Config) -> dict[str, tuple[Any, ...]]:
         "batch_size": tuple(s.batch_size),
         "grad_accum": tuple(sorted(accum)),
         "compile": COMPILE_MODES,
+        "ranks": tuple(sorted({1, cfg.launch.world})),
     }
 
 
@@ -129,6 +131,7 @@ class RunStore:
         """Ask for a trial with exactly these knobs, tagged with its number, stage and mode; it is RUNNING."""
         study = self._study_for(mode)
         number = self.next_number()
+        knobs = Knobs(**knobs).to_dict()  # every knob, the defaults of those not given included
         study.enqueue_trial(knobs, user_attrs={"number": number, "stage": stage, "mode": mode},
                             skip_if_exists=False)
         trial = study.ask()

@@ -9,6 +9,15 @@ a sentence why — never a guess.
 from __future__ import annotations
 
 from tunekit.analysis._frame import trials_frame
-from tunekit.analysis._knee import Choice, choose_batch, cost_key, defaults_trial, select, select_knee
+from tunekit.analysis._knee import (
+    Choice,
+    choose_batch,
+    cost_key,
+    defaults_trial,
+    select,
+    select_knee,
+    single_gpu_twin,
+)
 
-__all__ = ["Choice", "select", "select_knee", "choose_batch", "cost_key", "defaults_trial", "trials_frame"]
+__all__ = ["Choice", "select", "select_knee", "choose_batch", "cost_key", "defaults_trial", "single_gpu_twin",
+           "trials_frame"]

@@ -94,10 +94,20 @@ def choose_batch(compute_rows: list[TrialRow], selection: Selection) -> int | No
     return min(r.knobs.batch_size for r in fitting if r.rate >= target)
 
 
+def single_gpu_twin(rows: list[TrialRow], row: TrialRow) -> TrialRow | None:
+    """The completed one-GPU trial of a multi-rank trial's per-rank config (the scaling stage's), or None."""
+    if row.knobs.ranks < 2:
+        return None
+    want = {**row.knobs.to_dict(), "ranks": 1}
+    return next((r for r in rows if r.ok and r.mode == "train" and r.knobs.to_dict() == want), None)
+
+
 def defaults_trial(rows: list[TrialRow], knee: TrialRow | None) -> TrialRow | None:
     """The completed PyTorch-defaults trial (0 workers, no pinning, eager): at the knee's batch and accumulation
     when there is one, else the end-to-end one (the batch stage can move the knee off the swept batch)."""
-    found = [r for r in rows if r.ok and r.mode == "train" and r.knobs.loader_defaults and r.knobs.compile == "none"]
+    ranks = knee.knobs.ranks if knee is not None else max((r.knobs.ranks for r in rows), default=1)
+    found = [r for r in rows if r.ok and r.mode == "train" and r.knobs.loader_defaults and r.knobs.compile == "none"
+             and r.knobs.ranks == ranks]
     if knee is not None:
         same = [r for r in found if (r.knobs.batch_size, r.knobs.grad_accum)
                 == (knee.knobs.batch_size, knee.knobs.grad_accum)]

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tunekit import rules
+from tunekit.analysis import single_gpu_twin
 from tunekit.config import Selection
 from tunekit.diagnosis._verdicts import VERDICTS, Verdict, verdict
 from tunekit.records import TrialRow
@@ -44,7 +45,7 @@ class Trials:
             return None
         k = row.knobs
         peers = [o for o in self.rows if o.ok and o.mode == row.mode and o.knobs.num_workers <= k.num_workers
-                 and o.knobs.batch_size == k.batch_size and o.knobs.compile == k.compile
+                 and o.knobs.ranks == k.ranks and o.knobs.batch_size == k.batch_size and o.knobs.compile == k.compile
                  and o.knobs.grad_accum == k.grad_accum]
         pinned = [o for o in peers if o.knobs.pin_memory]
         unpinned = [o for o in peers if not o.knobs.pin_memory]  # holds this trial itself
@@ -219,6 +220,22 @@ def _data_starved(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     return ev
 
 
+def _communication_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
+    if row.mode != "train" or row.knobs.ranks < 2:
+        return None
+    single = single_gpu_twin(trials.rows, row)
+    efficiency = rules.scaling_efficiency(row, single) if single is not None else None
+    if not rules.communication_bound(row, efficiency):
+        return None
+    ev: Evidence = {"gradient sync share of a step": row.figure("sync_share"), "data wait": f.wait,
+                    "ranks": row.knobs.ranks}
+    if efficiency is not None and single is not None:
+        ev[f"scaling efficiency vs 1 GPU (trial {single.number})"] = efficiency
+    if row.knobs.grad_accum > 1:
+        ev["accumulation"] = row.knobs.grad_accum
+    return ev
+
+
 def _overhead_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     if row.mode == "loader" or (row.mode == "train" and (f.of_ceiling is None or f.of_ceiling < rules.NEAR_CEILING)):
         return None
@@ -250,7 +267,8 @@ def _unattributed(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
 
 PREDICATES: dict[str, Callable[[TrialRow, Facts, Trials], Evidence | None]] = {
     "shared-gpu": _shared_gpu, "memory-wall": _memory_wall, "h2d-copy": _h2d_copy,
-    "cpu-preprocessing": _cpu_preprocessing, "data-starved": _data_starved, "overhead-bound": _overhead_bound,
+    "cpu-preprocessing": _cpu_preprocessing, "data-starved": _data_starved,
+    "communication-bound": _communication_bound, "overhead-bound": _overhead_bound,
     "compute-bound": _compute_bound, "unattributed": _unattributed,
 }
 assert tuple(PREDICATES) == VERDICTS

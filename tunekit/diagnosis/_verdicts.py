@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 VERDICTS: tuple[str, ...] = ("shared-gpu", "memory-wall", "h2d-copy", "cpu-preprocessing", "data-starved",
-                             "overhead-bound", "compute-bound", "unattributed")
+                             "communication-bound", "overhead-bound", "compute-bound", "unattributed")
 """The fixed vocabulary, in precedence order: a trial's predicates are tried in this order and the first that
 holds is its verdict. h2d-copy comes before the data verdicts because a copy bound also makes the loop wait: when
 pinning measurably beats every unpinned config with as many workers or fewer, more workers are not the fix."""
@@ -17,6 +17,10 @@ FIXES: dict[str, str] = {
     "cpu-preprocessing": "decoding and augmentation are the bound: decode and augment on the GPU "
                          "(torchvision.io.decode_jpeg on the device, NVIDIA DALI), use pillow-simd, lower the input "
                          "resolution, or cache decoded samples",
+    "communication-bound": "gradient synchronisation between the ranks is the bound: accumulate gradients "
+                           "(search.grad_accum or target_effective_batch) so the ranks sync once per several "
+                           "micro-batches, raise DDP's bucket_cap_mb, and check the GPU interconnect (nvidia-smi topo "
+                           "-m: NVLink rather than PCIe through a shared switch, links at their full width)",
     "overhead-bound": "launches and fixed per-step costs dominate: use a larger batch, CUDA graphs via "
                       "torch.compile(mode='reduce-overhead'), or kernel fusion via torch.compile",
     "memory-wall": "cap the batch below the OOM boundary and reach the effective batch with gradient accumulation "

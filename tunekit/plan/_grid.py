@@ -19,6 +19,6 @@ def grid_requests(cfg: Config, cuda: bool) -> list[Request]:
     for w, pin, (batch, accum), comp in itertools.product(s.num_workers, pins(cfg, cuda), shapes, s.compile):
         for pf in s.prefetch_factor if w > 0 else [None]:
             knobs = Knobs(num_workers=w, prefetch_factor=pf, pin_memory=pin, batch_size=batch, grad_accum=accum,
-                          compile=comp)
+                          compile=comp, ranks=cfg.launch.world)
             out.append(Request("grid", "train", knobs))
     return out

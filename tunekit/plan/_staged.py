@@ -17,6 +17,8 @@ class _Sweep:
         self.cfg, self.rows, self.cuda = cfg, rows, cuda
         self.search, self.selection = cfg.search, cfg.selection
         self.base = base_knobs(cfg)
+        self.world = cfg.launch.world
+        """Ranks of the end-to-end trials (the ceilings run on one GPU)."""
         self._knees: dict[str, TrialRow | None] = {}
 
     def done(self, *stages: str) -> list[TrialRow]:
@@ -29,9 +31,9 @@ class _Sweep:
     def batch(self) -> int | None:
         return choose_batch(self.done("compute"), self.selection)
 
-    def knee(self, before: str) -> TrialRow | None:
-        """The knee of the knee stages that run before ``before`` (the best config while there is no knee yet:
-        a single config can still be refined)."""
+    def knee(self, before: str | None) -> TrialRow | None:
+        """The knee of the knee stages that run before ``before`` (of all of them for None; the best config while
+        there is no knee yet: a single config can still be refined)."""
         if before not in self._knees:
             found = select_knee(self.done(*rules.knee_stages(before)), self.selection)
             self._knees[before] = found.knee or found.best
@@ -69,10 +71,11 @@ def _end_to_end(s: _Sweep) -> list[Request] | None:
     counts whose loader ceiling cannot reach the band of it are skipped with that evidence instead of run."""
     batch = s.batch
     assert batch is not None  # the loader stage stops the sweep without one
-    wanted = [Request("end_to_end", "train", Knobs(num_workers=w, batch_size=batch, pin_memory=p, **s.base))
+    wanted = [Request("end_to_end", "train", Knobs(num_workers=w, batch_size=batch, pin_memory=p, ranks=s.world,
+                                                   **s.base))
               for w in sorted(s.search.num_workers, reverse=True) for p in reversed(pins(s.cfg, s.cuda))]
     defaults = Request("end_to_end", "train", Knobs(num_workers=0, batch_size=batch, pin_memory=False,
-                                                    **{**s.base, "compile": "none"}))
+                                                    ranks=s.world, **{**s.base, "compile": "none"}))
     if defaults not in wanted:  # PyTorch's defaults (eager) are every report's baseline, searched or not
         wanted.append(defaults)
     left = pending(wanted, s.rows)
@@ -93,11 +96,13 @@ def _maybe_skip(req: Request, s: _Sweep) -> Request:
     best = max(fitting, key=lambda r: r.rate)
     allowed = rules.band(fitting, s.selection)
     target = rules.needed(best, allowed)
-    if rules.can_reach(ceiling, target, s.selection):
+    if rules.can_reach(ceiling, target, s.selection, req.knobs.ranks):
         return req
+    ranks = req.knobs.ranks
+    times = f" per rank, {ranks} ranks at most {ceiling.rate * ranks:.1f}," if ranks > 1 else ""
     return req.skipped(
         f"the loader alone gives {ceiling.rate:.1f} {ceiling.unit}/s at {req.knobs.num_workers} workers (trial "
-        f"{ceiling.number}), below the {target:.1f} needed to come within the band ({allowed:.1%}) of the best "
+        f"{ceiling.number}){times} below the {target:.1f} needed to come within the band ({allowed:.1%}) of the best "
         f"end-to-end config so far ({best.rate:.1f}, trial {best.number})")
 
 
@@ -134,7 +139,7 @@ def _smaller_batches(s: _Sweep) -> list[Request] | None:
         row = s.find(req)
         if row is None:
             ceiling = ceilings[batch]
-            if rules.can_reach(ceiling, target, s.selection):
+            if rules.can_reach(ceiling, target, s.selection, knee.knobs.ranks):
                 return [req]
             return [req.skipped(
                 f"the compute ceiling at batch {batch} is {ceiling.rate:.1f} {ceiling.unit}/s (trial "
@@ -176,9 +181,17 @@ def _accumulation(s: _Sweep) -> list[Request] | None:
                     for b in s.search.batch_size if target % b == 0 and b in fit], s.rows)
 
 
+def _scaling(s: _Sweep) -> list[Request] | None:
+    """A multi-rank knee's config on one GPU, for the scaling efficiency (never a knee candidate: another job)."""
+    knee = s.knee(None)
+    if s.world < 2 or knee is None or knee.knobs.ranks < 2:
+        return []
+    return pending([Request("scaling", "train", Knobs(**{**knee.knobs.to_dict(), "ranks": 1}))], s.rows)
+
+
 STAGES: tuple[tuple[str, Stage], ...] = (
     ("compute", _compute), ("loader", _loader), ("end_to_end", _end_to_end), ("prefetch", _prefetch),
-    ("batch", _smaller_batches), ("compile", _compile), ("accumulation", _accumulation),
+    ("batch", _smaller_batches), ("compile", _compile), ("accumulation", _accumulation), ("scaling", _scaling),
 )
 
 
@@ -202,6 +215,7 @@ def estimate_staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> int:
     n_compute = len(computed) if stopped else len(s.batch_size)
     total = (n_compute + len(s.num_workers) * (1 + len(pins(cfg, cuda))) + (len(s.prefetch_factor) - 1)
              + (len(s.compile) - 1))
+    total += 1 if cfg.launch.world > 1 else 0  # the knee on one GPU: the scaling efficiency
     if s.target_effective_batch:
         total += sum(1 for b in s.batch_size if s.target_effective_batch % b == 0)
     else:

@@ -25,38 +25,62 @@ EXIT_FAILED = 3
 """Exit code of a worker that classified its own failure and wrote measurement.json."""
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - alive, someone else's
+        return True
+    return True
+
+
 def _die_with_parent() -> None:
-    """Kill this trial's process group if the launcher dies (SIGKILL, a lost terminal): a trial never outlives the
-    sweep that started it, whatever killed the sweep."""
+    """Kill this trial's process group if its parent (the launcher, or torchrun for a rank) or the sweep that
+    launched it dies (SIGKILL, a lost terminal): a trial never outlives the sweep that started it."""
     parent = os.getppid()
+    launcher = int(os.environ.get("TUNEKIT_LAUNCHER_PID") or 0)
 
     def watch() -> None:
         while True:
             time.sleep(1.0)
-            if os.getppid() != parent:
+            if os.getppid() != parent or (launcher and not _alive(launcher)):
                 os.killpg(os.getpgid(0), signal.SIGKILL)
 
     threading.Thread(target=watch, name="tunekit-parent-watch", daemon=True).start()
+
+
+def _rank() -> int | None:
+    """This worker's rank in a multi-rank trial (torchrun sets RANK), else None."""
+    return int(os.environ["RANK"]) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
 
 
 def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     spec_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     spec = TrialSpec.from_dict(read_json(spec_path))
+    rank = _rank()
+    # rank 0 writes the trial's measurement; another rank writes only its own failure, beside it
+    failure_path = out_path if not rank else str(Path(out_path).with_name(f"measurement.rank{rank}.json"))
+    where = "" if rank is None else f"rank {rank}: "
     try:
         from tunekit.worker._measure import measure  # torch: a broken install is a classified failure too
 
         result = measure(spec)
     except Exception as exc:  # noqa: BLE001 - every failure becomes data
         if type(exc).__name__ == "Diverged":  # a NaN/Inf loss: its own status, the reason as written
-            write_json_atomic(out_path, failed_measurement(spec, "diverged", str(exc), exception="Diverged"))
+            write_json_atomic(failure_path, failed_measurement(spec, "diverged", f"{where}{exc}",
+                                                               exception="Diverged"))
             return EXIT_FAILED
         text = "".join(traceback.format_exception(exc))
-        sys.stderr.write(text)
+        sys.stderr.write(f"{where}{text}")
         sys.stderr.flush()
         status, reason = classify_error(f"{type(exc).__name__}: {exc}\n{text}")
-        write_json_atomic(out_path, failed_measurement(spec, status, reason, exception=type(exc).__name__))
+        write_json_atomic(failure_path, failed_measurement(spec, status, f"{where}{reason}",
+                                                           exception=type(exc).__name__))
         return EXIT_FAILED
+    if result is None:  # not rank 0: rank 0 wrote the merged measurement
+        return 0
     write_json_atomic(out_path, result)
     sys.stderr.write(f"trial {spec.number}: {result['samples_per_s']:.1f} samples/s -> {Path(out_path)}\n")
     return 0

@@ -55,6 +55,8 @@ class Built:
     scaler: Any
     compile_mode: str
     build_s: float
+    ddp: Any = None
+    """The DistributedDataParallel module of a multi-rank trial (``no_sync`` lives there), else None."""
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = _DTYPES.get(self.ctx.precision)
@@ -87,8 +89,9 @@ def _default_step(model: torch.nn.Module, batch: Any, ctx: StepContext) -> torch
     return ctx.loss_fn(out, targets)
 
 
-def build(cfg: Config, knobs: Knobs, device: torch.device) -> Built:
-    """Build the workload of ``cfg`` on ``device`` with the trial's compile mode."""
+def build(cfg: Config, knobs: Knobs, device: torch.device, distributed: bool = False) -> Built:
+    """Build the workload of ``cfg`` on ``device`` with the trial's compile mode; ``distributed``: wrapped in
+    DistributedDataParallel (before compiling, as torch.compile expects) in the process group already joined."""
     t0 = time.perf_counter()
     wl = cfg.workload
     dataset = resolve(wl.dataset)(**wl.dataset_args)
@@ -98,13 +101,18 @@ def build(cfg: Config, knobs: Knobs, device: torch.device) -> Built:
     model.train()
     optimizer = resolve(wl.optimizer)(model.parameters(), **wl.optimizer_args)
     loss_fn = resolve(wl.loss)(**wl.loss_args) if wl.loss else None
+    ddp = None
+    if distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if knobs.compile != "none":
         model = torch.compile(model, mode=None if knobs.compile == "default" else knobs.compile)
     scaler = torch.amp.GradScaler(device.type) if wl.precision == "fp16" else None
     ctx = StepContext(device=device, loss_fn=loss_fn, precision=wl.precision, channels_last=wl.channels_last,
                       optimizer=optimizer, scaler=scaler, grad_accum=knobs.grad_accum)
     step_fn = resolve(wl.step) if wl.step else _default_step
-    return Built(model, dataset, optimizer, ctx, step_fn, scaler, knobs.compile, time.perf_counter() - t0)
+    return Built(model, dataset, optimizer, ctx, step_fn, scaler, knobs.compile, time.perf_counter() - t0, ddp)
 
 
 def loader_kwargs(knobs: Knobs, device: torch.device) -> dict[str, Any]:
@@ -116,10 +124,12 @@ def loader_kwargs(knobs: Knobs, device: torch.device) -> dict[str, Any]:
     return kwargs
 
 
-def make_loader(dataset: Dataset, knobs: Knobs, device: torch.device, cfg: Config) -> DataLoader:
+def make_loader(dataset: Dataset, knobs: Knobs, device: torch.device, cfg: Config,
+                rank: tuple[int, int] | None = None) -> DataLoader:
     """The DataLoader under test: the user's factory when there is one, else one built with the configured hooks.
-    A map-style dataset without a sampler of its own gets fresh permutations that never end the epoch; an
-    IterableDataset gets none (sharding across workers is the dataset's job)."""
+    A map-style dataset without a sampler of its own gets fresh permutations that never end the epoch (with
+    ``rank = (rank, world)``: this rank's share of them, a DistributedSampler advanced by set_epoch every pass); an
+    IterableDataset gets none (sharding across workers and ranks is the dataset's job)."""
     wl = cfg.workload
     kwargs = loader_kwargs(knobs, device)
     if wl.loader:
@@ -130,6 +140,10 @@ def make_loader(dataset: Dataset, knobs: Knobs, device: torch.device, cfg: Confi
         sampler = resolve(wl.sampler)(dataset)
     elif isinstance(dataset, IterableDataset):
         sampler = None
+    elif rank is not None:
+        from tunekit.worker._dist import EndlessDistributedSampler
+
+        sampler = EndlessDistributedSampler(dataset, num_replicas=rank[1], rank=rank[0])
     else:
         sampler = RandomSampler(dataset, num_samples=_SAMPLES_PER_EPOCH, generator=torch.Generator().manual_seed(0))
     kwargs.pop("persistent_workers", None)  # the trial's loader lives as long as the trial: one epoch

@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import platform
 import statistics
 import time
@@ -26,6 +28,7 @@ from torch.utils.data import IterableDataset
 from tunekit import __version__
 from tunekit.config import Config, cpu_count, from_dict
 from tunekit.contract import Knobs, TrialSpec
+from tunekit.worker import _dist
 from tunekit.worker._build import Built, build, make_loader, pick_device, to_device
 from tunekit.worker._monitor import CpuUse, Monitor, TreeCpu
 from tunekit.workloads import resolve
@@ -65,6 +68,8 @@ class _Loop:
     """Micro-batches trained so far; the optimizer steps every grad_accum of them."""
     loss: Any = None
     """The last micro-batch's loss, still on the device: checked at window edges only (no sync per step)."""
+    agree: Callable[[bool], bool] = bool
+    """True on every rank when ``flag`` is True on any (a multi-rank trial); the flag itself in one process."""
 
 
 class Diverged(RuntimeError):
@@ -93,10 +98,13 @@ class _Batches:
     For an IterableDataset with several workers, the first batch of each worker is fingerprinted: identical ones
     mean every worker reads the whole stream (unsharded), which multiplies the throughput."""
 
-    def __init__(self, loader: Any, check_shards: int):
+    def __init__(self, loader: Any, check_shards: int, check_ranks: bool = False):
         self.loader = loader
         self.iterator = iter(loader)
         self.epochs_ended = 0
+        self.first: bytes | None = None
+        """The first batch's fingerprint, when the ranks compare theirs (data they shard themselves)."""
+        self._check_ranks = check_ranks
         self._check = check_shards
         self._prints: list[bytes] = []
         self.warnings: list[str] = []
@@ -111,6 +119,8 @@ class _Batches:
             batch = next(self.iterator)
         if len(self._prints) < self._check:
             self._fingerprint(batch)
+        if self._check_ranks and self.first is None:
+            self.first = _digest(batch)
         return batch
 
     def _fingerprint(self, batch: Any) -> None:
@@ -168,13 +178,17 @@ def _train_loop(built: Built, spec: TrialSpec, cfg: Config, batches: _Batches) -
         if spec.mode != "compute":
             batch = to_device(batch, ctx, non_blocking=knobs.non_blocking)
         ctx.micro_step = loop.micro
-        with built.autocast():
-            loss = built.step_fn(built.model, batch, ctx)
-        loop.micro += 1
-        if cfg.workload.step_updates:  # the step did backward and the optimizer step itself
-            loop.loss = loss.detach() if isinstance(loss, torch.Tensor) else None
-            return
-        _update(built, loop, loss / knobs.grad_accum, knobs.grad_accum)
+        # DDP: a micro-batch that does not end the accumulation skips the gradient all-reduce (forward included,
+        # as no_sync requires), so accumulation really syncs once per optimizer step
+        accumulating = built.ddp is not None and (loop.micro + 1) % knobs.grad_accum != 0
+        with built.ddp.no_sync() if accumulating else contextlib.nullcontext():
+            with built.autocast():
+                loss = built.step_fn(built.model, batch, ctx)
+            loop.micro += 1
+            if cfg.workload.step_updates:  # the step did backward and the optimizer step itself
+                loop.loss = loss.detach() if isinstance(loss, torch.Tensor) else None
+                return
+            _update(built, loop, loss / knobs.grad_accum, knobs.grad_accum)
 
     def copy_only(batch: Any) -> None:
         to_device(batch, ctx, non_blocking=knobs.non_blocking)
@@ -228,8 +242,9 @@ def _run_window(loop: _Loop, device: torch.device, window_s: float, accum: int, 
             else:
                 loop.work(item)
         steps += 1
-        if (time.perf_counter() - t0 >= window_s and steps >= MIN_WINDOW_STEPS
-                and (steps * accum) % round_batches == 0):
+        # every rank reaches the same checkpoints (same step counts): there the ranks agree to end the window
+        if (steps >= MIN_WINDOW_STEPS and (steps * accum) % round_batches == 0
+                and loop.agree(time.perf_counter() - t0 >= window_s)):
             break
     _sync(device)
     wall = time.perf_counter() - t0
@@ -240,10 +255,12 @@ def _run_window(loop: _Loop, device: torch.device, window_s: float, accum: int, 
 
 
 def _check_loss(loop: _Loop) -> None:
-    """Raise :class:`Diverged` when the last loss is not finite (after the window's sync: no extra sync)."""
-    if loop.loss is not None and not bool(torch.isfinite(loop.loss).all()):
-        raise Diverged(f"the loss is {loop.loss.float().item()} at micro-batch {loop.micro} "
-                       "(a NaN or Inf loss: the steps do not train)")
+    """Raise :class:`Diverged` when the last loss is not finite (after the window's sync: no extra sync); on every
+    rank when it is so on any."""
+    bad = loop.loss is not None and not bool(torch.isfinite(loop.loss).all())
+    if loop.agree(bad):
+        where = f"the loss is {loop.loss.float().item()}" if bad else "another rank's loss is not finite"
+        raise Diverged(f"{where} at micro-batch {loop.micro} (a NaN or Inf loss: the steps do not train)")
 
 
 def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) -> dict[str, Any]:
@@ -274,7 +291,7 @@ def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) ->
         waited = time.perf_counter() - tw
         loop.work(item)
         consumed += 1
-        if waited > blocked:
+        if loop.agree(waited > blocked):
             break
     # 3. The configured warm-up steps (at least 3 when compiling: reduce-overhead records its CUDA graphs on the
     #    second and third calls), rounded up to whole optimizer steps.
@@ -377,6 +394,7 @@ class _Setup:
     loader: Any
     startup_s: float
     cuda_init_s: float
+    ranks: _dist.Ranks | None
 
 
 def _set_up(spec: TrialSpec) -> _Setup:
@@ -385,16 +403,19 @@ def _set_up(spec: TrialSpec) -> _Setup:
     cfg = from_dict(spec.config, check_imports=False)
     torch.manual_seed(0)
     t_init = time.perf_counter()
-    device = pick_device(cfg.device)
+    ranks, device_name = None, cfg.device
+    if _dist.launched():  # one rank of several: its own GPU, in the trial's process group
+        ranks, device_name = _dist.init(cfg.device, cfg.launch.backend)
+    device = pick_device(device_name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.zeros(1, device=device)  # creates the context now, so build_s holds only the workload
     cuda_init_s = time.perf_counter() - t_init
-    built = build(cfg, spec.knobs, device)
+    built = build(cfg, spec.knobs, device, distributed=ranks is not None and spec.mode == "train")
     # The compute ceiling stages one batch on the device: no loader workers may compete with the model.
     knobs = replace(spec.knobs, num_workers=0) if spec.mode == "compute" else spec.knobs
-    loader = make_loader(built.dataset, knobs, device, cfg)
-    return _Setup(cfg, device, built, knobs, loader, startup_s, cuda_init_s)
+    loader = make_loader(built.dataset, knobs, device, cfg, None if ranks is None else (ranks.rank, ranks.world))
+    return _Setup(cfg, device, built, knobs, loader, startup_s, cuda_init_s, ranks)
 
 
 @dataclass
@@ -405,6 +426,7 @@ class _Measured:
     memory: dict[str, Any]
     epochs_ended: int
     warnings: list[str]
+    sync_share: float | None = None
 
 
 def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measured:
@@ -413,30 +435,73 @@ def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measu
     cpu = TreeCpu()
     workers = setup.loader_knobs.num_workers
     iterable = isinstance(setup.built.dataset, IterableDataset)
-    batches = _Batches(setup.loader, workers if iterable and workers >= 2 and spec.mode != "compute" else 0)
+    ranks = setup.ranks
+    # ranks that shard their data themselves (a stream, their own sampler or loader) must not all read the same
+    self_sharded = ranks is not None and (iterable or bool(cfg.workload.sampler or cfg.workload.loader))
+    batches = _Batches(setup.loader, workers if iterable and workers >= 2 and spec.mode != "compute" else 0,
+                       check_ranks=self_sharded)
     try:
         loop = _train_loop(setup.built, spec, cfg, batches)
+        if ranks is not None:
+            loop.agree = ranks.any
         warm = _warm_up(loop, spec, cfg, device)
+        if self_sharded:
+            _check_rank_shards(ranks, batches)
         warmup_peak = _device_memory(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+            getattr(torch.cuda, "reset_peak_host_memory_stats", lambda: None)()
         monitor.measuring = True  # no work between warm-up and the first window: the loader would refill
         windows = [_run_window(loop, device, cfg.trial.window_s, spec.knobs.grad_accum, max(1, workers), cpu)
                    for _ in range(cfg.trial.measure_windows)]
         monitor.sample_now()
         monitor.measuring = False
-        return _Measured(warm, windows, warmup_peak, _device_memory(device), batches.epochs_ended, batches.warnings)
+        memory = _device_memory(device)
+        share = _sync_share(loop, setup, ranks) if ranks is not None and setup.built.ddp is not None else None
+        return _Measured(warm, windows, warmup_peak, memory, batches.epochs_ended, batches.warnings, share)
     finally:
         # Stop the loader workers now: the closures in `loop` (and a traceback) would keep them alive.
         batches.shutdown()
 
 
-def measure(spec: TrialSpec) -> dict[str, Any]:
-    """Run one trial in this process and return its measurement (status ok). Errors propagate to the caller."""
+def _check_rank_shards(ranks: _dist.Ranks, batches: _Batches) -> None:
+    prints = ranks.gather(batches.first)
+    if len(set(prints)) < len(prints):
+        batches.warnings.append(
+            "the ranks' first batches are identical: every rank reads the same samples (shard the data by "
+            "torch.distributed.get_rank(), e.g. with a DistributedSampler), so the global throughput counts each "
+            "sample once per rank")
+
+
+def _sync_share(loop: _Loop, setup: _Setup, ranks: _dist.Ranks) -> float:
+    """The share of a training step spent on gradient synchronisation that computation does not hide: the same
+    optimizer steps on one batch already on the device, timed with DDP's all-reduce and under ``no_sync``."""
+    staged = to_device(loop.fetch(), setup.built.ctx, non_blocking=False)
+    micro = _dist.SYNC_PROBE_STEPS * setup.built.ctx.grad_accum
+
+    def timed(sync: bool) -> float:
+        ranks.barrier()
+        _sync(setup.device)
+        t0 = time.perf_counter()
+        with contextlib.nullcontext() if sync else setup.built.ddp.no_sync():
+            for _ in range(micro):
+                loop.work(staged)
+        _sync(setup.device)
+        return time.perf_counter() - t0
+
+    timed(sync=False)  # the first steps on a staged batch (no copies in flight) settle the allocator
+    with_sync, without = timed(sync=True), timed(sync=False)
+    return max(0.0, 1.0 - without / with_sync) if with_sync > 0 else 0.0
+
+
+def measure(spec: TrialSpec) -> dict[str, Any] | None:
+    """Run one trial in this process and return its measurement (status ok). Errors propagate to the caller.
+    A rank of a multi-rank trial returns the merged measurement of every rank on rank 0, and None elsewhere."""
     t_start = time.perf_counter()
     setup = _set_up(spec)
-    device, built = setup.device, setup.built
-    monitor = Monitor(_nvml_sampler(device)).start()
+    device, built, ranks = setup.device, setup.built, setup.ranks
+    node_root = os.getppid() if ranks is not None and ranks.local_rank == 0 else None  # torchrun: the node's tree
+    monitor = Monitor(_nvml_sampler(device), node_root=node_root).start()
     try:
         got = _measure_windows(spec, setup, monitor)
     finally:
@@ -469,7 +534,26 @@ def measure(spec: TrialSpec) -> dict[str, Any]:
     }
     out.update(_memory_fields(got.memory, got.warmup_memory, out))
     out.update(_nvml_fields(monitor))
-    return out
+    out.update(sync_share=got.sync_share, pinned_peak_bytes=_pinned_peak(device))
+    if ranks is None:
+        return out
+    out.update(host=_dist.host(), rank=ranks.rank, local_rank=ranks.local_rank, world=ranks.world,
+               backend=ranks.backend, node_mem_peak_bytes=monitor.node_pss_peak or None,
+               node_processes=monitor.node_processes or None)
+    results = ranks.gather(out)
+    ranks.close()
+    return _dist.merge(results) if ranks.rank == 0 else None
+
+
+def _pinned_peak(device: torch.device) -> int | None:
+    """Peak bytes held by the pinned-memory host allocator since warm-up (the pin-memory thread's buffers)."""
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    if device.type != "cuda" or stats is None:
+        return None
+    try:
+        return int(stats().get("allocated_bytes.peak", 0)) or None
+    except RuntimeError:
+        return None
 
 
 def _dataset_fields(built: Built, spec: TrialSpec, consumed: int) -> dict[str, Any]:

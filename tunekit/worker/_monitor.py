@@ -60,8 +60,13 @@ class Monitor:
     kept over the whole trial.
     """
 
-    def __init__(self, nvml: Any | None, host_period_s: float = 1.0, nvml_period_s: float = 0.2):
+    def __init__(self, nvml: Any | None, host_period_s: float = 1.0, nvml_period_s: float = 0.2,
+                 node_root: int | None = None):
         self._nvml = nvml
+        # a rank of a multi-GPU trial may also sample the node's whole tree (torchrun, every rank, every worker)
+        self._node = psutil.Process(node_root) if node_root else None
+        self.node_pss_peak = 0
+        self.node_processes = 0
         self._host_period_s = host_period_s
         self._nvml_period_s = nvml_period_s if nvml is not None else host_period_s
         self._root = psutil.Process(os.getpid())
@@ -104,6 +109,10 @@ class Monitor:
         self.max_processes = max(self.max_processes, n)
         if self.measuring:
             self.host_pss_peak_measured = max(self.host_pss_peak_measured, pss)
+        if self._node is not None:
+            pss, _, n = _tree_memory(self._node)
+            self.node_pss_peak = max(self.node_pss_peak, pss)
+            self.node_processes = max(self.node_processes, n)
 
     def _sample_nvml(self) -> None:
         try:

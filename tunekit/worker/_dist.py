@@ -1,0 +1,202 @@
+"""A trial's ranks under torchrun: the process group, what the ranks must agree on, and one measurement from all.
+
+Every rank runs the same measured loop on its own device with its own loader workers. DDP makes the ranks' steps
+collective, so every decision that sets how many steps a rank runs (when the warm-up drain stops, when a window
+ends, whether the loss diverged) is agreed over a CPU-only gloo group at points every rank reaches at the same step:
+no rank can run a step the others do not, and the agreement never syncs a CUDA stream. Rank 0 gathers the ranks'
+measurements and merges them (:func:`merge`); docs/distributed.md lists what is summed, averaged or taken at the
+worst rank.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Dataset, DistributedSampler
+
+__all__ = ["Ranks", "init", "EndlessDistributedSampler", "merge", "SYNC_PROBE_STEPS"]
+
+SYNC_PROBE_STEPS = 6
+"""Optimizer steps timed with and without gradient synchronisation, on a batch already on the device."""
+
+
+@dataclass
+class Ranks:
+    """This process's place among the trial's ranks, and the CPU group the ranks agree over."""
+
+    rank: int
+    local_rank: int
+    world: int
+    backend: str
+    control: Any
+    """A gloo process group: agreements and the final gather never touch a CUDA stream."""
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when it is True on any rank."""
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.control)
+        return bool(value.item())
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.control)
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order (on every rank)."""
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj, group=self.control)
+        return out
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launched() -> bool:
+    """Whether this process is one rank of several started by torchrun."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init(device_name: str, backend: str) -> tuple[Ranks, str]:
+    """Join the trial's process group; returns the ranks and this rank's device name (its local GPU on CUDA)."""
+    local = int(os.environ["LOCAL_RANK"])
+    cuda = device_name != "cpu" and torch.cuda.is_available()
+    if device_name in ("cuda",) and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device_name!r} was asked for but CUDA is not available here")
+    if cuda:
+        count = torch.cuda.device_count()
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if per_node > count:
+            raise RuntimeError(f"launch.nproc_per_node = {per_node} ranks, but this node has {count} CUDA "
+                               f"device(s): one GPU per rank")
+        device_name = f"cuda:{local}"
+        torch.cuda.set_device(local)
+    if backend == "auto":
+        backend = "nccl" if cuda else "gloo"
+    if backend == "nccl" and not cuda:
+        raise RuntimeError("launch.backend nccl needs CUDA devices; use gloo (or auto) on the CPU")
+    kwargs: dict[str, Any] = {"backend": backend}
+    if backend == "nccl":
+        kwargs["device_id"] = torch.device(device_name)
+    dist.init_process_group(**kwargs)
+    control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    ranks = Ranks(dist.get_rank(), local, dist.get_world_size(), backend, control)
+    return ranks, device_name
+
+
+class EndlessDistributedSampler(DistributedSampler):
+    """DistributedSampler over successive epochs without end: ``set_epoch`` advances the shuffle every pass, as a
+    training loop would, and no trial ever reaches an epoch boundary (which restarts the loader's workers)."""
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=0, drop_last=True)
+
+    def __iter__(self) -> Iterator[int]:
+        epoch = 0
+        while True:
+            self.set_epoch(epoch)
+            yield from super().__iter__()
+            epoch += 1
+
+    def __len__(self) -> int:
+        return 1 << 40
+
+
+def host() -> str:
+    return socket.gethostname()
+
+
+# --- merging the ranks' measurements into the trial's -----------------------------------------------------------
+
+_PER_RANK = ("samples_per_s", "data_wait_frac", "step_time_s", "gpu_busy_frac", "noise_cv", "headroom",
+             "sync_share", "pinned_peak_bytes", "cpu_util_cores", "worker_cpu_per_sample_s", "device",
+             "device_mem_peak_reserved_bytes", "nvml_util_gpu_pct", "host", "host_mem_peak_bytes")
+
+
+def _mean(values: list[Any]) -> float | None:
+    known = [float(v) for v in values if v is not None]
+    return statistics.fmean(known) if known else None
+
+
+def _sum(values: list[Any]) -> float | None:
+    known = [float(v) for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _max(values: list[Any]) -> Any:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _cv(values: list[float]) -> float:
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / mean if len(values) > 1 and mean > 0 else 0.0
+
+
+def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One measurement for the whole trial from every rank's (rank order).
+
+    Throughput is global: each window's rates summed over the ranks (the ranks' windows end at the same agreed
+    step). The step time is the slowest rank's, data wait and GPU busy the ranks' mean (the worst beside it),
+    headroom the smallest, host memory the whole trees of every node, CPU use the sum.
+    """
+    first = results[0]
+    windows = [sum(r["samples_per_s_windows"][i] for r in results) for i in range(len(first["samples_per_s_windows"]))]
+    rates = [r["samples_per_s"] for r in results]
+    median = statistics.median(windows)
+    samples = sum(r["measured_samples"] for r in results)
+    workers = first["params"]["num_workers"] * len(results)
+    hosts = {r["host"]: r for r in results if r["local_rank"] == 0}  # each node's CPUs and whole tree, once
+    cpus = sum(int(r["cpu_count"]) for r in hosts.values())
+    cpu_cores = _sum([r["cpu_util_cores"] for r in results]) or 0.0
+    worker_cpu = _sum([r["worker_cpu_s"] for r in results])
+    wall = first["measured_s"]
+    out = dict(first)
+    out.update({
+        "samples_per_s": median,
+        "samples_per_s_windows": windows,
+        "noise_cv": _cv(windows),
+        "noise_range": (max(windows) - min(windows)) / median if median else 0.0,
+        "step_time_s": max(r["step_time_s"] for r in results),
+        "sample_time_s": wall / samples if samples else None,
+        "measured_samples": samples,
+        "data_wait_frac": _mean([r["data_wait_frac"] for r in results]),
+        "data_wait_frac_max": _max([r["data_wait_frac"] for r in results]),
+        "gpu_busy_frac": _mean([r["gpu_busy_frac"] for r in results]),
+        "cpu_util_cores": cpu_cores,
+        "cpu_util_frac": cpu_cores / cpus if cpus else None,
+        "cpu_count": cpus,
+        "system_cpu_pct": _mean([r["system_cpu_pct"] for r in results]),
+        "worker_cpu_s": worker_cpu,
+        "worker_cpu_per_sample_s": worker_cpu / samples if worker_cpu is not None and samples else None,
+        "worker_wall_per_sample_s": workers * wall / samples if workers and samples else None,
+        "items_per_batch_mean": _mean([r["items_per_batch_mean"] for r in results]),
+        "items_per_batch_cv": _max([r["items_per_batch_cv"] for r in results]),
+        "headroom": min(r["headroom"] for r in results),
+        "device_mem_peak_allocated_bytes": _max([r["device_mem_peak_allocated_bytes"] for r in results]),
+        "device_mem_peak_reserved_bytes": _max([r["device_mem_peak_reserved_bytes"] for r in results]),
+        "host_mem_peak_bytes": _sum([r["node_mem_peak_bytes"] for r in hosts.values()]),
+        "host_mem_total_bytes": _sum([r["host_mem_total_bytes"] for r in hosts.values()]),
+        "host_processes": _sum([r["node_processes"] for r in hosts.values()]),
+        "nvml_util_gpu_pct": _mean([r["nvml_util_gpu_pct"] for r in results]),
+        "sync_share": _mean([r.get("sync_share") for r in results]),
+        "pinned_peak_bytes": _max([r.get("pinned_peak_bytes") for r in results]),
+        "epochs_ended": max(r["epochs_ended"] for r in results),
+        "epoch_boundary_in_trial": any(r["epoch_boundary_in_trial"] for r in results),
+        "warnings": list(dict.fromkeys(w for r in results for w in r["warnings"])),
+        "ranks": len(results),
+        "nodes": len(hosts),
+        "workers_total": workers,
+        "slowest_rank": min(range(len(rates)), key=rates.__getitem__),
+        "rank_spread": (max(rates) - min(rates)) / max(rates) if max(rates) else 0.0,
+        "per_rank": [{"rank": i, **{k: r.get(k) for k in _PER_RANK}} for i, r in enumerate(results)],
+    })
+    if out["headroom_basis"] == "host" and out["host_mem_peak_bytes"] and out["host_mem_total_bytes"]:
+        out["headroom"] = 1.0 - out["host_mem_peak_bytes"] / out["host_mem_total_bytes"]
+    return out
