@@ -3,9 +3,10 @@
 ``staged`` follows the troubleshooting order from the outside in: (1) compute ceiling per batch size, (2) loader
 ceiling per worker count, (3) end to end, workers x pin_memory at the chosen batch, (4) prefetch_factor at the knee,
 (4b) smaller batches at the knee when the input pipeline is the bound, (5) compile modes at the knee,
-(6) accumulation to reach target_effective_batch, (7) with launch ranks, the knee on one GPU (scaling efficiency). Each stage depends on what the earlier ones measured, so the plan
-is recomputed from the finished trials every time the driver asks; a request that already has a finished trial is
-never returned again. ``grid`` runs every valid combination. docs/plan.md gives the reasons for each stage.
+(6) accumulation to reach target_effective_batch, (7) with launch ranks, the knee's per-rank config on one GPU (the
+scaling efficiency). Each stage depends on what the earlier ones measured, so the plan is recomputed from the finished
+trials every time the driver asks; a request that already has a finished trial is never returned again. ``grid``
+runs every valid combination. docs/plan.md gives the reasons for each stage.
 """
 
 from __future__ import annotations
