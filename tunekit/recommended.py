@@ -34,6 +34,8 @@ class Recommended:
     grad_accum: int
     compile: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    ranks: int = 1
+    """DDP ranks (one per GPU) the settings were measured with; the DataLoader settings are per rank."""
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.utils.data.DataLoader`` (prefetch/persistence only with workers)."""
@@ -117,6 +119,7 @@ class Recommended:
 
 def recommendation_dict(knobs: dict[str, Any], evidence: dict[str, Any]) -> dict[str, Any]:
     workers = int(knobs["num_workers"])
+    ranks = int(knobs.get("ranks", 1))
     return {
         "dataloader": {
             "batch_size": int(knobs["batch_size"]),
@@ -129,6 +132,7 @@ def recommendation_dict(knobs: dict[str, Any], evidence: dict[str, Any]) -> dict
             "non_blocking": bool(knobs["pin_memory"]),
             "grad_accum": int(knobs.get("grad_accum", 1)),
             "compile": str(knobs.get("compile", "none")),
+            **({"ranks": ranks} if ranks > 1 else {}),  # the dataloader block is then per rank
         },
         "evidence": evidence,
     }
@@ -155,6 +159,7 @@ def load_recommended(path: str | os.PathLike[str]) -> Recommended:
             persistent_workers=bool(dl.get("persistent_workers", False)),
             non_blocking=bool(tr.get("non_blocking", dl["pin_memory"])), grad_accum=int(tr.get("grad_accum", 1)),
             compile=str(tr.get("compile", "none")), evidence=dict(data.get("evidence") or {}),
+            ranks=_count(tr, "ranks", 1) if "ranks" in tr else 1,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError([f"{label}: not a tunekit recommendation: missing or bad key {exc}"]) from None

@@ -42,7 +42,36 @@ def _recommendation(s: RunSummary) -> list[str]:
     per_batch = k.measurement.get("items_per_batch_mean")
     if u != "samples" and per_batch:
         out += [f"Mean {u} per batch at the knee: {per_batch:,.1f} (batch {k.knobs.batch_size}).", ""]
-    return out + _ceilings(s.rows, k, u)
+    return out + _ranks(s, k) + _ceilings(s.rows, k, u)
+
+
+def _ranks(s: RunSummary, k: TrialRow) -> list[str]:
+    """A multi-rank knee: workers per rank against the CPUs, per-GPU throughput, scaling, sync, stragglers."""
+    n = k.knobs.ranks
+    if n < 2:
+        return []
+    m, u = k.measurement, s.unit
+    cpus = m.get("cpu_count")
+    out = [f"Ranks: {k.knobs.num_workers} workers per rank x {n} ranks = {k.knobs.num_workers * n} loader "
+           f"workers{f' on {cpus} CPUs' if cpus else ''} ({m.get('nodes') or 1} node(s)); {k.rate / n:.1f} {u}/s "
+           f"per GPU."]
+    if s.scaling is not None:
+        one = s.scaling.single
+        out.append(f"Scaling efficiency: **{s.scaling.efficiency:.1%}** — {k.rate:.1f} {u}/s on {n} GPUs against "
+                   f"{n} x {one.rate:.1f} on one GPU with the same per-rank config (trial {one.number}).")
+    sync, spread = m.get("sync_share"), m.get("rank_spread")
+    if sync is not None:
+        out.append(f"Gradient sync: {sync:.1%} of a step (same steps with and without DDP's all-reduce).")
+    if spread is not None:
+        out.append(f"Slowest rank: {m.get('slowest_rank')}, {spread:.1%} below the fastest; data wait "
+                   f"{fmt(m.get('data_wait_frac'), '.1%')} on average, {fmt(m.get('data_wait_frac_max'), '.1%')} on "
+                   "the worst rank.")
+    pinned = [p.get("pinned_peak_bytes") for p in m.get("per_rank") or [] if p.get("pinned_peak_bytes")]
+    host = m.get("host_mem_peak_bytes")
+    if host:
+        out.append(f"Host memory (PSS of every rank and worker): {host / 2**30:.1f} GiB"
+                   + (f"; pinned memory per rank up to {max(pinned) / 2**30:.2f} GiB." if pinned else "."))
+    return [" ".join(out), ""]
 
 
 def _ceilings(rows: tuple[TrialRow, ...], k: TrialRow, u: str) -> list[str]:
@@ -57,8 +86,9 @@ def _ceilings(rows: tuple[TrialRow, ...], k: TrialRow, u: str) -> list[str]:
     if loader:
         parts.append(f"loader ceiling {loader[0].rate:.1f} {u}/s at {k.knobs.num_workers} workers")
     lowest = min(r.rate for r in compute + loader)
-    return [f"Ceilings at this batch: {'; '.join(parts)}. The knee reaches {k.rate / lowest:.0%} of the "
-            "lower one.", ""]
+    per_rank = " per rank" if k.knobs.ranks > 1 else ""  # the ceilings are one GPU's and one rank's loader
+    return [f"Ceilings at this batch: {'; '.join(parts)}. The knee reaches {k.rate / k.knobs.ranks / lowest:.0%} of "
+            f"the lower one{per_rank}.", ""]
 
 
 def _diagnosis(s: RunSummary) -> list[str]:
@@ -116,6 +146,8 @@ def _environment(env: dict[str, Any]) -> list[str]:
 
 
 def _trials(s: RunSummary) -> list[str]:
+    if any(r.knobs.ranks > 1 for r in s.rows):  # multi-GPU runs: workers are per rank, and ranks a column
+        return _trials_ranks(s)
     out = ["## Trials", "", "| # | stage | mode | workers | prefetch | pin | batch | accum | compile | status | "
            f"{s.unit}/s | {s.unit}/$ | noise | data wait | NVML util | headroom | verdict |", "|" + " --- |" * 17]
     for r in sorted(s.rows, key=lambda r: r.number):
@@ -128,5 +160,23 @@ def _trials(s: RunSummary) -> list[str]:
                    f"{fmt(s.per_money(rate_or_none(r)), ',.0f')} | "
                    f"{fmt(r.noise_cv, '.1%')} | {fmt(r.measurement.get('data_wait_frac'), '.1%')} | "
                    f"{fmt(r.measurement.get('nvml_util_gpu_pct'), '.0f')} | {fmt(r.headroom, '.1%')} | "
+                   f"{verdict.name if verdict else '—'} |")
+    return out
+
+
+def _trials_ranks(s: RunSummary) -> list[str]:
+    out = ["## Trials", "", "| # | stage | mode | ranks | workers per rank | prefetch | pin | batch | accum | compile | "
+           f"status | {s.unit}/s | {s.unit}/s per GPU | noise | data wait | sync | headroom | verdict |",
+           "|" + " --- |" * 18]
+    for r in sorted(s.rows, key=lambda r: r.number):
+        k = r.knobs
+        status = r.status if r.ok else f"{r.status}: {r.reason}"
+        verdict = s.trial_verdicts.get(r.number)
+        rate = rate_or_none(r)
+        out.append(f"| {r.number} | {r.stage} | {r.mode} | {k.ranks} | {k.num_workers} | {k.prefetch_factor or '—'} | "
+                   f"{'yes' if k.pin_memory else 'no'} | {k.batch_size} | {k.grad_accum} | {k.compile} | "
+                   f"{status.replace('|', '/')} | {fmt(rate)} | {fmt(None if rate is None else rate / k.ranks)} | "
+                   f"{fmt(r.noise_cv, '.1%')} | {fmt(r.measurement.get('data_wait_frac'), '.1%')} | "
+                   f"{fmt(r.measurement.get('sync_share'), '.1%')} | {fmt(r.headroom, '.1%')} | "
                    f"{verdict.name if verdict else '—'} |")
     return out

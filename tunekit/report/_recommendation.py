@@ -34,7 +34,30 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
         "device": s.device,
         "versions": s.versions,
         "date": s.date,
+        "distributed": _distributed(s),
         "run": {"name": s.name, "strategy": s.strategy, "trials": len(s.rows), "knee_trial": knee.number},
+    }
+
+
+def _distributed(s: RunSummary) -> dict[str, Any] | None:
+    knee = s.choice.knee
+    if knee is None or knee.knobs.ranks < 2:
+        return None
+    m, n = knee.measurement, knee.knobs.ranks
+    return {
+        "ranks": n,
+        "nodes": m.get("nodes"),
+        "workers_per_rank": knee.knobs.num_workers,
+        "workers_total": knee.knobs.num_workers * n,
+        "cpus": m.get("cpu_count"),
+        "per_gpu_samples_per_s": round(knee.rate / n, 2),
+        "scaling_efficiency": round(s.scaling.efficiency, 4) if s.scaling else None,
+        "single_gpu_samples_per_s": round(s.scaling.single.rate, 2) if s.scaling else None,
+        "sync_share": m.get("sync_share"),
+        "slowest_rank": m.get("slowest_rank"),
+        "rank_spread": m.get("rank_spread"),
+        "host_mem_peak_bytes": m.get("host_mem_peak_bytes"),
+        "pinned_peak_bytes_per_rank": m.get("pinned_peak_bytes"),
     }
 
 

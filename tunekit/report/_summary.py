@@ -2,12 +2,22 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from tunekit.analysis import Choice, defaults_trial, select
+from tunekit import rules
+from tunekit.analysis import Choice, defaults_trial, select, single_gpu_twin
 from tunekit.config import Config
 from tunekit.diagnosis import Verdict, run_verdicts, trial_verdicts
 from tunekit.records import TrialRow
+
+
+class Scaling(NamedTuple):
+    """A multi-rank knee against its per-rank config on one GPU, measured in the same sweep."""
+
+    ranks: int
+    single: TrialRow
+    efficiency: float
+    """Knee throughput over ranks x the one-GPU trial's."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,7 @@ class RunSummary:
     trial_verdicts: dict[int, Verdict] = field(default_factory=dict)
     per_hour: float | None = None
     warnings: tuple[str, ...] = ()
+    scaling: Scaling | None = None
 
     @property
     def failed(self) -> int:
@@ -67,4 +78,11 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
         min_headroom=cfg.selection.min_headroom, unit=cfg.workload.unit, stop_reason=stop_reason,
         verdicts=tuple(run_verdicts(rows, choice.knee, per_trial, cfg.selection, env)),
         trial_verdicts=per_trial, per_hour=cfg.cost.per_hour, warnings=tuple(warnings),
+        scaling=_scaling(rows, choice.knee),
     )
+
+
+def _scaling(rows: list[TrialRow], knee: TrialRow | None) -> Scaling | None:
+    single = single_gpu_twin(rows, knee) if knee is not None else None
+    efficiency = rules.scaling_efficiency(knee, single) if knee is not None and single is not None else None
+    return None if single is None or efficiency is None else Scaling(knee.knobs.ranks, single, efficiency)

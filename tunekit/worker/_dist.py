@@ -124,8 +124,8 @@ def _mean(values: list[Any]) -> float | None:
     return statistics.fmean(known) if known else None
 
 
-def _sum(values: list[Any]) -> float | None:
-    known = [float(v) for v in values if v is not None]
+def _sum(values: list[Any]) -> Any:
+    known = [v for v in values if v is not None]
     return sum(known) if known else None
 
 

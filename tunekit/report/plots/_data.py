@@ -38,6 +38,10 @@ class WorkersPlot:
     compute_ceiling: float | None
     best_label: str = "best"
     unit: str = "samples"
+    axis: str = "num_workers"
+    """The x axis: num_workers, or workers per rank when the run has multi-rank trials."""
+    loader_label: str = "loader alone (ceiling)"
+    compute_label: str = "compute ceiling"
 
 
 class BatchPoint(NamedTuple):
@@ -158,10 +162,12 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
     train = _train_at(rows, batch)
     if len({r.knobs.num_workers for r in train}) < 2:
         return "the run has fewer than two worker counts measured end to end"
+    world = max(r.knobs.ranks for r in train)
     groups: dict[str, list[Point]] = {}
-    for r in sorted(train, key=lambda r: r.knobs.num_workers):
+    for r in sorted(train, key=lambda r: (-r.knobs.ranks, r.knobs.num_workers)):
         pf = f"prefetch={r.knobs.prefetch_factor}" if r.knobs.num_workers else "loading in the main process"
-        groups.setdefault(f"pin_memory={'on' if r.knobs.pin_memory else 'off'}, {pf}", []).append(_point(r))
+        gpus = "" if world == 1 else f"{r.knobs.ranks} GPU{'s' if r.knobs.ranks > 1 else ''}: "
+        groups.setdefault(f"{gpus}pin_memory={'on' if r.knobs.pin_memory else 'off'}, {pf}", []).append(_point(r))
     loader = tuple(sorted((_point(r) for r in rows if r.ok and r.mode == "loader"
                            and (batch is None or r.knobs.batch_size == batch)), key=lambda p: p.workers))
     compute = [r for r in rows if r.ok and r.mode == "compute" and (batch is None or r.knobs.batch_size == batch)]
@@ -171,13 +177,17 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
     label = ""
     if choice.knee is not None and choice.ratio is not None:
         label = f"knee: {choice.knee.knobs.num_workers} workers{at(choice.knee)}, {choice.ratio:.1%} of best"
+        if choice.knee.knobs.ranks > 1:
+            label = label.replace(" workers", f" workers per rank x {choice.knee.knobs.ranks}")
     return WorkersPlot(
         unit=_unit(rows),
         title=title, series=tuple(Series(k, tuple(v)) for k, v in groups.items()),
         knee=_point(choice.knee) if choice.knee else None, knee_label=label,
         best=_point(choice.best) if choice.best else None, loader_ceiling=loader,
-        compute_ceiling=compute[0].rate if compute else None,
+        compute_ceiling=compute[0].rate * world if compute else None,
         best_label=f"best{' (' + at(choice.best)[2:] + ')' if choice.best and at(choice.best) else ''}",
+        **({} if world == 1 else {"axis": "workers per rank", "loader_label": "loader alone, one rank (ceiling)",
+                                  "compute_label": f"compute ceiling x {world} GPUs"}),
     )
 
 
@@ -232,6 +242,8 @@ def step_time_data(rows: list[TrialRow], title: str) -> StepTimePlot | str:
 
 def fractions_data(rows: list[TrialRow], choice: Choice, title: str) -> FractionsPlot | str:
     train = _train_at(rows, _swept_batch(rows, choice))
+    world = max((r.knobs.ranks for r in train), default=1)
+    train = [r for r in train if r.knobs.ranks == world]  # the job as it runs (not the one-GPU scaling trial)
     if len({r.knobs.num_workers for r in train}) < 2:
         return "the run has fewer than two worker counts measured end to end"
     series: dict[str, dict[int, FractionPoint]] = {}

@@ -41,16 +41,16 @@ def draw_workers(plot: WorkersPlot, path: Path) -> None:
         ax.errorbar(xs, ys, yerr=err, marker="o", linestyle="none", capsize=3, label=series.label)
     if plot.loader_ceiling:
         ax.plot([p.workers for p in plot.loader_ceiling], [p.samples_per_s for p in plot.loader_ceiling], ":",
-                color="grey", marker=".", label="loader alone (ceiling)")
+                color="grey", marker=".", label=plot.loader_label)
     if plot.compute_ceiling:
-        ax.axhline(plot.compute_ceiling, color="black", linestyle="--", linewidth=1, label="compute ceiling")
+        ax.axhline(plot.compute_ceiling, color="black", linestyle="--", linewidth=1, label=plot.compute_label)
     if plot.best is not None:
         ax.plot(plot.best.workers, plot.best.samples_per_s, marker="*", markersize=16, color="gold",
                 markeredgecolor="black", linestyle="none", label=plot.best_label, zorder=5)
     if plot.knee is not None:
         ax.plot(plot.knee.workers, plot.knee.samples_per_s, marker="o", markersize=14, markerfacecolor="none",
                 markeredgecolor="red", markeredgewidth=2, linestyle="none", label=plot.knee_label, zorder=6)
-    ax.set_xlabel("num_workers")
+    ax.set_xlabel(plot.axis)
     ax.set_ylabel(f"{plot.unit}/s (median of windows; bars: window range)")
     ax.set_ylim(bottom=0)
     ax.set_xlim(left=-0.5)
