@@ -68,3 +68,12 @@ def clipping_step(model, batch, ctx):
         ctx.optimizer.step()
         ctx.optimizer.zero_grad(set_to_none=True)
     return loss.detach()
+
+
+def rank1_raises_step(model, batch, ctx):
+    """A step that fails on rank 1 only: the other rank blocks in the next collective until torchrun stops it."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_rank() == 1:
+        raise RuntimeError("rank one's step broke")
+    return ctx.loss_fn(model(batch[0]), batch[1])

@@ -257,17 +257,17 @@ def _outcome(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float,
 
 
 def _rank_failure(out_path: Path) -> dict[str, Any] | None:
-    """The failure a rank of a multi-rank trial reported itself (the lowest rank's, when several did)."""
-    found = sorted(out_path.parent.glob("measurement.rank*.json"),
-                   key=lambda p: int(p.stem.removeprefix("measurement.rank") or 0))
-    for path in found:
+    """The failure the ranks of a multi-rank trial reported: the first in time (its peers fail after it, in their
+    collectives, for want of it)."""
+    found = []
+    for path in out_path.parent.glob("measurement.rank*.json"):
         try:
             data = read_json(path)
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and data.get("status") in STATUSES and data.get("status") != "ok":
-            return data
-    return None
+            found.append(data)
+    return min(found, key=lambda d: float(d.get("failed_at") or 0.0)) if found else None
 
 
 def _disk_full(folder: Path) -> str | None:

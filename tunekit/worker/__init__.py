@@ -60,9 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     spec_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     spec = TrialSpec.from_dict(read_json(spec_path))
     rank = _rank()
-    # rank 0 writes the trial's measurement; another rank writes only its own failure, beside it
-    failure_path = out_path if not rank else str(Path(out_path).with_name(f"measurement.rank{rank}.json"))
+    # rank 0 writes the trial's measurement; a failing rank writes its failure beside it, with the time: the first
+    # rank to fail is the cause (the others then fail in their collectives with a lost peer)
+    failure_path = out_path if rank is None else str(Path(out_path).with_name(f"measurement.rank{rank}.json"))
     where = "" if rank is None else f"rank {rank}: "
+    when = {} if rank is None else {"failed_at": time.time()}
     try:
         from tunekit.worker._measure import measure  # torch: a broken install is a classified failure too
 
@@ -70,14 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - every failure becomes data
         if type(exc).__name__ == "Diverged":  # a NaN/Inf loss: its own status, the reason as written
             write_json_atomic(failure_path, failed_measurement(spec, "diverged", f"{where}{exc}",
-                                                               exception="Diverged"))
+                                                               exception="Diverged", **when))
             return EXIT_FAILED
         text = "".join(traceback.format_exception(exc))
         sys.stderr.write(f"{where}{text}")
         sys.stderr.flush()
         status, reason = classify_error(f"{type(exc).__name__}: {exc}\n{text}")
         write_json_atomic(failure_path, failed_measurement(spec, status, f"{where}{reason}",
-                                                           exception=type(exc).__name__))
+                                                           exception=type(exc).__name__, **when))
         return EXIT_FAILED
     if result is None:  # not rank 0: rank 0 wrote the merged measurement
         return 0

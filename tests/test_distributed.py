@@ -1,0 +1,116 @@
+"""Multi-rank trials on the CPU: real torchrun, real DDP over gloo, real loader workers in every rank."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import measurement, sleepy_config
+from tunekit import config
+from tunekit.contract import Knobs, TrialSpec
+from tunekit.errors import ConfigError
+from tunekit.launcher import run_trial, worker_command
+from tunekit.plan import next_requests
+from tunekit.records import rows_from_measurements
+
+# each rank: 8 samples per 50 ms step (160/s), two workers deliver 1000/s: the model is the bound, so two ranks
+# should give twice one rank's throughput, less what the gradient all-reduce costs
+SLEEPY = {"workload.model_args": {"step_wait_s": 0.05}, "workload.dataset_args": {"sample_wait_s": 0.002},
+          "launch.nproc_per_node": 2}
+
+
+def _spec(cfg: dict, **knobs) -> TrialSpec:
+    return TrialSpec(number=0, stage="test", mode="train", knobs=Knobs(**knobs), config=config.from_dict(cfg).to_dict())
+
+
+def test_two_ranks_give_twice_one_rank(tmp_path: Path):
+    cfg = sleepy_config(**SLEEPY)
+    one = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=8), tmp_path / "one", 120)
+    two = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=8, ranks=2), tmp_path / "two", 120)
+    assert one["status"] == "ok" and two["status"] == "ok", (one.get("reason"), two.get("reason"))
+    assert "ranks" not in one and two["ranks"] == 2 and two["nodes"] == 1
+    ratio = two["samples_per_s"] / one["samples_per_s"]
+    assert 1.7 <= ratio <= 2.2, ratio
+    per_rank = two["per_rank"]
+    assert [p["rank"] for p in per_rank] == [0, 1]
+    assert two["samples_per_s"] == pytest.approx(sum(p["samples_per_s"] for p in per_rank), rel=0.05)
+    assert two["step_time_s"] == max(p["step_time_s"] for p in per_rank)  # the slowest rank sets the pace
+    assert 0.0 <= two["sync_share"] < 1.0 and two["workers_total"] == 4
+    # host memory: the node's whole tree (torchrun, both ranks, their four workers), more than one rank's own
+    assert two["host_processes"] >= 7
+    assert two["host_mem_peak_bytes"] > max(p["host_mem_peak_bytes"] for p in per_rank)
+
+
+def _trial_processes(trial_dir: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if str(trial_dir) in " ".join(proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+def test_timeout_kills_torchrun_every_rank_and_their_workers(tmp_path: Path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    cfg = sleepy_config(**{**SLEEPY, "workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0,
+                                                               "hang_at": 3, "pid_dir": str(pids)}})
+    t0 = time.monotonic()
+    m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4, ranks=2), tmp_path / "t", 20)
+    assert m["status"] == "timeout"
+    assert time.monotonic() - t0 < 50
+    loader_pids = [int(p.name) for p in pids.iterdir()]
+    assert len(loader_pids) >= 2  # workers of the ranks served samples before one hung
+    time.sleep(0.5)
+    assert not [pid for pid in loader_pids if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not _trial_processes(tmp_path / "t")  # no torchrun, no rank, no worker left
+
+
+def test_a_crashed_rank_is_crashed_with_its_message(tmp_path: Path):
+    cfg = sleepy_config(**{**SLEEPY, "workload.step": "tests._workloads:rank1_raises_step"})
+    m = run_trial(_spec(cfg, num_workers=0, batch_size=4, ranks=2), tmp_path / "t", 120)
+    assert m["status"] == "crashed", m
+    assert m["reason"].startswith("rank 1: ") and "rank one's step broke" in m["reason"]
+    assert not _trial_processes(tmp_path / "t")
+
+
+def test_launch_config_is_checked():
+    with pytest.raises(ConfigError, match="launch.rdzv_endpoint"):
+        config.from_dict(sleepy_config(**{"launch.nnodes": 2}))
+    with pytest.raises(ConfigError, match="device: cuda:1 names one GPU"):
+        config.from_dict(sleepy_config(**{"launch.nproc_per_node": 2, "device": "cuda:1"}))
+    with pytest.raises(ConfigError, match="nccl needs CUDA"):
+        config.from_dict(sleepy_config(**{"launch.backend": "nccl"}))
+    per_rank = config.from_dict(sleepy_config(**{"launch.nproc_per_node": 2, "search.num_workers": "auto"}))
+    alone = config.from_dict(sleepy_config(**{"search.num_workers": "auto"}))
+    assert max(per_rank.search.num_workers) < max(alone.search.num_workers) or config.cpu_count() < 2
+
+
+def test_torchrun_command_per_launch():
+    one = config.from_dict(sleepy_config()).to_dict()
+    assert worker_command(TrialSpec(number=0, stage="s", mode="train", knobs=Knobs(), config=one))[-2:] == [
+        "-m", "tunekit.worker"]
+    nodes = config.from_dict(sleepy_config(**{"launch.nnodes": 2, "launch.nproc_per_node": 2,
+                                              "launch.rdzv_endpoint": "node0:29400"})).to_dict()
+    cmd = worker_command(TrialSpec(number=0, stage="s", mode="train", knobs=Knobs(ranks=4), config=nodes))
+    assert "torch.distributed.run" in cmd and "--nproc-per-node=2" in cmd and "--nnodes=2" in cmd
+    assert "--master-addr=node0" in cmd and "--master-port=29400" in cmd and "--node-rank=0" in cmd
+
+
+def test_plan_runs_the_job_on_every_rank_then_the_knee_on_one_gpu():
+    cfg = config.from_dict(sleepy_config(**{"launch.nproc_per_node": 2, "search.batch_size": [8]}))
+    rows = rows_from_measurements([measurement(0, "compute", "compute", 400, batch_size=8),
+                                   measurement(1, "loader", "loader", 200, batch_size=8),
+                                   measurement(2, "loader", "loader", 400, batch_size=8, num_workers=2)])
+    first = next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert first[0].stage == "end_to_end" and first[0].knobs.ranks == 2 and first[0].knobs.num_workers == 2
+    rows += rows_from_measurements([
+        measurement(3, "end_to_end", "train", 700, batch_size=8, num_workers=2, ranks=2),
+        measurement(4, "end_to_end", "train", 300, batch_size=8, ranks=2, data_wait_frac=0.6)])
+    scaling = next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert [(r.stage, r.knobs.ranks, r.knobs.num_workers) for r in scaling] == [("scaling", 1, 2)]
+    rows += rows_from_measurements([measurement(5, "scaling", "train", 380, batch_size=8, num_workers=2)])
+    assert next_requests(cfg, rows, strategy="staged", cuda=False) == []
