@@ -48,3 +48,28 @@ def test_cuda_oom_is_classified(tmp_path: Path):
                      knobs=Knobs(batch_size=2048))
     m = run_trial(spec, tmp_path / "t", 300)
     assert m["status"] == "oom", m
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA devices")
+def test_two_ranks_over_nccl_one_gpu_each(tmp_path: Path):
+    cfg = config.from_dict({**_cnn_config(), "launch": {"nproc_per_node": 2}}).to_dict()
+    knobs = dict(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=64)
+    two = run_trial(TrialSpec(number=0, stage="test", mode="train", config=cfg, knobs=Knobs(ranks=2, **knobs)),
+                    tmp_path / "two", 180)
+    assert two["status"] == "ok", two
+    assert two["backend"] == "nccl" and two["ranks"] == 2
+    assert sorted(p["device"] for p in two["per_rank"]) == ["cuda:0", "cuda:1"]
+    assert 0.0 <= two["sync_share"] < 1.0
+    assert all(p["pinned_peak_bytes"] for p in two["per_rank"])  # the pin-memory thread's buffers, per rank
+    assert 0 < two["headroom"] < 1 and two["gpu_busy_frac"] > 0
+    # accumulation syncs once per two micro-batches: the share of a micro-step spent in sync cannot grow
+    accum = run_trial(TrialSpec(number=1, stage="test", mode="train", config=cfg,
+                                knobs=Knobs(ranks=2, grad_accum=2, **knobs)), tmp_path / "accum", 180)
+    assert accum["status"] == "ok", accum
+    print("sync share: accum 1", two["sync_share"], "accum 2", accum["sync_share"])
