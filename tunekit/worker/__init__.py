@@ -64,12 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     # rank to fail is the cause (the others then fail in their collectives with a lost peer)
     failure_path = out_path if rank is None else str(Path(out_path).with_name(f"measurement.rank{rank}.json"))
     where = "" if rank is None else f"rank {rank}: "
-    when = {} if rank is None else {"failed_at": time.time()}
     try:
         from tunekit.worker._measure import measure  # torch: a broken install is a classified failure too
 
         result = measure(spec)
     except Exception as exc:  # noqa: BLE001 - every failure becomes data
+        when = {} if rank is None else {"failed_at": time.time()}
         if type(exc).__name__ == "Diverged":  # a NaN/Inf loss: its own status, the reason as written
             write_json_atomic(failure_path, failed_measurement(spec, "diverged", f"{where}{exc}",
                                                                exception="Diverged", **when))
