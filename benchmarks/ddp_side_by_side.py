@@ -26,6 +26,7 @@ from _common import run_trial, write_csv
 
 from tunekit import config as config_mod
 from tunekit import load_recommended
+from tunekit._files import write_text_atomic
 
 
 def _knobs(rec_path: Path) -> dict[str, Any]:
@@ -64,11 +65,10 @@ def main(argv: list[str] | None = None) -> int:
             m, _ = run_trial(args.config, args.out / "trials", sets)
             measured[name].append(m)
             print(f"round {round_ + 1} {name}: {m.get('status')} {m.get('samples_per_s') or 0:.1f}/s", file=sys.stderr)
-    rows = _table(configs, measured)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_csv(args.out / "side-by-side.csv", rows)
-    (args.out / "side-by-side.md").write_text(_markdown(rows, cfg))
-    print(_markdown(rows, cfg))
+            rows = _table(configs, measured)  # after every trial: a cut-off run keeps what it measured
+            write_csv(args.out / "side-by-side.csv", rows)
+            write_text_atomic(args.out / "side-by-side.md", _markdown(rows, cfg))
+    print(_markdown(_table(configs, measured), cfg))
     return 0
 
 
@@ -76,6 +76,8 @@ def _table(configs: dict[str, dict[str, Any]], measured: dict[str, list[dict[str
     ours = None
     rows = []
     for name, knobs in configs.items():
+        if not measured[name]:
+            continue
         ok = [m for m in measured[name] if m.get("status") == "ok"]
         rate = statistics.median(m["samples_per_s"] for m in ok) if ok else None
         ours = rate if name == "tunekit" else ours
