@@ -252,3 +252,17 @@ def test_guarded_calls_with_fake_nvml() -> None:
         nv, ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"), None
     )
     assert mask == 0x4
+
+
+def test_multi_rank_sweep_warns_of_gpus_without_nvlink():
+    from tests.conftest import sleepy_config
+    from tunekit import config
+    from tunekit.env import sweep_warnings
+
+    env = {"nvml": {"interconnect": [{"gpus": [0, 1], "nvlink": False, "pcie_path": "one PCIe switch"},
+                                     {"gpus": [0, 2], "nvlink": False, "pcie_path": "one PCIe switch"},
+                                     {"gpus": [1, 2], "nvlink": True, "pcie_path": "one PCIe switch"}]}}
+    two = config.from_dict(sleepy_config(**{"launch.nproc_per_node": 2}))
+    warnings = [w for w in sweep_warnings(two, env) if "NVLink" in w]
+    assert len(warnings) == 1 and "GPUs 0 and 1" in warnings[0] and "one PCIe switch" in warnings[0]
+    assert not [w for w in sweep_warnings(config.from_dict(sleepy_config()), env) if "NVLink" in w]

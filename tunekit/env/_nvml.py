@@ -195,6 +195,32 @@ def _pcie(nv: ModuleType, handle: Any) -> dict[str, int | None]:
     }
 
 
+_TOPOLOGY = {0: "same board", 10: "one PCIe switch", 20: "several PCIe switches", 30: "one PCIe host bridge",
+             40: "one NUMA node (host bridges)", 50: "across NUMA nodes (CPU interconnect)"}
+"""NVML's common-ancestor levels between two GPUs: how far a transfer between them travels without NVLink."""
+
+
+def _nvlinks(nv: ModuleType, handle: Any) -> int | None:
+    """Active NVLink links of a device (None when NVML cannot tell; 0 on a PCIe-only card)."""
+    links = [_call(nv, "nvmlDeviceGetNvLinkState", handle, link)
+             for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)))]
+    known = [state for state in links if state is not None]
+    return sum(1 for state in known if state) if known else (None if not hasattr(nv, "nvmlDeviceGetNvLinkState")
+                                                             else 0)
+
+
+def _interconnect(nv: ModuleType, handles: list[Any]) -> list[dict[str, Any]]:
+    """How each pair of GPUs reaches the other: NVLink on both ends, and their common PCIe ancestor."""
+    out = []
+    links = [_nvlinks(nv, h) for h in handles]
+    for i in range(len(handles)):
+        for j in range(i + 1, len(handles)):
+            level = _call(nv, "nvmlDeviceGetTopologyCommonAncestor", handles[i], handles[j])
+            out.append({"gpus": [i, j], "nvlink": bool(links[i]) and bool(links[j]),
+                        "pcie_path": _TOPOLOGY.get(int(level)) if level is not None else None})
+    return out
+
+
 def _process_name(pid: int) -> str | None:
     """Return a process name, or None if it is gone or not visible (e.g. another PID namespace)."""
     try:
@@ -234,6 +260,7 @@ def _device_info(nv: ModuleType, index: int, handle: Any) -> dict[str, Any]:
         "utilization": _utilization(nv, handle),
         "throttle_reasons": _clock_event_reasons(nv, handle),
         "pcie": _pcie(nv, handle),
+        "nvlinks": _nvlinks(nv, handle),
         "processes": _processes(nv, handle),
     }
 
@@ -289,6 +316,10 @@ def nvml_snapshot() -> tuple[dict[str, Any], list[dict[str, Any]]]:
     except RuntimeError as exc:
         return _nvml_unavailable(str(exc).removeprefix("NVML unavailable: ")), []
     try:
-        return _nvml_system(nv), _gpus(nv)
+        system = _nvml_system(nv)
+        count = _call(nv, "nvmlDeviceGetCount") or 0
+        handles = [h for h in (_call(nv, "nvmlDeviceGetHandleByIndex", i) for i in range(count)) if h is not None]
+        system["interconnect"] = _interconnect(nv, handles)
+        return system, _gpus(nv)
     finally:
         _call(nv, "nvmlShutdown")

@@ -60,11 +60,25 @@ def sweep_warnings(cfg: Config, env: dict[str, Any], rows: list[TrialRow] | None
     batch_bytes = 3 * int(crop) ** 2 * 4 * max(s.batch_size) if isinstance(crop, int) else None
     out = environment_warnings(env, max_workers=max(s.num_workers), batch_bytes=batch_bytes,
                                prefetch=max(s.prefetch_factor))
+    out += _link_warnings(env, cfg.launch.nproc_per_node)
     for row in rows or []:
         peak, total = row.measurement.get("host_mem_peak_bytes"), row.measurement.get("host_mem_total_bytes")
         if row.ok and peak and total and peak > rules.HOST_MEMORY_WARN * total:
             out.append(f"trial {row.number} used {peak / 2**30:.1f} of {total / 2**30:.1f} GiB of host memory "
                        f"({row.knobs.num_workers} workers): close to the machine's RAM")
+    return out
+
+
+def _link_warnings(env: dict[str, Any], ranks: int) -> list[str]:
+    """Pairs of the GPUs a multi-rank trial uses (the first ``ranks``) whose gradient all-reduce goes over PCIe:
+    through a shared switch (the pair shares its bandwidth) or across CPU sockets."""
+    out = []
+    for pair in ((env.get("nvml") or {}).get("interconnect") or []) if ranks > 1 else []:
+        i, j = pair.get("gpus") or (0, 0)
+        if i >= ranks or j >= ranks or pair.get("nvlink") or not pair.get("pcie_path"):
+            continue
+        out.append(f"GPUs {i} and {j} have no NVLink between them: their gradient all-reduce goes over PCIe "
+                   f"({pair['pcie_path']}); expect communication to cost more (nvidia-smi topo -m shows the paths)")
     return out
 
 

@@ -66,7 +66,8 @@ def _ranks(s: RunSummary, k: TrialRow) -> list[str]:
         out.append(f"Slowest rank: {m.get('slowest_rank')}, {spread:.1%} below the fastest; data wait "
                    f"{fmt(m.get('data_wait_frac'), '.1%')} on average, {fmt(m.get('data_wait_frac_max'), '.1%')} on "
                    "the worst rank.")
-    pinned = [p.get("pinned_peak_bytes") for p in m.get("per_rank") or [] if p.get("pinned_peak_bytes")]
+    pinned = [p.get("pinned_peak_bytes") for p in m.get("per_rank") or []
+              if p.get("pinned_peak_bytes") and k.knobs.pin_memory]
     host = m.get("host_mem_peak_bytes")
     if host:
         out.append(f"Host memory (PSS of every rank and worker): {host / 2**30:.1f} GiB"
@@ -142,6 +143,10 @@ def _environment(env: dict[str, Any]) -> list[str]:
         memory = gpu.get("memory") or {}
         out.append(f"- GPU {gpu.get('index')}: {gpu.get('name')}, {(memory.get('total_bytes') or 0) / 2**30:.1f} GiB, "
                    f"other processes at sweep start: {len(gpu.get('processes') or [])}")
+    for pair in nvml.get("interconnect") or []:
+        i, j = pair.get("gpus") or ("?", "?")
+        out.append(f"- GPUs {i} and {j}: {'NVLink' if pair.get('nvlink') else 'PCIe'} "
+                   f"({pair.get('pcie_path') or 'path unknown'} without it)")
     return out + [""]
 
 
