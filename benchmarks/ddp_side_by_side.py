@@ -7,8 +7,9 @@ Re-measures, back to back with ``tunekit trial`` at the config's ``launch`` rank
 3. the single-GPU knee reused on every rank (``--single-gpu`` recommended.yaml of a one-GPU sweep);
 4. PyTorch defaults: 0 workers, no pinning, at the recommended batch.
 
-    python benchmarks/ddp_side_by_side.py configs/resnet-ddp.yaml --run results/h200x2-resnet50-ddp \
-        --single-gpu results/h200-resnet50-final-2026-11-29/recommended.yaml --out results/h200x2-resnet50-ddp/side-by-side
+    R=results/h200x2-resnet50-ddp-2026-11-30
+    python benchmarks/ddp_side_by_side.py configs/resnet-ddp.yaml --run $R --repeats 2 \
+        --single-gpu results/h200-resnet50-final-2026-11-29/recommended.yaml --out $R/side-by-side
 
 Writes side-by-side.csv and side-by-side.md (global samples/s, per GPU, workers, host memory) into ``--out``.
 Targets: tunekit >= 1.0 x the Lightning rule's throughput with no more workers per rank than it uses.

@@ -170,8 +170,8 @@ def _trials(s: RunSummary) -> list[str]:
 
 
 def _trials_ranks(s: RunSummary) -> list[str]:
-    out = ["## Trials", "", "| # | stage | mode | ranks | workers per rank | prefetch | pin | batch | accum | compile | "
-           f"status | {s.unit}/s | {s.unit}/s per GPU | noise | data wait | sync | headroom | verdict |",
+    out = ["## Trials", "", "| # | stage | mode | ranks | workers per rank | prefetch | pin | batch | accum | "
+           f"compile | status | {s.unit}/s | {s.unit}/s per GPU | noise | data wait | sync | headroom | verdict |",
            "|" + " --- |" * 18]
     for r in sorted(s.rows, key=lambda r: r.number):
         k = r.knobs

@@ -33,15 +33,17 @@ def console_table(s: RunSummary) -> Any:
 
     table = Table(title=f"{s.name}: {len(s.rows)} trials", show_lines=False)
     ranks = any(r.knobs.ranks > 1 for r in s.rows)
-    for col in ("#", "stage", *(("ranks",) if ranks else ()), "workers", "pf", "pin", "batch", "accum", "compile", "status", f"{s.unit}/s", "noise",
-                "wait"):
+    columns = ("#", "stage", *(("ranks",) if ranks else ()), "workers", "pf", "pin", "batch", "accum", "compile",
+               "status", f"{s.unit}/s", "noise", "wait")
+    for col in columns:
         table.add_column(col, justify="right" if col not in ("stage", "status", "compile") else "left")
     knee, best = s.choice.knee, s.choice.best
     for r in sorted(s.rows, key=lambda r: r.number):
         mark = " ◀ knee" if knee is not None and r.number == knee.number else ""
         mark += " ★ best" if best is not None and r.number == best.number and r is not knee else ""
         k = r.knobs
-        table.add_row(str(r.number), r.stage, *((str(k.ranks),) if ranks else ()), str(k.num_workers), str(k.prefetch_factor or "-"),
+        table.add_row(str(r.number), r.stage, *((str(k.ranks),) if ranks else ()), str(k.num_workers),
+                      str(k.prefetch_factor or "-"),
                       "y" if k.pin_memory else "n", str(k.batch_size), str(k.grad_accum), k.compile,
                       (r.status if r.ok else f"{r.status}: {r.reason[:40]}") + mark, fmt(rate_or_none(r)),
                       fmt(r.noise_cv, ".1%"), fmt(r.measurement.get("data_wait_frac"), ".0%"))
