@@ -78,8 +78,8 @@ def test_a_crashed_rank_is_crashed_with_its_message(tmp_path: Path):
 
 
 def test_launch_config_is_checked():
-    with pytest.raises(ConfigError, match="launch.nnodes: 2 nodes are not supported yet"):
-        config.from_dict(sleepy_config(**{"launch.nnodes": 2, "launch.rdzv_endpoint": "node0:29400"}))
+    with pytest.raises(ConfigError, match="launch.rdzv_endpoint: launch.nnodes = 2 needs the host:port"):
+        config.from_dict(sleepy_config(**{"launch.nnodes": 2}))
     with pytest.raises(ConfigError, match="device: cuda:1 names one GPU"):
         config.from_dict(sleepy_config(**{"launch.nproc_per_node": 2, "device": "cuda:1"}))
     with pytest.raises(ConfigError, match="nccl needs CUDA"):
@@ -93,8 +93,8 @@ def test_torchrun_command_per_launch():
     one = config.from_dict(sleepy_config()).to_dict()
     assert worker_command(TrialSpec(number=0, stage="s", mode="train", knobs=Knobs(), config=one))[-2:] == [
         "-m", "tunekit.worker"]
-    nodes = config.from_dict(sleepy_config(**{"launch.nproc_per_node": 2})).to_dict()
-    nodes["launch"].update(nnodes=2, rdzv_endpoint="node0:29400")  # the launcher's side of several nodes
+    nodes = config.from_dict(sleepy_config(**{"launch.nnodes": 2, "launch.nproc_per_node": 2,
+                                              "launch.rdzv_endpoint": "node0:29400"})).to_dict()
     cmd = worker_command(TrialSpec(number=0, stage="s", mode="train", knobs=Knobs(ranks=4), config=nodes))
     assert "torch.distributed.run" in cmd and "--nproc-per-node=2" in cmd and "--nnodes=2" in cmd
     assert "--master-addr=node0" in cmd and "--master-port=29400" in cmd and "--node-rank=0" in cmd
@@ -114,3 +114,41 @@ def test_plan_runs_the_job_on_every_rank_then_the_knee_on_one_gpu():
     assert [(r.stage, r.knobs.ranks, r.knobs.num_workers) for r in scaling] == [("scaling", 1, 2)]
     rows += rows_from_measurements([measurement(5, "scaling", "train", 380, batch_size=8, num_workers=2)])
     assert next_requests(cfg, rows, strategy="staged", cuda=False) == []
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_nodes_of_one_rank_on_localhost(tmp_path: Path):
+    """Node 0 runs the trial (as a sweep does); node 1 is `tunekit node`, served through the rendezvous."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tunekit.launcher import release_nodes
+
+    raw = sleepy_config(**{**SLEEPY, "launch.nproc_per_node": 1, "launch.nnodes": 2,
+                           "launch.rdzv_endpoint": f"127.0.0.1:{_free_port()}"})
+    path = tmp_path / "two-nodes.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    follower = subprocess.Popen([sys.executable, "-m", "tunekit", "node", str(path), "--node-rank", "1", "--out",
+                                 str(tmp_path / "node1"), "--idle-timeout", "120"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        m = run_trial(_spec(raw, num_workers=2, prefetch_factor=2, batch_size=8, ranks=2), tmp_path / "t", 120)
+        assert m["status"] == "ok", m
+        assert m["ranks"] == 2 and m["nodes"] == 2 and [p["rank"] for p in m["per_rank"]] == [0, 1]
+        assert len({p["host"] for p in m["per_rank"]}) == 2  # one node each (the same machine here)
+        assert release_nodes(config.from_dict(raw).to_dict())
+        out, _ = follower.communicate(timeout=60)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 0, out
+    assert "trial 0 done" in out and "released this node after 1 trial(s)" in out

@@ -174,7 +174,8 @@ class Launch:
     """Ranks (one per GPU) on each node; above 1, end-to-end trials run under ``torch.distributed.run`` with
     DistributedDataParallel, and num_workers and prefetch_factor are per rank."""
     nnodes: int = field(default=1, metadata=_meta(min=1))
-    """Nodes; only 1 is supported yet (the other nodes' side is designed in docs/distributed.md, not built)."""
+    """Nodes; above 1, this node runs the sweep and every other node runs ``tunekit node CONFIG --node-rank K``
+    (docs/distributed.md)."""
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     """Process-group backend: auto is nccl on CUDA devices and gloo on the CPU."""
     rdzv_endpoint: str | None = field(default=None, metadata=_meta(pattern=_ENDPOINT, allowed="host:port"))
@@ -478,9 +479,9 @@ def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
     if wl.step_updates and not wl.step:
         errors.append(f"{source}: workload.step_updates: true needs workload.step, the step that updates")
     launch = cfg.launch
-    if launch.nnodes > 1:
-        errors.append(f"{source}: launch.nnodes: {launch.nnodes} nodes are not supported yet (the other nodes' side "
-                      "is not built; docs/distributed.md); use 1, with nproc_per_node ranks on this host")
+    if launch.nnodes > 1 and not launch.rdzv_endpoint:
+        errors.append(f"{source}: launch.rdzv_endpoint: launch.nnodes = {launch.nnodes} needs the host:port where "
+                      "the nodes meet (this node, which runs the sweep)")
     if launch.world > 1 and cfg.device not in ("auto", "cuda", "cpu"):
         errors.append(f"{source}: device: {cfg.device} names one GPU, but launch runs {launch.nproc_per_node} ranks "
                       "per node, one GPU each; choose one of: auto, cuda, cpu")

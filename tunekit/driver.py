@@ -27,11 +27,11 @@ from tunekit.config import Config, from_dict
 from tunekit.contract import Knobs, TrialSpec, skipped_measurement
 from tunekit.env import snapshot, sweep_warnings
 from tunekit.errors import UsageError
-from tunekit.launcher import kill_tree, run_trial
+from tunekit.launcher import child_env, kill_tree, release_nodes, run_trial, torchrun_command
 from tunekit.records import TrialRow
 
-__all__ = ["SweepResult", "run_sweep", "run_single", "first_knobs", "rebuild", "probe_cuda", "make_console",
-           "interrupts_as_keyboard_interrupt"]
+__all__ = ["SweepResult", "run_sweep", "run_single", "run_node", "first_knobs", "rebuild", "probe_cuda",
+           "make_console", "interrupts_as_keyboard_interrupt"]
 
 
 @dataclass(frozen=True)
@@ -138,10 +138,14 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
     try:
         _prepare_dataset(cfg, console)
         _run_trials(sweep, _Budget(budget_minutes, cfg.budget.max_trials))
+        if cfg.launch.nnodes > 1 and not release_nodes(cfg.to_dict()):  # their tunekit node loops end here
+            console.print("warning: the other nodes did not answer the release; their tunekit node loops stop after "
+                          "their --idle-timeout")
     except KeyboardInterrupt:
         sweep.interrupted, sweep.stop_reason = True, "interrupted; rerun the same command to resume"
         console.print("interrupted: what was running (the dataset's preparation or a trial) was stopped with its "
-                      "processes; writing outputs for the finished trials")
+                      "processes; writing outputs for the finished trials (the other nodes keep waiting for the "
+                      "resumed sweep)")
     return _finish(sweep, env, before)
 
 
@@ -201,11 +205,12 @@ def _finish(sweep: _Sweep, env: dict[str, Any], before: list[str]) -> SweepResul
 
 
 def first_knobs(cfg: Config, **chosen: Any) -> Knobs:
-    """The knobs of a single trial: ``chosen`` ones, the rest the first value of each search list."""
+    """The knobs of a single trial: ``chosen`` ones, the rest the first value of each search list (and the config's
+    ranks: ``launch`` runs the job on every rank)."""
     s = cfg.search
     first = {"num_workers": s.num_workers[0], "prefetch_factor": s.prefetch_factor[0],
              "pin_memory": s.pin_memory[0], "batch_size": s.batch_size[0], "grad_accum": s.grad_accum[0],
-             "compile": s.compile[0]}
+             "compile": s.compile[0], "ranks": cfg.launch.world}
     return Knobs(**{**first, **chosen})
 
 
@@ -224,6 +229,46 @@ def run_single(cfg: Config, knobs: Knobs, mode: str, out: Path,
         announce(number)
         result = run_trial(spec, trials / str(number), cfg.trial.timeout_s)
         return result, trials / str(number)
+
+
+def run_node(cfg: Config, node_rank: int, folder: Path, *, idle_timeout_s: float,
+             say: Callable[[str], None] = lambda line: None) -> int:
+    """Serve node ``node_rank``'s ranks of every multi-rank trial of a sweep run on node 0 (``tunekit node``), until
+    the sweep releases this node or no trial came for ``idle_timeout_s``; returns the trials served. Each trial's
+    spec comes from rank 0 through the rendezvous; this node's failures stay in ``folder``'s node.log."""
+    nnodes = cfg.launch.nnodes
+    if nnodes < 2:
+        raise UsageError(f"{cfg.source}: launch.nnodes is 1: there are no other nodes to serve")
+    if not 1 <= node_rank < nnodes:
+        raise UsageError(f"--node-rank {node_rank}: choose 1 ... {nnodes - 1} (node 0 runs the sweep)")
+    folder.mkdir(parents=True, exist_ok=True)
+    cmd = torchrun_command(cfg.to_dict()["launch"], node_rank) + ["-m", "tunekit.worker", "--follow", str(folder)]
+    served, last = 0, time.monotonic()
+    with interrupts_as_keyboard_interrupt():
+        while True:
+            for stale in (*folder.glob("measurement.rank*.json"), folder / "trial", folder / "stop"):
+                stale.unlink(missing_ok=True)
+            with open(folder / "node.log", "ab") as log:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, env=child_env())
+                try:
+                    rc = proc.wait()
+                finally:  # an interrupt ends this node's ranks and their workers too
+                    kill_tree(proc)
+            if (folder / "stop").exists():
+                say(f"node {node_rank}: the sweep released this node after {served} trial(s)")
+                return served
+            if (folder / "trial").exists():
+                served, last = served + 1, time.monotonic()
+                failed = sorted(folder.glob("measurement.rank*.json"))
+                reason = read_json(failed[0]).get("reason") if failed else None
+                say(f"node {node_rank}: trial {(folder / 'trial').read_text()} "
+                    + (f"failed here: {reason}" if reason else "done" if rc == 0 else f"ended with exit code {rc}"))
+            elif time.monotonic() - last > idle_timeout_s:
+                say(f"node {node_rank}: no trial for {idle_timeout_s:g} s; stopping after {served} trial(s)")
+                return served
+            else:
+                time.sleep(1.0)  # no rendezvous this time (node 0 between trials, or not started yet)
 
 
 def rebuild(run_dir: Path) -> report.RunSummary:

@@ -30,7 +30,8 @@ from tunekit._files import read_json, write_json_atomic
 from tunekit.contract import STATUSES, TrialSpec, failed_measurement
 from tunekit.outcome import classify_error
 
-__all__ = ["run_trial", "kill_tree", "worker_command", "REQUIRED_FIELDS", "LOG_KEEP_BYTES"]
+__all__ = ["run_trial", "kill_tree", "worker_command", "torchrun_command", "release_nodes", "child_env",
+           "REQUIRED_FIELDS", "LOG_KEEP_BYTES"]
 
 REQUIRED_FIELDS = ("samples_per_s", "samples_per_s_windows", "noise_cv", "step_time_s", "data_wait_frac",
                    "headroom", "warmup_s")
@@ -103,7 +104,7 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
         proc = subprocess.Popen(
             worker_command(spec) + [str(spec_path), str(out_path)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=_child_env(),
+            start_new_session=True, env=child_env(),
         )
         log.follow(proc.stdout)
         pid_file = trial_dir / "worker.pid"
@@ -126,24 +127,47 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
     return result
 
 
-def worker_command(spec: TrialSpec, node_rank: int = 0) -> list[str]:
-    """The command that runs a trial's worker (its spec and measurement paths follow): the worker itself, or
-    torchrun starting ``knobs.ranks`` of them across ``launch.nnodes`` nodes."""
-    if spec.knobs.ranks <= 1:
-        return [sys.executable, "-m", "tunekit.worker"]
-    launch = spec.config.get("launch") or {}
+def torchrun_command(launch: dict[str, Any], node_rank: int = 0) -> list[str]:
+    """torchrun starting ``launch``'s ranks of this node (node ``node_rank``), before ``-m tunekit.worker ...``."""
     nnodes = int(launch.get("nnodes") or 1)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={spec.knobs.ranks // nnodes}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={int(launch['nproc_per_node'])}",
            f"--nnodes={nnodes}", "--max-restarts=0", "--monitor-interval=0.5"]
     if nnodes == 1:
-        cmd.append("--standalone")  # a free port on this host
-    else:
-        host, port = str(launch["rdzv_endpoint"]).rsplit(":", 1)
-        cmd += [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}"]
-    return cmd + ["-m", "tunekit.worker"]
+        return cmd + ["--standalone"]  # a free port on this host
+    host, port = str(launch["rdzv_endpoint"]).rsplit(":", 1)  # static rendezvous: node 0 hosts the store
+    return cmd + [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}"]
 
 
-def _child_env() -> dict[str, str]:
+def worker_command(spec: TrialSpec) -> list[str]:
+    """The command that runs a trial's worker (its spec and measurement paths follow): the worker itself, or
+    torchrun starting ``knobs.ranks`` of them across ``launch.nnodes`` nodes (this one node 0)."""
+    if spec.knobs.ranks <= 1:
+        return [sys.executable, "-m", "tunekit.worker"]
+    launch = dict(spec.config.get("launch") or {})
+    launch["nproc_per_node"] = spec.knobs.ranks // int(launch.get("nnodes") or 1)
+    return torchrun_command(launch) + ["-m", "tunekit.worker"]
+
+
+def release_nodes(config: dict[str, Any], timeout_s: float = 120.0) -> bool:
+    """Tell the other nodes' ``tunekit node`` loops that the sweep is over (a last rendezvous whose rank 0 hands
+    out "stop"). True when the rendezvous completed."""
+    launch = config.get("launch") or {}
+    if int(launch.get("nnodes") or 1) < 2:
+        return True
+    proc = subprocess.Popen(torchrun_command(launch) + ["-m", "tunekit.worker", "--release"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                            start_new_session=True, env=child_env())
+    try:
+        return proc.wait(timeout=timeout_s) == 0
+    except subprocess.TimeoutExpired:
+        return False
+    finally:
+        kill_tree(proc)
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a trial's processes: this tunekit and the caller's folder importable, unbuffered output,
+    and this process's pid, which every trial process watches (a trial dies with whoever launched it)."""
     env = dict(os.environ)
     # The worker must import this tunekit and the user's own modules (relative to where they ran us).
     roots = [str(Path(tunekit.__file__).resolve().parent.parent), os.getcwd()]

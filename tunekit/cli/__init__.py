@@ -1,4 +1,4 @@
-"""Command-line interface: ``tunekit sweep | trial | validate | report | env``, one module per subcommand.
+"""Command-line interface: ``tunekit sweep | trial | validate | report | env | node``, one module per subcommand.
 
 Errors are one line each on stderr (``--debug`` shows the traceback); exit 0 success, 1 runtime failure,
 2 usage or config error. Nothing here imports torch: trials run in subprocesses.
@@ -12,6 +12,7 @@ import traceback
 import click
 
 from tunekit.cli._env import env
+from tunekit.cli._node import node
 from tunekit.cli._report import report
 from tunekit.cli._sweep import sweep
 from tunekit.cli._trial import trial
@@ -29,7 +30,7 @@ def cli(debug: bool) -> None:
     # --debug is read by main() before click runs, so that errors raised while parsing also get a traceback
 
 
-for _command in (sweep, trial, validate, report, env):
+for _command in (sweep, trial, validate, report, env, node):
     cli.add_command(_command)
 
 

@@ -1,8 +1,10 @@
 """The trial worker: runs inside the trial's own subprocess, measures, and writes measurement.json.
 
-``python -m tunekit.worker SPEC_JSON MEASUREMENT_JSON``. Every outcome leaves a measurement file: numbers with
-status ok, or a status (oom, illegal_access, crashed) and a one-line reason. The launcher handles what the worker
-cannot report itself (timeouts, signals, a missing or malformed file).
+``python -m tunekit.worker SPEC_JSON MEASUREMENT_JSON`` (one process, or every rank on the node running the sweep);
+``--follow FOLDER`` (the ranks of another node, ``tunekit node``); ``--release`` (the end of a multi-node sweep).
+Every outcome leaves a measurement file: numbers with status ok, or a status (oom, illegal_access, crashed) and a
+one-line reason. The launcher handles what the worker cannot report itself (timeouts, signals, a missing or
+malformed file).
 """
 
 from __future__ import annotations
@@ -55,11 +57,41 @@ def _rank() -> int | None:
     return int(os.environ["RANK"]) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
 
 
+def _spec_and_paths(args: list[str], rank: int | None) -> tuple[TrialSpec | None, str]:
+    """The trial to run and where its measurement goes: from SPEC MEASUREMENT on the node running the sweep (whose
+    rank 0 hands the spec on to the other nodes), or from rank 0 with ``--follow FOLDER`` on another node. None:
+    the sweep is over (``--release``, or a follower told so)."""
+    if args[0] == "--release":
+        if rank == 0:
+            from tunekit.worker._dist import publish
+
+            publish(None)
+        return None, ""
+    if args[0] == "--follow":
+        from tunekit.worker._dist import receive
+
+        folder = Path(args[1])
+        data = receive()
+        if data is None:
+            (folder / "stop").touch()
+            return None, ""
+        spec = TrialSpec.from_dict(data)
+        (folder / "trial").write_text(str(spec.number))  # the node loop reports which trial it served
+        return spec, str(folder / "measurement.json")
+    spec = TrialSpec.from_dict(read_json(args[0]))
+    if rank == 0 and int((spec.config.get("launch") or {}).get("nnodes") or 1) > 1:
+        from tunekit.worker._dist import publish
+
+        publish(spec.to_dict())
+    return spec, args[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
-    spec_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
-    spec = TrialSpec.from_dict(read_json(spec_path))
     rank = _rank()
+    spec, out_path = _spec_and_paths(argv if argv is not None else sys.argv[1:], rank)
+    if spec is None:
+        return 0
     # rank 0 writes the trial's measurement; a failing rank writes its failure beside it, with the time: the first
     # rank to fail is the cause (the others then fail in their collectives with a lost peer)
     failure_path = out_path if rank is None else str(Path(out_path).with_name(f"measurement.rank{rank}.json"))

@@ -21,7 +21,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler
 
-__all__ = ["Ranks", "init", "EndlessDistributedSampler", "merge", "SYNC_PROBE_STEPS"]
+__all__ = ["Ranks", "init", "EndlessDistributedSampler", "merge", "publish", "receive", "SYNC_PROBE_STEPS"]
+
+_SPEC_KEY = "tunekit/spec"
+_SPEC_WAIT_S = 300.0
 
 SYNC_PROBE_STEPS = 6
 """Optimizer steps timed with and without gradient synchronisation, on a batch already on the device."""
@@ -109,7 +112,30 @@ class EndlessDistributedSampler(DistributedSampler):
 
 
 def host() -> str:
-    return socket.gethostname()
+    """This node: its host name and node rank (two nodes may share a host, as in tests)."""
+    return f"{socket.gethostname()}/{os.environ.get('GROUP_RANK', '0')}"
+
+
+def _store() -> Any:
+    """A client of the store torchrun's node 0 hosts for this rendezvous (it lives as long as the trial)."""
+    import datetime
+
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=datetime.timedelta(seconds=_SPEC_WAIT_S))
+
+
+def publish(spec: dict[str, Any] | None) -> None:
+    """Rank 0: hand the trial's spec (None: the sweep is over) to the ranks of the other nodes."""
+    import json
+
+    _store().set(_SPEC_KEY, json.dumps(spec))
+
+
+def receive() -> dict[str, Any] | None:
+    """A rank of another node: the trial's spec, as rank 0 published it (None: the sweep is over)."""
+    import json
+
+    return json.loads(_store().get(_SPEC_KEY))
 
 
 # --- merging the ranks' measurements into the trial's -----------------------------------------------------------
