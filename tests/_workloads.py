@@ -77,3 +77,25 @@ def rank1_raises_step(model, batch, ctx):
     if dist.is_initialized() and dist.get_rank() == 1:
         raise RuntimeError("rank one's step broke")
     return ctx.loss_fn(model(batch[0]), batch[1])
+
+
+class _SettlingModel(torch.nn.Module):
+    """A linear model whose steps take ``slow_s`` up to call ``fast_after`` (warm-up included) and ``step_s`` after:
+    a pipeline still settling when the first window starts."""
+
+    def __init__(self, step_s: float, slow_s: float, fast_after: int):
+        super().__init__()
+        self.fc = torch.nn.Linear(192, 10)
+        self.step_s, self.slow_s, self.fast_after, self.calls = step_s, slow_s, fast_after, 0
+
+    def forward(self, x):
+        import time
+
+        self.calls += 1
+        time.sleep(self.slow_s if self.calls <= self.fast_after else self.step_s)
+        return self.fc(x.flatten(1).float())
+
+
+def settling_model(step_s: float = 0.02, slow_s: float = 0.04, fast_after: int = 12):
+    torch.set_num_threads(1)
+    return _SettlingModel(step_s, slow_s, fast_after)

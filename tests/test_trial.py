@@ -219,3 +219,21 @@ def test_trial_dies_with_its_launcher(tmp_path: Path):
     while any(_alive(pid) for pid in victims):
         assert time.monotonic() < deadline, [pid for pid in victims if _alive(pid)]
         time.sleep(0.2)
+
+
+def test_precision_measures_until_the_interval_is_tight_leaving_out_settling_windows(tmp_path: Path):
+    """The first window runs at half speed (the pipeline still settling): with trial.precision the trial measures
+    on, leaves that window out, and reports the steady rate; without, the slow window drags the median down."""
+    base = {"workload.model": "tests._workloads:settling_model", "workload.model_args": {},
+            "workload.dataset_args": {"sample_wait_s": 0.0},
+            "trial.window_s": 0.5, "trial.measure_windows": 2}
+    precise = run_trial(_spec(sleepy_config(**base, **{"trial.precision": 0.05, "trial.max_windows": 6}),
+                              num_workers=0, batch_size=8), tmp_path / "precise", 60)
+    assert precise["status"] == "ok", precise
+    assert precise["stop_reason"] == "precise" and len(precise["settling_windows"]) >= 1
+    assert precise["windows_measured"] == len(precise["settling_windows"]) + len(precise["samples_per_s_windows"])
+    assert min(precise["samples_per_s_windows"]) > 1.5 * max(precise["settling_windows"])
+    assert precise["rate_interval"] <= 0.05
+    fixed = run_trial(_spec(sleepy_config(**base), num_workers=0, batch_size=8), tmp_path / "fixed", 60)
+    assert fixed["stop_reason"] == "fixed" and fixed["windows_measured"] == 2 and fixed["settling_windows"] == []
+    assert fixed["samples_per_s"] < 0.9 * precise["samples_per_s"]

@@ -131,6 +131,12 @@ class TrialSettings:
     """Timed windows; the throughput is their median and the noise their spread."""
     window_s: float = field(default=3.0, metadata=_meta(gt=0))
     """Length of one timed window in seconds."""
+    precision: float | None = field(default=None, metadata=_meta(gt=0, lt=1))
+    """Measure until the 95 % confidence interval of the mean window throughput is within this share of it (e.g.
+    0.02), between measure_windows and max_windows windows, leading windows that are still settling left out;
+    null: exactly measure_windows windows."""
+    max_windows: int = field(default=10, metadata=_meta(min=2))
+    """Most windows a trial measures when ``precision`` is set."""
     timeout_s: float = field(default=300.0, metadata=_meta(gt=0))
     """Wall-clock limit for one trial, start-up and warm-up included."""
 
@@ -478,6 +484,9 @@ def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
                       f"{', '.join(beside)} inside it, not beside it")
     if wl.step_updates and not wl.step:
         errors.append(f"{source}: workload.step_updates: true needs workload.step, the step that updates")
+    if cfg.trial.max_windows < cfg.trial.measure_windows:
+        errors.append(f"{source}: trial.max_windows: {cfg.trial.max_windows} is below trial.measure_windows "
+                      f"({cfg.trial.measure_windows}); it must be at least that")
     launch = cfg.launch
     if launch.nnodes > 1 and not launch.rdzv_endpoint:
         errors.append(f"{source}: launch.rdzv_endpoint: launch.nnodes = {launch.nnodes} needs the host:port where "

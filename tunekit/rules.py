@@ -27,7 +27,8 @@ __all__ = [
     "CPU_SATURATED", "CPU_BUSY", "WORKER_WAITING", "MEMORY_WALL_MARGIN", "HOST_MEMORY_WARN", "SHM_WARN",
     "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "stops_batch_growth", "run_noise", "band", "needed", "trial_margin",
     "can_reach", "knee_stages", "of_ceiling", "SYNC_SHARE", "SCALING_HEALTHY", "scaling_efficiency",
-    "communication_bound", "input_bound", "worker_core_share", "waits_on_data", "machine_noise",
+    "communication_bound", "rate_interval", "settling", "window_stop", "input_bound", "worker_core_share",
+    "waits_on_data", "machine_noise",
 ]
 
 # --- selection -----------------------------------------------------------------------------------------------
@@ -82,6 +83,48 @@ def can_reach(ceiling: TrialRow, target: float, selection: Selection, ranks: int
     """Whether a config of ``ranks`` ranks bounded by ``ceiling`` (a loader-alone or compute-alone trial of one)
     could still reach ``target``: the ceiling, ``ranks`` times over, plus its own margin is at least the target."""
     return ceiling.rate * ranks * (1.0 + trial_margin(selection, ceiling)) >= target
+
+
+# --- measurement ---------------------------------------------------------------------------------------------
+
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
+"""Student's t, two-sided 95 %, for 1 ... 15 degrees of freedom (1.96 beyond)."""
+
+
+def rate_interval(rates: list[float]) -> float:
+    """Relative half-width of the 95 % confidence interval of the mean of window throughputs (inf below two)."""
+    n = len(rates)
+    if n < 2:
+        return float("inf")
+    mean = sum(rates) / n
+    sd = (sum((r - mean) ** 2 for r in rates) / (n - 1)) ** 0.5
+    t = _T975[n - 2] if n - 2 < len(_T975) else 1.96
+    return t * sd / n**0.5 / mean if mean > 0 else float("inf")
+
+
+def settling(rates: list[float], min_windows: int) -> int:
+    """Leading windows still settling (left out of the measurement): while more than ``min_windows`` remain, the
+    first is dropped when it lies farther from the median of the rest than any of the rest does."""
+    drop = 0
+    while len(rates) - drop > min_windows:
+        rest = sorted(rates[drop + 1:])
+        mid = rest[len(rest) // 2] if len(rest) % 2 else (rest[len(rest) // 2 - 1] + rest[len(rest) // 2]) / 2
+        if abs(rates[drop] - mid) <= max(abs(r - mid) for r in rates[drop + 1:]):
+            break
+        drop += 1
+    return drop
+
+
+def window_stop(rates: list[float], min_windows: int, max_windows: int, precision: float | None) -> str | None:
+    """Why a trial stops measuring after these windows, or None to measure another: ``fixed`` (no precision
+    asked, ``min_windows`` done), ``precise`` (the settled windows' interval within ``precision``), ``max_windows``."""
+    if len(rates) < min_windows:
+        return None
+    if precision is None:
+        return "fixed"
+    if rate_interval(rates[settling(rates, min_windows):]) <= precision:
+        return "precise"
+    return "max_windows" if len(rates) >= max_windows else None
 
 
 # --- diagnosis -----------------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler
 
+from tunekit import rules
+
 __all__ = ["Ranks", "init", "EndlessDistributedSampler", "merge", "publish", "receive", "SYNC_PROBE_STEPS"]
 
 _SPEC_KEY = "tunekit/spec"
@@ -46,6 +48,12 @@ class Ranks:
         value = torch.tensor([1 if flag else 0], dtype=torch.int32)
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.control)
         return bool(value.item())
+
+    def max(self, value: int) -> int:
+        """The largest of the ranks' ``value`` (on every rank)."""
+        out = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=self.control)
+        return int(out.item())
 
     def barrier(self) -> None:
         dist.barrier(group=self.control)
@@ -212,6 +220,7 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
         "host_processes": _sum([r["node_processes"] for r in hosts.values()]),
         "nvml_util_gpu_pct": _mean([r["nvml_util_gpu_pct"] for r in results]),
         "sync_share": _mean([r.get("sync_share") for r in results]),
+        "rate_interval": rules.rate_interval(windows),
         "pinned_peak_bytes": _max([r.get("pinned_peak_bytes") for r in results]),
         "epochs_ended": max(r["epochs_ended"] for r in results),
         "epoch_boundary_in_trial": any(r["epoch_boundary_in_trial"] for r in results),

@@ -25,7 +25,7 @@ import psutil
 import torch
 from torch.utils.data import IterableDataset
 
-from tunekit import __version__
+from tunekit import __version__, rules
 from tunekit.config import Config, cpu_count, from_dict
 from tunekit.contract import Knobs, TrialSpec
 from tunekit.worker import _dist
@@ -70,6 +70,8 @@ class _Loop:
     """The last micro-batch's loss, still on the device: checked at window edges only (no sync per step)."""
     agree: Callable[[bool], bool] = bool
     """True on every rank when ``flag`` is True on any (a multi-rank trial); the flag itself in one process."""
+    agree_max: Callable[[int], int] = int
+    """The largest of the ranks' values (the value itself in one process)."""
 
 
 class Diverged(RuntimeError):
@@ -427,6 +429,8 @@ class _Measured:
     epochs_ended: int
     warnings: list[str]
     sync_share: float | None = None
+    stop: dict[str, Any] | None = None
+    """Why measuring stopped, and the leading windows left out as still settling."""
 
 
 def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measured:
@@ -443,7 +447,7 @@ def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measu
     try:
         loop = _train_loop(setup.built, spec, cfg, batches)
         if ranks is not None:
-            loop.agree = ranks.any
+            loop.agree, loop.agree_max = ranks.any, ranks.max
         warm = _warm_up(loop, spec, cfg, device)
         if self_sharded:
             _check_rank_shards(ranks, batches)
@@ -452,16 +456,34 @@ def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measu
             torch.cuda.reset_peak_memory_stats(device)
             getattr(torch.cuda, "reset_peak_host_memory_stats", lambda: None)()
         monitor.measuring = True  # no work between warm-up and the first window: the loader would refill
-        windows = [_run_window(loop, device, cfg.trial.window_s, spec.knobs.grad_accum, max(1, workers), cpu)
-                   for _ in range(cfg.trial.measure_windows)]
+        windows, stop = _windows(loop, cfg, device, spec.knobs.grad_accum, max(1, workers), cpu)
         monitor.sample_now()
         monitor.measuring = False
         memory = _device_memory(device)
         share = _sync_share(loop, setup, ranks) if ranks is not None and setup.built.ddp is not None else None
-        return _Measured(warm, windows, warmup_peak, memory, batches.epochs_ended, batches.warnings, share)
+        return _Measured(warm, windows, warmup_peak, memory, batches.epochs_ended, batches.warnings, share, stop)
     finally:
         # Stop the loader workers now: the closures in `loop` (and a traceback) would keep them alive.
         batches.shutdown()
+
+
+def _windows(loop: _Loop, cfg: Config, device: torch.device, accum: int, round_batches: int,
+             cpu: TreeCpu) -> tuple[list[_Window], dict[str, Any]]:
+    """The measured windows: trial.measure_windows of them, or, with trial.precision, until the settled windows'
+    confidence interval is that tight (rules.window_stop). Leading windows still settling are left out; the ranks
+    of a multi-rank trial agree on both (their windows are summed one by one)."""
+    t = cfg.trial
+    windows: list[_Window] = []
+    while True:
+        windows.append(_run_window(loop, device, t.window_s, accum, round_batches, cpu))
+        reason = rules.window_stop([w.samples_per_s for w in windows], t.measure_windows, t.max_windows, t.precision)
+        if not loop.agree(reason is None):
+            break
+    rates = [w.samples_per_s for w in windows]
+    drop = loop.agree_max(rules.settling(rates, t.measure_windows) if t.precision is not None else 0)
+    settled = [w.samples_per_s for w in windows[drop:]]
+    return windows[drop:], {"stop_reason": reason or "agreed", "windows_measured": len(windows),
+                            "settling_windows": rates[:drop], "rate_interval": rules.rate_interval(settled)}
 
 
 def _check_rank_shards(ranks: _dist.Ranks, batches: _Batches) -> None:
@@ -534,7 +556,7 @@ def measure(spec: TrialSpec) -> dict[str, Any] | None:
     }
     out.update(_memory_fields(got.memory, got.warmup_memory, out))
     out.update(_nvml_fields(monitor))
-    out.update(sync_share=got.sync_share, pinned_peak_bytes=_pinned_peak(device))
+    out.update(sync_share=got.sync_share, pinned_peak_bytes=_pinned_peak(device), **(got.stop or {}))
     if ranks is None:
         return out
     out.update(host=_dist.host(), rank=ranks.rank, local_rank=ranks.local_rank, world=ranks.world,
