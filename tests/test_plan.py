@@ -40,7 +40,11 @@ def test_stages_follow_in_order_and_pruning_skips_hopeless_worker_counts():
            for i, (w, rate) in enumerate([(0, 80), (2, 200), (6, 600), (8, 800)])]
     rows = rows_from_measurements(ms)
     first = plan.next_requests(cfg, rows, strategy="staged", cuda=True)[0]
-    assert (first.stage, first.knobs.num_workers, first.knobs.pin_memory, first.skip) == ("end_to_end", 8, True, None)
+    assert (first.stage, first.knobs.num_workers, first.knobs.pin_memory, first.skip) == ("end_to_end", 0, False, None)
+    rows += rows_from_measurements([_m(9, "end_to_end", "train", 80)])  # PyTorch's defaults come first
+    start = plan.next_requests(cfg, rows, strategy="staged", cuda=True)[0]
+    # 6 workers: the fewest whose loader ceiling (600/s) reaches the compute ceiling (400/s)
+    assert (start.knobs.num_workers, start.knobs.pin_memory, start.skip) == (6, True, None)
     rows += rows_from_measurements([_m(10, "end_to_end", "train", 400, num_workers=8, pin_memory=True)])
     # 2 workers: the loader alone gives 200/s, far below 97 % of 400/s -> skipped with its evidence
     requests = plan.next_requests(cfg, rows + rows_from_measurements([
@@ -186,3 +190,41 @@ def test_compile_is_skipped_with_evidence_when_the_knee_waits_on_data():
     bound = rows_from_measurements([*base, _m(3, "end_to_end", "train", 390, num_workers=8, data_wait_frac=0.02)])
     (req,) = plan.next_requests(cfg, bound, strategy="staged", cuda=False)
     assert req.stage == "compile" and req.skip is None  # the model is the bound: compiling may help
+
+
+def _simulate(cfg) -> list:
+    """Run the staged plan against the analytic known-knee workload (the loader alone gives W x 100/s, 100/s in the
+    main process; the model 400/s; end to end the smaller, 80/s for the defaults), as a sweep would, without
+    processes: every request becomes a measurement or a skipped record."""
+    from tunekit.analysis import select
+
+    rows: list = []
+    while True:
+        requests = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+        if not requests:
+            return rows, select(cfg, rows)
+        req, number = requests[0], len(rows)
+        k = req.knobs
+        loader = 100.0 * k.num_workers if k.num_workers else 100.0
+        rate = {"compute": 400.0, "loader": loader}.get(req.mode, 80.0 if not k.num_workers else min(loader, 400.0))
+        if req.skip:
+            m = {**_m(number, req.stage, req.mode, None, **k.to_dict()), "status": "skipped", "reason": req.skip}
+        else:
+            m = _m(number, req.stage, req.mode, rate, data_wait_frac=0.0 if loader >= 400 else 0.5, **k.to_dict())
+        rows += rows_from_measurements([m])
+
+
+def test_plan_from_the_ceilings_runs_fewer_trials_and_keeps_the_knee():
+    """Worker counts 0 ... 16 on the known-knee workload. The plan used to run every count whose loader ceiling could
+    reach the band, most workers first: 16, 12, 8, 6 and the defaults (5 end to end, 2 skipped). From the ceilings it
+    starts at 6 (the fewest whose loader ceiling reaches the compute ceiling), confirms at 8, and skips 12 and 16."""
+    cfg = _cfg(**{"search.num_workers": [0, 2, 6, 8, 12, 16], "search.batch_size": [8], "search.compile": ["none"],
+                  "search.prefetch_factor": [2, 4]})
+    rows, choice = _simulate(cfg)
+    e2e = [r for r in rows if r.stage == "end_to_end"]
+    assert [r.knobs.num_workers for r in e2e if r.status == "ok"] == [0, 6, 8]
+    skipped = {r.knobs.num_workers: r.reason for r in e2e if r.status == "skipped"}
+    assert set(skipped) == {2, 12, 16} and "plateau" in skipped[12] and "loader alone" in skipped[2]
+    assert choice.knee is not None and choice.knee.knobs.num_workers == 6
+    prefetch = [r for r in rows if r.stage == "prefetch"]  # the knee never waits: prefetch 4 cannot help
+    assert [r.status for r in prefetch] == ["skipped"] and "cannot make it faster" in prefetch[0].reason

@@ -23,7 +23,7 @@ from tunekit.config import Selection
 from tunekit.records import TrialRow
 
 __all__ = [
-    "KNEE_STAGES", "MIN_POINTS", "NEAR_CEILING", "OVERHEAD_RATIO", "STARVED_WAIT", "STREAM_FULL", "NOISY_CV",
+    "KNEE_STAGES", "MIN_POINTS", "NEAR_CEILING", "OVERHEAD_RATIO", "STARVED_WAIT", "NO_WAIT", "STREAM_FULL", "NOISY_CV",
     "CPU_SATURATED", "CPU_BUSY", "WORKER_WAITING", "MEMORY_WALL_MARGIN", "HOST_MEMORY_WARN", "SHM_WARN",
     "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "stops_batch_growth", "run_noise", "band", "needed", "trial_margin",
     "can_reach", "knee_stages", "of_ceiling", "SYNC_SHARE", "SCALING_HEALTHY", "scaling_efficiency",
@@ -138,6 +138,9 @@ OVERHEAD_RATIO = 1.3
 
 STARVED_WAIT = 0.20
 """Share of window time the loop blocks on the next batch above which a trial is data-bound."""
+
+NO_WAIT = 0.02
+"""Share of window time the loop blocks on the next batch below which more batches in flight cannot help."""
 
 STREAM_FULL = 0.90
 """CUDA-event spans over wall time at or above which the stream has (almost) no idle gap between steps."""

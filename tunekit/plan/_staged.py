@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 from tunekit import rules
@@ -19,7 +20,9 @@ class _Sweep:
         self.base = base_knobs(cfg)
         self.world = cfg.launch.world
         """Ranks of the end-to-end trials (the ceilings run on one GPU)."""
-        self._knees: dict[str, TrialRow | None] = {}
+        self._knees: dict[str | None, TrialRow | None] = {}
+        self.skip_above: dict[tuple, str] = {}
+        """End-to-end requests above a confirmed plateau, with the reason they need not run."""
 
     def done(self, *stages: str) -> list[TrialRow]:
         return [r for r in self.rows if r.stage in stages]
@@ -67,25 +70,81 @@ def _loader(s: _Sweep) -> list[Request] | None:
 
 
 def _end_to_end(s: _Sweep) -> list[Request] | None:
-    """Workers x pin_memory at the chosen batch, most workers first, so that once a fast config is known, worker
-    counts whose loader ceiling cannot reach the band of it are skipped with that evidence instead of run."""
+    """Workers x pin_memory at the chosen batch, planned from the ceilings: PyTorch's defaults first (every
+    report's baseline, never lost to a budget cut); then the fewest workers whose loader ceiling reaches the compute
+    ceiling (the most workers when none does), one count above it to confirm, further up only while that gains
+    beyond the band; then down from the start while the counts stay within the band of the best, a count whose
+    loader ceiling cannot reach the band skipped with that evidence."""
     batch = s.batch
     assert batch is not None  # the loader stage stops the sweep without one
-    wanted = [Request("end_to_end", "train", Knobs(num_workers=w, batch_size=batch, pin_memory=p, ranks=s.world,
-                                                   **s.base))
-              for w in sorted(s.search.num_workers, reverse=True) for p in reversed(pins(s.cfg, s.cuda))]
     defaults = Request("end_to_end", "train", Knobs(num_workers=0, batch_size=batch, pin_memory=False,
                                                     ranks=s.world, **{**s.base, "compile": "none"}))
-    if defaults not in wanted:  # PyTorch's defaults (eager) are every report's baseline, searched or not
-        wanted.append(defaults)
-    left = pending(wanted, s.rows)
-    return [_maybe_skip(left[0], s)] if left else []
+    if pending([defaults], s.rows):
+        return [defaults]
+    counts = sorted(s.search.num_workers)
+    start = _start_count(s, batch, counts)
+    for w in _climb(s, batch, counts, start) + sorted((c for c in counts if c < start), reverse=True):
+        left = pending(_at_count(s, batch, w), s.rows)
+        if left:
+            return [_maybe_skip(left[0], s)]
+    return []
+
+
+def _at_count(s: _Sweep, batch: int, workers: int) -> list[Request]:
+    """The end-to-end requests at one worker count, pinned first."""
+    return [Request("end_to_end", "train", Knobs(num_workers=workers, batch_size=batch, pin_memory=p, ranks=s.world,
+                                                 **s.base)) for p in reversed(pins(s.cfg, s.cuda))]
+
+
+def _start_count(s: _Sweep, batch: int, counts: list[int]) -> int:
+    """The fewest workers whose loader ceiling (times the ranks) reaches the compute ceiling within the tolerance,
+    or the most workers when none does (or the ceilings are missing)."""
+    compute = next((r for r in s.done("compute") if r.ok and r.knobs.batch_size == batch), None)
+    if compute is None:
+        return counts[-1]
+    for w in counts:
+        loader = [r for r in s.done("loader") if r.ok and r.knobs.num_workers == w and r.knobs.batch_size == batch]
+        if w and loader and max(r.rate for r in loader) >= compute.rate * (1.0 - s.selection.tolerance):
+            return w
+    return counts[-1]
+
+
+def _best_at(s: _Sweep, batch: int, workers: int) -> TrialRow | None:
+    found = [r for r in s.done("end_to_end") if r.ok and r.knobs.num_workers == workers
+             and r.knobs.batch_size == batch and rules.fits(r, s.selection)]
+    return max(found, key=lambda r: r.rate) if found else None
+
+
+def _climb(s: _Sweep, batch: int, counts: list[int], start: int) -> list[int]:
+    """The start and every count above it, in order. The next one up confirms the plateau; further up runs only
+    while the last step up gained more than the band, the rest above being skipped with that evidence."""
+    above = [c for c in counts if c > start]
+    for lower, upper in itertools.pairwise([start, *above]):
+        low, high = _best_at(s, batch, lower), _best_at(s, batch, upper)
+        if low is None or high is None:
+            break  # not measured yet: _end_to_end runs them in this order first
+        allowed = rules.band([r for r in s.done("end_to_end") if r.ok], s.selection)
+        if high.rate <= low.rate * (1.0 + allowed):
+            _skip_above(s, batch, [c for c in above if c > upper], low, high, allowed)
+            break
+    return [start, *above]
+
+
+def _skip_above(s: _Sweep, batch: int, counts: list[int], low: TrialRow, high: TrialRow, allowed: float) -> None:
+    """Record the counts above a confirmed plateau as skipped requests (the plan returns them one by one)."""
+    reason = (f"{high.knobs.num_workers} workers (trial {high.number}, {high.rate:.1f} {high.unit}/s) gained no more "
+              f"than the band ({allowed:.1%}) over {low.knobs.num_workers} (trial {low.number}, {low.rate:.1f}): "
+              "the throughput is on its plateau, more workers only add cost")
+    s.skip_above = {r.key: reason for w in counts for r in _at_count(s, batch, w)}
 
 
 def _maybe_skip(req: Request, s: _Sweep) -> Request:
-    """Skip an end-to-end trial whose loader ceiling cannot reach the band of the best end-to-end trial so far."""
+    """Skip an end-to-end trial above a confirmed plateau, or whose loader ceiling cannot reach the band of the best
+    end-to-end trial so far."""
     if req.knobs.loader_defaults:
         return req  # PyTorch's defaults: always measured, the baseline of every report
+    if req.key in s.skip_above:
+        return req.skipped(s.skip_above[req.key])
     # The ceiling bounds only trials with its own pin_memory setting: pinning moves work onto the main process (the
     # pin-memory thread), so the loader can be slower pinned than unpinned when the CPUs are saturated.
     ceiling = next((r for r in s.done("loader") if r.ok and r.knobs.num_workers == req.knobs.num_workers
@@ -107,15 +166,22 @@ def _maybe_skip(req: Request, s: _Sweep) -> Request:
 
 
 def _prefetch(s: _Sweep) -> list[Request] | None:
-    """The other prefetch factors at the knee (only with workers)."""
+    """The other prefetch factors at the knee (only with workers); skipped with the evidence when the knee hardly
+    waits on data (the search's smallest factor runs first: the others only put more batches in flight)."""
     knee = s.knee("prefetch")
     if knee is None:
         return None
     k = knee.knobs
     if k.num_workers == 0:
         return []
-    return pending([Request("prefetch", "train", Knobs(**{**k.to_dict(), "prefetch_factor": pf}))
+    left = pending([Request("prefetch", "train", Knobs(**{**k.to_dict(), "prefetch_factor": pf}))
                     for pf in s.search.prefetch_factor if pf != k.prefetch_factor], s.rows)
+    wait = knee.figure("data_wait_frac")
+    if left and wait is not None and wait < rules.NO_WAIT and all(
+            (r.knobs.prefetch_factor or 0) > (k.prefetch_factor or 0) for r in left):
+        return [left[0].skipped(f"the knee (trial {knee.number}) waits on data {wait:.1%} of the time, under "
+                                f"{rules.NO_WAIT:.0%}: more batches in flight cannot make it faster")]
+    return left
 
 
 def _smaller_batches(s: _Sweep) -> list[Request] | None:
