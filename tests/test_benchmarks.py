@@ -35,3 +35,29 @@ def test_a_trial_that_left_no_measurement_is_a_failed_round_not_the_previous_one
     # a command that fails before it starts a trial: the earlier trial must not be read again as this round's
     m, trial_dir = compare.run_trial(tmp_path / "no-such-config.yaml", tmp_path, ["num_workers=0"])
     assert m["status"] == "crashed" and m["reason"] and trial_dir is None
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, _BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_time_breakdown_splits_each_trial_into_its_parts(tmp_path):
+    breakdown = _load("time_breakdown").breakdown
+    for n, stage, wall in ((0, "compute", 10.0), (1, "end_to_end", 20.0), (2, "end_to_end", 30.0)):
+        (tmp_path / "trials" / str(n)).mkdir(parents=True)
+        m = {"status": "ok", "stage": stage, "launcher_wall_s": wall, "startup_s": 2.0, "cuda_init_s": 0.5,
+             "build_s": 1.5, "warmup_s": 2.0, "measured_s": wall / 2}
+        (tmp_path / "trials" / str(n) / "measurement.json").write_text(json.dumps(m))
+    (tmp_path / "trials" / "3").mkdir()
+    (tmp_path / "trials" / "3" / "measurement.json").write_text(json.dumps({"status": "skipped", "stage": "x"}))
+    rows = {r["stage"]: r for r in breakdown(tmp_path)}
+    assert set(rows) == {"compute", "end_to_end", "all"}  # skipped trials cost nothing
+    whole = rows["all"]
+    assert whole["trials"] == 3 and whole["wall_s"] == 60.0 and whole["measured_share"] == 0.5
+    # the launcher's wall time the worker did not account for, per trial and never below 0: 0 + 4 + 9
+    assert whole["other_s"] == 13.0
+    assert whole["trials_per_min"] == 3.0
+    assert rows["end_to_end"]["trials"] == 2 and rows["end_to_end"]["wall_s"] == 50.0

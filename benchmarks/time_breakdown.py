@@ -1,0 +1,86 @@
+"""Where a sweep's time goes: start-up, CUDA init, build, warm-up, measurement and the rest, per stage and in all.
+
+    python benchmarks/time_breakdown.py results/h200-resnet50-final-2026-11-29 [more run folders]
+
+Reads every trial's measurement.json (what the worker timed, and the launcher's wall time of the whole
+subprocess) and prints one table per run:
+
+- per stage: trials, wall seconds, and the share of each part;
+- the whole: trials per minute of trial wall time, and measurement as a share of it.
+
+"Other" is the launcher's wall time minus the parts the worker timed: interpreter exit, the loader workers'
+shutdown, process reaping. Skipped trials cost nothing and are not counted. Writes time_breakdown.csv beside each
+run's report when ``--write`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from _common import write_csv
+
+from tunekit._files import read_json
+
+PARTS = ("startup_s", "cuda_init_s", "build_s", "warmup_s", "measured_s")
+
+
+def _trial_parts(m: dict[str, Any]) -> dict[str, float]:
+    wall = float(m.get("launcher_wall_s") or 0.0)
+    parts = {p: float(m.get(p) or 0.0) for p in PARTS}
+    parts["other_s"] = max(0.0, wall - sum(parts.values()))
+    parts["wall_s"] = wall
+    return parts
+
+
+def breakdown(run: Path) -> list[dict[str, Any]]:
+    """One row per stage and one for the whole run: trials, wall seconds, and each part's seconds and share."""
+    by_stage: dict[str, list[dict[str, float]]] = {}
+    for path in sorted((run / "trials").glob("*/measurement.json"), key=lambda p: int(p.parent.name)):
+        m = read_json(path)
+        if m.get("status") == "skipped" or not m.get("launcher_wall_s"):
+            continue
+        by_stage.setdefault(str(m.get("stage")), []).append(_trial_parts(m))
+    rows = []
+    everything = [t for ts in by_stage.values() for t in ts]
+    for stage, trials in [*by_stage.items(), ("all", everything)]:
+        wall = sum(t["wall_s"] for t in trials)
+        row: dict[str, Any] = {"run": run.name, "stage": stage, "trials": len(trials), "wall_s": round(wall, 1)}
+        for part in (*PARTS, "other_s"):
+            seconds = sum(t[part] for t in trials)
+            row[part] = round(seconds, 1)
+            row[part.removesuffix("_s") + "_share"] = round(seconds / wall, 3) if wall else None
+        row["trials_per_min"] = round(len(trials) / wall * 60, 2) if wall else None
+        rows.append(row)
+    return rows
+
+
+def _print(rows: list[dict[str, Any]]) -> None:
+    head = ["stage", "trials", "wall s", "start-up", "CUDA init", "build", "warm-up", "measured", "other",
+            "trials/min"]
+    print(f"\n{rows[0]['run']}\n| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
+    for r in rows:
+        shares = [f"{r[p.removesuffix('_s') + '_share'] or 0:.0%}" for p in (*PARTS, "other_s")]
+        print(f"| {r['stage']} | {r['trials']} | {r['wall_s']} | " + " | ".join(shares) + f" | {r['trials_per_min']} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", type=Path, nargs="+")
+    ap.add_argument("--write", action="store_true", help="write time_breakdown.csv into each run folder")
+    args = ap.parse_args(argv)
+    for run in args.runs:
+        rows = breakdown(run)
+        if not rows or not rows[-1]["trials"]:
+            print(f"{run}: no launched trials", file=sys.stderr)
+            continue
+        _print(rows)
+        if args.write:
+            write_csv(run / "time_breakdown.csv", rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
