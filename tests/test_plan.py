@@ -228,3 +228,18 @@ def test_plan_from_the_ceilings_runs_fewer_trials_and_keeps_the_knee():
     assert choice.knee is not None and choice.knee.knobs.num_workers == 6
     prefetch = [r for r in rows if r.stage == "prefetch"]  # the knee never waits: prefetch 4 cannot help
     assert [r.status for r in prefetch] == ["skipped"] and "cannot make it faster" in prefetch[0].reason
+
+
+def test_walking_down_stops_once_a_count_falls_out_of_the_band():
+    """Optimistic loader ceilings (all above the compute ceiling from 4 workers): the start is 4; once 3 workers fall
+    out of the band end to end, 2 and 1 are skipped with that evidence, not run."""
+    cfg = _cfg(**{"search.num_workers": [0, 1, 2, 3, 4, 5], "search.batch_size": [8], "search.pin_memory": [False],
+                  "search.compile": ["none"], "search.prefetch_factor": [2]})
+    ms = [_m(0, "compute", "compute", 400)]
+    ms += [_m(i + 1, "loader", "loader", rate, num_workers=w) for i, (w, rate) in
+           enumerate([(0, 100), (1, 380), (2, 380), (3, 380), (4, 800), (5, 900)])]
+    ms += [_m(10, "end_to_end", "train", 80), _m(11, "end_to_end", "train", 400, num_workers=4),
+           _m(12, "end_to_end", "train", 401, num_workers=5), _m(13, "end_to_end", "train", 300, num_workers=3)]
+    (req,) = plan.next_requests(cfg, rows_from_measurements(ms), strategy="staged", cuda=False)
+    assert (req.knobs.num_workers, req.stage) == (2, "end_to_end")
+    assert req.skip and "3 workers (trial 13, 300.0 samples/s) already fell out of the band" in req.skip

@@ -22,7 +22,8 @@ class _Sweep:
         """Ranks of the end-to-end trials (the ceilings run on one GPU)."""
         self._knees: dict[str | None, TrialRow | None] = {}
         self.skip_above: dict[tuple, str] = {}
-        """End-to-end requests above a confirmed plateau, with the reason they need not run."""
+        """End-to-end requests above a confirmed plateau or below a count that fell out of the band, with the
+        reason they need not run."""
 
     def done(self, *stages: str) -> list[TrialRow]:
         return [r for r in self.rows if r.stage in stages]
@@ -83,11 +84,31 @@ def _end_to_end(s: _Sweep) -> list[Request] | None:
         return [defaults]
     counts = sorted(s.search.num_workers)
     start = _start_count(s, batch, counts)
-    for w in _climb(s, batch, counts, start) + sorted((c for c in counts if c < start), reverse=True):
+    below = sorted((c for c in counts if c < start), reverse=True)
+    for w in _climb(s, batch, counts, start) + below:
         left = pending(_at_count(s, batch, w), s.rows)
         if left:
             return [_maybe_skip(left[0], s)]
+        if w in below:
+            _below_band(s, batch, w, [c for c in below if c < w])
     return []
+
+
+def _below_band(s: _Sweep, batch: int, workers: int, fewer: list[int]) -> None:
+    """Walking down: once a worker count (all its pin settings finished) falls out of the band of the best, fewer
+    workers will not climb back into it; they are skipped with that evidence."""
+    here = _best_at(s, batch, workers)
+    fitting = [r for r in s.done("end_to_end") if r.ok and rules.fits(r, s.selection)]
+    if here is None or not fitting or not fewer:
+        return
+    best = max(fitting, key=lambda r: r.rate)
+    allowed = rules.band(fitting, s.selection)
+    if here.rate >= rules.needed(best, allowed):
+        return
+    reason = (f"{workers} workers (trial {here.number}, {here.rate:.1f} {here.unit}/s) already fell out of the band "
+              f"({allowed:.1%}) of the best config so far ({best.rate:.1f}, trial {best.number}): fewer workers do "
+              "not deliver more")
+    s.skip_above.update({r.key: reason for w in fewer for r in _at_count(s, batch, w)})
 
 
 def _at_count(s: _Sweep, batch: int, workers: int) -> list[Request]:
