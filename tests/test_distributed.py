@@ -106,10 +106,13 @@ def test_plan_runs_the_job_on_every_rank_then_the_knee_on_one_gpu():
                                    measurement(1, "loader", "loader", 200, batch_size=8),
                                    measurement(2, "loader", "loader", 400, batch_size=8, num_workers=2)])
     first = next_requests(cfg, rows, strategy="staged", cuda=False)
-    assert first[0].stage == "end_to_end" and first[0].knobs.ranks == 2 and first[0].knobs.num_workers == 2
-    rows += rows_from_measurements([
-        measurement(3, "end_to_end", "train", 700, batch_size=8, num_workers=2, ranks=2),
-        measurement(4, "end_to_end", "train", 300, batch_size=8, ranks=2, data_wait_frac=0.6)])
+    assert first[0].stage == "end_to_end" and first[0].knobs.ranks == 2 and first[0].knobs.loader_defaults
+    rows += rows_from_measurements([measurement(3, "end_to_end", "train", 300, batch_size=8, ranks=2,
+                                                data_wait_frac=0.6)])
+    second = next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert second[0].knobs.ranks == 2 and second[0].knobs.num_workers == 2
+    rows += rows_from_measurements([measurement(4, "end_to_end", "train", 700, batch_size=8, num_workers=2,
+                                                ranks=2)])
     scaling = next_requests(cfg, rows, strategy="staged", cuda=False)
     assert [(r.stage, r.knobs.ranks, r.knobs.num_workers) for r in scaling] == [("scaling", 1, 2)]
     rows += rows_from_measurements([measurement(5, "scaling", "train", 380, batch_size=8, num_workers=2)])
@@ -152,3 +155,34 @@ def test_two_nodes_of_one_rank_on_localhost(tmp_path: Path):
             follower.kill()
     assert follower.returncode == 0, out
     assert "trial 0 done" in out and "released this node after 1 trial(s)" in out
+
+
+def _rank_result(rank: int, node: int, rate: float, node_peak: int) -> dict:
+    return {"samples_per_s_windows": [rate, rate], "samples_per_s": rate, "measured_samples": rate * 2,
+            "params": {"num_workers": 2}, "host": f"h/{node}", "local_rank": 0, "cpu_count": 4,
+            "cpu_util_cores": 1.0, "worker_cpu_s": 1.0, "measured_s": 2.0, "step_time_s": 0.1 + rank / 100,
+            "data_wait_frac": 0.1 * rank, "gpu_busy_frac": None, "system_cpu_pct": 50.0, "items_per_batch_mean": 8,
+            "items_per_batch_cv": 0.0, "headroom": 0.5, "headroom_basis": "host",
+            "device_mem_peak_allocated_bytes": None, "device_mem_peak_reserved_bytes": None,
+            "node_mem_peak_bytes": node_peak, "host_mem_total_bytes": 100,
+            "node_processes": 3, "nvml_util_gpu_pct": None, "epochs_ended": 0, "epoch_boundary_in_trial": False,
+            "warnings": [], "host_mem_peak_bytes": node_peak}
+
+
+def test_merge_sums_throughput_and_takes_the_fullest_node():
+    from tunekit.worker._dist import merge
+
+    m = merge([_rank_result(0, 0, 100.0, 90), _rank_result(1, 1, 80.0, 10)])
+    assert m["samples_per_s"] == 180.0 and m["slowest_rank"] == 1 and m["nodes"] == 2
+    assert m["step_time_s"] == 0.11 and m["data_wait_frac_max"] == 0.1
+    assert m["host_mem_peak_bytes"] == 100 and m["headroom"] == pytest.approx(0.1)  # node 0 is 90 % full
+
+
+def test_gradient_sync_alone_is_not_an_input_bound():
+    from tunekit import rules
+
+    ceiling, *_ = rows_from_measurements([measurement(0, "compute", "compute", 400)])
+    synced, waiting = rows_from_measurements([
+        measurement(1, "end_to_end", "train", 560, ranks=2, data_wait_frac=0.0, sync_share=0.3),
+        measurement(2, "end_to_end", "train", 560, ranks=2, data_wait_frac=0.3)])
+    assert not rules.input_bound(synced, ceiling) and rules.input_bound(waiting, ceiling)

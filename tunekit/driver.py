@@ -252,7 +252,7 @@ def run_node(cfg: Config, node_rank: int, folder: Path, *, idle_timeout_s: float
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         start_new_session=True, env=child_env())
                 try:
-                    rc = proc.wait()
+                    rc = _wait_trial(proc, folder / "trial", cfg.trial.timeout_s)
                 finally:  # an interrupt ends this node's ranks and their workers too
                     kill_tree(proc)
             if (folder / "stop").exists():
@@ -260,8 +260,9 @@ def run_node(cfg: Config, node_rank: int, folder: Path, *, idle_timeout_s: float
                 return served
             if (folder / "trial").exists():
                 served, last = served + 1, time.monotonic()
-                failed = sorted(folder.glob("measurement.rank*.json"))
-                reason = read_json(failed[0]).get("reason") if failed else None
+                failed = [read_json(p) for p in folder.glob("measurement.rank*.json")]
+                first = min(failed, key=lambda m: float(m.get("failed_at") or 0.0)) if failed else {}
+                reason = first.get("reason")
                 say(f"node {node_rank}: trial {(folder / 'trial').read_text()} "
                     + (f"failed here: {reason}" if reason else "done" if rc == 0 else f"ended with exit code {rc}"))
             elif time.monotonic() - last > idle_timeout_s:
@@ -269,6 +270,19 @@ def run_node(cfg: Config, node_rank: int, folder: Path, *, idle_timeout_s: float
                 return served
             else:
                 time.sleep(1.0)  # no rendezvous this time (node 0 between trials, or not started yet)
+
+
+def _wait_trial(proc: subprocess.Popen[Any], started: Path, timeout_s: float) -> int | None:
+    """This node's torchrun: waiting at the rendezvous for as long as it takes, then, once its ranks have a trial,
+    for at most that trial's timeout (node 0 kills its own ranks then; these must not hang on in a collective)."""
+    since: float | None = None
+    while proc.poll() is None:
+        if since is None and started.exists():
+            since = time.monotonic()
+        if since is not None and time.monotonic() - since > timeout_s + 30.0:
+            return None
+        time.sleep(0.5)
+    return proc.returncode
 
 
 def rebuild(run_dir: Path) -> report.RunSummary:

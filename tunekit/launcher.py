@@ -217,7 +217,8 @@ def kill_tree(proc: subprocess.Popen[Any]) -> None:
             proc.wait(timeout=_TERM_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
-    groups |= _descendant_groups(proc.pid)
+    if proc.poll() is None:  # once reaped its pid may belong to another process: only walk a live tree
+        groups |= _descendant_groups(proc.pid)
     for group in groups:
         _signal_group(group, signal.SIGKILL)
     proc.wait()
@@ -247,7 +248,11 @@ def _tail(path: Path, limit: int = 20_000) -> str:
 
 def _outcome(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float, out_path: Path,
              log_path: Path) -> dict[str, Any]:
+    failed_rank = _rank_failure(out_path) if not out_path.exists() else None
     if timed_out:
+        if failed_rank is not None:  # a rank failed, and its peers then hung in a collective: the failure is the cause
+            return {**failed_rank, "reason": f"{failed_rank['reason']} (the other ranks then hung until "
+                                              f"trial.timeout_s = {timeout_s:g} s; the process tree was killed)"}
         return failed_measurement(
             spec, "timeout", f"no result within trial.timeout_s = {timeout_s:g} s; its process tree was killed"
         )
@@ -260,7 +265,6 @@ def _outcome(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float,
         if problem:
             return failed_measurement(spec, "bad_output", problem)
         return data
-    failed_rank = _rank_failure(out_path)
     if failed_rank is not None:
         return failed_rank
     log = _tail(log_path)

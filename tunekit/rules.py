@@ -233,6 +233,9 @@ def waits_on_data(wait: float, share: float | None) -> bool:
 
 def input_bound(row: TrialRow, ceiling: TrialRow | None) -> bool:
     """Whether an end-to-end trial runs below :data:`NEAR_CEILING` of its batch's compute ceiling (False without a
-    ceiling): the input pipeline, not the model, holds it back."""
+    ceiling): the input pipeline, not the model, holds it back. A multi-rank trial must also wait on data: its
+    ceiling is one GPU's without gradient sync, so sync alone also keeps it below."""
     share = of_ceiling(row, ceiling)
+    if row.knobs.ranks > 1 and (row.figure("data_wait_frac", 0.0) or 0.0) <= NO_WAIT:
+        return False
     return share is not None and share < NEAR_CEILING

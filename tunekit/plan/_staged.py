@@ -197,7 +197,7 @@ def _prefetch(s: _Sweep) -> list[Request] | None:
         return []
     left = pending([Request("prefetch", "train", Knobs(**{**k.to_dict(), "prefetch_factor": pf}))
                     for pf in s.search.prefetch_factor if pf != k.prefetch_factor], s.rows)
-    wait = knee.figure("data_wait_frac")
+    wait = knee.figure("data_wait_frac_max", knee.figure("data_wait_frac"))  # the rank that waits most
     if left and wait is not None and wait < rules.NO_WAIT and all(
             (r.knobs.prefetch_factor or 0) > (k.prefetch_factor or 0) for r in left):
         return [left[0].skipped(f"the knee (trial {knee.number}) waits on data {wait:.1%} of the time, under "

@@ -112,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         status, reason = classify_error(f"{type(exc).__name__}: {exc}\n{text}")
         write_json_atomic(failure_path, failed_measurement(spec, status, f"{where}{reason}",
                                                            exception=type(exc).__name__, **when))
+        if rank is not None:  # a rank's interpreter exit can hang in the backend's teardown, its peers gone
+            sys.stderr.flush()
+            os._exit(EXIT_FAILED)
         return EXIT_FAILED
     if result is None:  # not rank 0: rank 0 wrote the merged measurement
         return 0

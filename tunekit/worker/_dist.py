@@ -74,8 +74,13 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def init(device_name: str, backend: str) -> tuple[Ranks, str]:
-    """Join the trial's process group; returns the ranks and this rank's device name (its local GPU on CUDA)."""
+def init(device_name: str, backend: str, timeout_s: float) -> tuple[Ranks, str]:
+    """Join the trial's process group; returns the ranks and this rank's device name (its local GPU on CUDA).
+    A collective waits at most ``timeout_s`` (the trial's): a rank whose peer died, on another node say, fails
+    instead of waiting out the backend's default of 10 to 30 minutes."""
+    import datetime
+
+    limit = datetime.timedelta(seconds=timeout_s)
     local = int(os.environ["LOCAL_RANK"])
     cuda = device_name != "cpu" and torch.cuda.is_available()
     if device_name in ("cuda",) and not torch.cuda.is_available():
@@ -92,11 +97,11 @@ def init(device_name: str, backend: str) -> tuple[Ranks, str]:
         backend = "nccl" if cuda else "gloo"
     if backend == "nccl" and not cuda:
         raise RuntimeError("launch.backend nccl needs CUDA devices; use gloo (or auto) on the CPU")
-    kwargs: dict[str, Any] = {"backend": backend}
+    kwargs: dict[str, Any] = {"backend": backend, "timeout": limit}
     if backend == "nccl":
         kwargs["device_id"] = torch.device(device_name)
     dist.init_process_group(**kwargs)
-    control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    control = dist.new_group(backend="gloo", timeout=limit) if backend != "gloo" else dist.group.WORLD
     ranks = Ranks(dist.get_rank(), local, dist.get_world_size(), backend, control)
     return ranks, device_name
 
@@ -107,6 +112,9 @@ class EndlessDistributedSampler(DistributedSampler):
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=0, drop_last=True)
+        if self.num_samples == 0:
+            raise ValueError(f"the dataset has {len(dataset)} samples, fewer than the {num_replicas} ranks: "  # type: ignore[arg-type]
+                             "every rank needs at least one")
 
     def __iter__(self) -> Iterator[int]:
         epoch = 0
@@ -232,6 +240,8 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
         "rank_spread": (max(rates) - min(rates)) / max(rates) if max(rates) else 0.0,
         "per_rank": [{"rank": i, **{k: r.get(k) for k in _PER_RANK}} for i, r in enumerate(results)],
     })
-    if out["headroom_basis"] == "host" and out["host_mem_peak_bytes"] and out["host_mem_total_bytes"]:
-        out["headroom"] = 1.0 - out["host_mem_peak_bytes"] / out["host_mem_total_bytes"]
+    if out["headroom_basis"] == "host":  # on the CPU the memory that runs out is each node's own: the fullest counts
+        node_headroom = [1.0 - r["node_mem_peak_bytes"] / r["host_mem_total_bytes"] for r in hosts.values()
+                         if r.get("node_mem_peak_bytes") and r.get("host_mem_total_bytes")]
+        out["headroom"] = min(node_headroom, default=out["headroom"])
     return out

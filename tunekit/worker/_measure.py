@@ -407,7 +407,7 @@ def _set_up(spec: TrialSpec) -> _Setup:
     t_init = time.perf_counter()
     ranks, device_name = None, cfg.device
     if _dist.launched():  # one rank of several: its own GPU, in the trial's process group
-        ranks, device_name = _dist.init(cfg.device, cfg.launch.backend)
+        ranks, device_name = _dist.init(cfg.device, cfg.launch.backend, cfg.trial.timeout_s)
     device = pick_device(device_name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
