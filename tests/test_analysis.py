@@ -85,3 +85,14 @@ def test_an_erratic_cheap_trial_is_not_within_noise():
 def test_a_run_without_trials_still_has_a_trials_table_header():
     frame = trials_frame([])
     assert len(frame) == 0 and list(frame.columns[:4]) == ["number", "stage", "mode", "num_workers"]
+
+
+def test_window_rules_leave_out_only_windows_that_are_still_settling():
+    from tunekit import rules
+
+    assert rules.settling([238, 370, 375, 375], 2, 0.05) == 1  # 370 is within 5 % of the rest: not settling
+    assert rules.settling([200, 400, 401], 3, 0.05) == 0  # never below the minimum count
+    assert rules.window_stop([100, 101], 2, 5, None) == "fixed"
+    assert rules.window_stop([100, 130], 2, 5, 0.02) is None  # too wide: measure another
+    assert rules.window_stop([100, 130, 100, 131, 99], 2, 5, 0.02) == "max_windows"
+    assert rules.rate_interval([100.0]) == float("inf") and rules.rate_interval([100.0, 100.0]) == 0.0

@@ -232,7 +232,7 @@ def test_precision_measures_until_the_interval_is_tight_leaving_out_settling_win
     assert precise["status"] == "ok", precise
     assert precise["stop_reason"] == "precise" and len(precise["settling_windows"]) >= 1
     assert precise["windows_measured"] == len(precise["settling_windows"]) + len(precise["samples_per_s_windows"])
-    assert min(precise["samples_per_s_windows"]) > 1.5 * max(precise["settling_windows"])
+    assert precise["settling_windows"][0] < 0.8 * min(precise["samples_per_s_windows"])  # the slow first window
     assert precise["rate_interval"] <= 0.05
     fixed = run_trial(_spec(sleepy_config(**base), num_workers=0, batch_size=8), tmp_path / "fixed", 60)
     assert fixed["stop_reason"] == "fixed" and fixed["windows_measured"] == 2 and fixed["settling_windows"] == []

@@ -102,14 +102,16 @@ def rate_interval(rates: list[float]) -> float:
     return t * sd / n**0.5 / mean if mean > 0 else float("inf")
 
 
-def settling(rates: list[float], min_windows: int) -> int:
+def settling(rates: list[float], min_windows: int, precision: float) -> int:
     """Leading windows still settling (left out of the measurement): while more than ``min_windows`` remain, the
-    first is dropped when it lies farther from the median of the rest than any of the rest does."""
+    first is dropped when it lies farther from the median of the rest than any of the rest does, and by more than
+    ``precision`` of that median (a window within the precision asked is not an outlier)."""
     drop = 0
     while len(rates) - drop > min_windows:
         rest = sorted(rates[drop + 1:])
         mid = rest[len(rest) // 2] if len(rest) % 2 else (rest[len(rest) // 2 - 1] + rest[len(rest) // 2]) / 2
-        if abs(rates[drop] - mid) <= max(abs(r - mid) for r in rates[drop + 1:]):
+        spread = max(max(abs(r - mid) for r in rest), precision * mid)
+        if abs(rates[drop] - mid) <= spread:
             break
         drop += 1
     return drop
@@ -122,7 +124,7 @@ def window_stop(rates: list[float], min_windows: int, max_windows: int, precisio
         return None
     if precision is None:
         return "fixed"
-    if rate_interval(rates[settling(rates, min_windows):]) <= precision:
+    if rate_interval(rates[settling(rates, min_windows, precision):]) <= precision:
         return "precise"
     return "max_windows" if len(rates) >= max_windows else None
 
