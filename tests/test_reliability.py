@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
 import stat
@@ -10,10 +11,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import psutil
 import pytest
+import yaml
 
 from tests.conftest import sleepy_config, study_trials
 from tunekit import config, launcher, store
@@ -75,9 +78,29 @@ def _tiny_sweep(write_config, out: Path, **overrides) -> subprocess.CompletedPro
     return _cli("sweep", str(cfg), "--out", str(out), "--quiet")
 
 
-def test_trials_the_study_does_not_know_are_never_overwritten(write_config, tmp_path: Path):
+@pytest.fixture(scope="module")
+def _finished_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One finished tiny sweep for the module; each test that only needs a finished run gets a copy of it."""
+    base = tmp_path_factory.mktemp("tiny")
+
+    def write(data: Any, name: str = "cfg.yaml") -> Path:
+        path = base / name
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    assert _tiny_sweep(write, base / "run").returncode == 0
+    return base / "run"
+
+
+@pytest.fixture
+def finished(_finished_tiny: Path, tmp_path: Path) -> Path:
     out = tmp_path / "run"
-    assert _tiny_sweep(write_config, out).returncode == 0
+    shutil.copytree(_finished_tiny, out)
+    return out
+
+
+def test_trials_the_study_does_not_know_are_never_overwritten(write_config, finished: Path):
+    out = finished
     kept = {p.name: (p / "measurement.json").read_bytes() for p in (out / "trials").iterdir()}
     (out / "study.db").write_bytes(b"")  # lost: an empty file beside the trials
     for cmd in (lambda: _tiny_sweep(write_config, out), lambda: _cli("report", str(out))):
@@ -89,9 +112,8 @@ def test_trials_the_study_does_not_know_are_never_overwritten(write_config, tmp_
     assert "--no-resume" in _tiny_sweep(write_config, out).stderr  # missing: the same refusal
 
 
-def test_a_trial_into_a_sweeps_folder_is_refused_and_unknown_folders_block_a_resume(write_config, tmp_path: Path):
-    out = tmp_path / "run"
-    assert _tiny_sweep(write_config, out).returncode == 0
+def test_a_trial_into_a_sweeps_folder_is_refused_and_unknown_folders_block_a_resume(write_config, finished: Path):
+    out = finished
     cfg = write_config(sleepy_config(), name="one.yaml")
     refused = _cli("trial", str(cfg), "--out", str(out))
     assert refused.returncode == 2 and "another --out" in refused.stderr
@@ -100,9 +122,8 @@ def test_a_trial_into_a_sweeps_folder_is_refused_and_unknown_folders_block_a_res
     assert resumed.returncode == 2 and "trials/99" in resumed.stderr and "--no-resume" in resumed.stderr
 
 
-def test_a_corrupt_study_is_one_line_naming_the_file_and_cause(write_config, tmp_path: Path):
-    out = tmp_path / "run"
-    assert _tiny_sweep(write_config, out).returncode == 0
+def test_a_corrupt_study_is_one_line_naming_the_file_and_cause(write_config, finished: Path):
+    out = finished
     (out / "study.db").write_bytes(b"this is not a database " * 100)
     for result in (_tiny_sweep(write_config, out), _cli("report", str(out))):
         lines = result.stderr.strip().splitlines()
@@ -178,9 +199,8 @@ def test_sigterm_while_the_dataset_is_prepared_ends_its_processes(write_config, 
     assert preparing() == []
 
 
-def test_a_read_only_study_is_one_line_naming_the_file(write_config, tmp_path: Path):
-    out = tmp_path / "run"
-    assert _tiny_sweep(write_config, out).returncode == 0
+def test_a_read_only_study_is_one_line_naming_the_file(write_config, finished: Path):
+    out = finished
     db = out / "study.db"
     # root ignores file modes: make the file immutable instead (where the file system supports it)
     lock = ["chattr", "+i", str(db)] if os.geteuid() == 0 else ["chmod", "0444", str(db)]

@@ -98,7 +98,7 @@ def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path):
     assert len(pd.read_csv(tmp_path / "grid" / "trials.csv")) == 4
 
 
-def test_rerun_resumes_without_repeating(write_config, tmp_path: Path):
+def test_rerun_resumes_without_repeating_and_report_rebuilds_from_the_study(write_config, tmp_path: Path):
     config = write_config(_knee_config(**{"search.num_workers": [0, 2]}))
     first = _sweep(config, tmp_path / "run", "--strategy", "grid")
     assert first.returncode == 0, first.stderr
@@ -109,6 +109,17 @@ def test_rerun_resumes_without_repeating(write_config, tmp_path: Path):
     changed = write_config(_knee_config(**{"search.num_workers": [0, 2], "search.batch_size": [16]}), "other.yaml")
     refused = _sweep(changed, tmp_path / "run", "--strategy", "grid")
     assert refused.returncode == 2 and "different config" in refused.stderr
+    # the outputs come back from study.db alone
+    for name in ("trials.csv", "report.md", "recommended.yaml"):
+        (tmp_path / "run" / name).unlink()
+    rebuilt = subprocess.run([sys.executable, "-m", "tunekit", "report", str(tmp_path / "run")],
+                             capture_output=True, text=True, timeout=120)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert tunekit.load_recommended(tmp_path / "run" / "recommended.yaml").num_workers == 2
+    assert len(pd.read_csv(tmp_path / "run" / "trials.csv")) == 2
+    missing = subprocess.run([sys.executable, "-m", "tunekit", "report", str(tmp_path)], capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 2 and "no study.db here" in missing.stderr
 
 
 def test_resume_after_sigkill_mid_trial(write_config, tmp_path: Path):
@@ -149,21 +160,6 @@ def test_budget_max_trials_is_honoured(write_config, tmp_path: Path):
     assert "No recommendation" in result.stdout
     meta = json.loads((tmp_path / "run" / "sweep.json").read_text())
     assert "max_trials = 3" in meta["stop_reason"]
-
-
-def test_report_rebuilds_from_the_study(write_config, tmp_path: Path):
-    config = write_config(_knee_config(**{"search.num_workers": [0, 2]}))
-    assert _sweep(config, tmp_path / "run", "--strategy", "grid").returncode == 0
-    for name in ("trials.csv", "report.md", "recommended.yaml"):
-        (tmp_path / "run" / name).unlink()
-    rebuilt = subprocess.run([sys.executable, "-m", "tunekit", "report", str(tmp_path / "run")],
-                             capture_output=True, text=True, timeout=120)
-    assert rebuilt.returncode == 0, rebuilt.stderr
-    assert tunekit.load_recommended(tmp_path / "run" / "recommended.yaml").num_workers == 2
-    assert len(pd.read_csv(tmp_path / "run" / "trials.csv")) == 2
-    missing = subprocess.run([sys.executable, "-m", "tunekit", "report", str(tmp_path)], capture_output=True,
-                             text=True, timeout=60)
-    assert missing.returncode == 2 and "no study.db here" in missing.stderr
 
 
 def test_a_data_bound_knee_moves_to_a_smaller_batch_end_to_end(write_config, tmp_path: Path):
