@@ -188,60 +188,83 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     step). The step time is the slowest rank's, data wait and GPU busy the ranks' mean (the worst beside it),
     headroom the smallest, host memory the whole trees of every node, CPU use the sum.
     """
-    first = results[0]
-    windows = [sum(r["samples_per_s_windows"][i] for r in results) for i in range(len(first["samples_per_s_windows"]))]
-    rates = [r["samples_per_s"] for r in results]
-    median = statistics.median(windows)
-    samples = sum(r["measured_samples"] for r in results)
-    workers = first["params"]["num_workers"] * len(results)
     hosts = {r["host"]: r for r in results if r["local_rank"] == 0}  # each node's CPUs and whole tree, once
-    cpus = sum(int(r["cpu_count"]) for r in hosts.values())
-    cpu_cores = _sum([r["cpu_util_cores"] for r in results]) or 0.0
-    worker_cpu = _sum([r["worker_cpu_s"] for r in results])
-    wall = first["measured_s"]
-    out = dict(first)
+    rates = [r["samples_per_s"] for r in results]
+    out = dict(results[0])
+    out.update(_throughput(results))
+    out.update(_cpu(results, hosts, out))
+    out.update(_memory(results, hosts, out["headroom_basis"]))
     out.update({
-        "samples_per_s": median,
-        "samples_per_s_windows": windows,
-        "noise_cv": _cv(windows),
-        "noise_range": (max(windows) - min(windows)) / median if median else 0.0,
         "step_time_s": max(r["step_time_s"] for r in results),
-        "sample_time_s": wall / samples if samples else None,
-        "measured_samples": samples,
         "data_wait_frac": _mean([r["data_wait_frac"] for r in results]),
         "data_wait_frac_max": _max([r["data_wait_frac"] for r in results]),
         "gpu_busy_frac": _mean([r["gpu_busy_frac"] for r in results]),
-        "cpu_util_cores": cpu_cores,
-        "cpu_util_frac": cpu_cores / cpus if cpus else None,
-        "cpu_count": cpus,
-        "system_cpu_pct": _mean([r["system_cpu_pct"] for r in results]),
-        "worker_cpu_s": worker_cpu,
-        "worker_cpu_per_sample_s": worker_cpu / samples if worker_cpu is not None and samples else None,
-        "worker_wall_per_sample_s": workers * wall / samples if workers and samples else None,
         "items_per_batch_mean": _mean([r["items_per_batch_mean"] for r in results]),
         "items_per_batch_cv": _max([r["items_per_batch_cv"] for r in results]),
-        "headroom": min(r["headroom"] for r in results),
-        "device_mem_peak_allocated_bytes": _max([r["device_mem_peak_allocated_bytes"] for r in results]),
-        "device_mem_peak_reserved_bytes": _max([r["device_mem_peak_reserved_bytes"] for r in results]),
-        "host_mem_peak_bytes": _sum([r["node_mem_peak_bytes"] for r in hosts.values()]),
-        "host_mem_total_bytes": _sum([r["host_mem_total_bytes"] for r in hosts.values()]),
-        "host_processes": _sum([r["node_processes"] for r in hosts.values()]),
         "nvml_util_gpu_pct": _mean([r["nvml_util_gpu_pct"] for r in results]),
         "sync_share": _mean([r.get("sync_share") for r in results]),
-        "rate_interval": rules.rate_interval(windows),
-        "pinned_peak_bytes": _max([r.get("pinned_peak_bytes") for r in results]),
         "epochs_ended": max(r["epochs_ended"] for r in results),
         "epoch_boundary_in_trial": any(r["epoch_boundary_in_trial"] for r in results),
         "warnings": list(dict.fromkeys(w for r in results for w in r["warnings"])),
         "ranks": len(results),
         "nodes": len(hosts),
-        "workers_total": workers,
         "slowest_rank": min(range(len(rates)), key=rates.__getitem__),
         "rank_spread": (max(rates) - min(rates)) / max(rates) if max(rates) else 0.0,
         "per_rank": [{"rank": i, **{k: r.get(k) for k in _PER_RANK}} for i, r in enumerate(results)],
     })
-    if out["headroom_basis"] == "host":  # on the CPU the memory that runs out is each node's own: the fullest counts
-        node_headroom = [1.0 - r["node_mem_peak_bytes"] / r["host_mem_total_bytes"] for r in hosts.values()
-                         if r.get("node_mem_peak_bytes") and r.get("host_mem_total_bytes")]
-        out["headroom"] = min(node_headroom, default=out["headroom"])
     return out
+
+
+def _throughput(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The global windows (each window summed over the ranks), their median, noise and interval."""
+    count = len(results[0]["samples_per_s_windows"])
+    windows = [sum(r["samples_per_s_windows"][i] for r in results) for i in range(count)]
+    median = statistics.median(windows)
+    samples = sum(r["measured_samples"] for r in results)
+    return {
+        "samples_per_s": median,
+        "samples_per_s_windows": windows,
+        "noise_cv": _cv(windows),
+        "noise_range": (max(windows) - min(windows)) / median if median else 0.0,
+        "rate_interval": rules.rate_interval(windows),
+        "measured_samples": samples,
+        "sample_time_s": results[0]["measured_s"] / samples if samples else None,
+    }
+
+
+def _cpu(results: list[dict[str, Any]], hosts: dict[str, dict[str, Any]], out: dict[str, Any]) -> dict[str, Any]:
+    """CPU use summed over the ranks against every node's CPUs; the loader workers' CPU and wall time per sample."""
+    cpus = sum(int(r["cpu_count"]) for r in hosts.values())
+    cores = _sum([r["cpu_util_cores"] for r in results]) or 0.0
+    worker_cpu = _sum([r["worker_cpu_s"] for r in results])
+    workers = results[0]["params"]["num_workers"] * len(results)
+    samples, wall = out["measured_samples"], results[0]["measured_s"]
+    return {
+        "cpu_util_cores": cores,
+        "cpu_util_frac": cores / cpus if cpus else None,
+        "cpu_count": cpus,
+        "system_cpu_pct": _mean([r["system_cpu_pct"] for r in results]),
+        "worker_cpu_s": worker_cpu,
+        "worker_cpu_per_sample_s": worker_cpu / samples if worker_cpu is not None and samples else None,
+        "worker_wall_per_sample_s": workers * wall / samples if workers and samples else None,
+        "workers_total": workers,
+    }
+
+
+def _memory(results: list[dict[str, Any]], hosts: dict[str, dict[str, Any]], basis: str) -> dict[str, Any]:
+    """Device peaks at the worst rank; host memory as every node's whole tree; headroom at the fullest device, or
+    on the CPU at the fullest node (the memory that runs out is each node's own)."""
+    headroom = min(r["headroom"] for r in results)
+    if basis == "host":
+        nodes = [1.0 - r["node_mem_peak_bytes"] / r["host_mem_total_bytes"] for r in hosts.values()
+                 if r.get("node_mem_peak_bytes") and r.get("host_mem_total_bytes")]
+        headroom = min(nodes, default=headroom)
+    return {
+        "headroom": headroom,
+        "device_mem_peak_allocated_bytes": _max([r["device_mem_peak_allocated_bytes"] for r in results]),
+        "device_mem_peak_reserved_bytes": _max([r["device_mem_peak_reserved_bytes"] for r in results]),
+        "host_mem_peak_bytes": _sum([r["node_mem_peak_bytes"] for r in hosts.values()]),
+        "host_mem_total_bytes": _sum([r["host_mem_total_bytes"] for r in hosts.values()]),
+        "host_processes": _sum([r["node_processes"] for r in hosts.values()]),
+        "pinned_peak_bytes": _max([r.get("pinned_peak_bytes") for r in results]),
+    }
