@@ -21,7 +21,7 @@ class _Sweep:
         self.world = cfg.launch.world
         """Ranks of the end-to-end trials (the ceilings run on one GPU)."""
         self._knees: dict[str | None, TrialRow | None] = {}
-        self.skip_above: dict[tuple, str] = {}
+        self.skips: dict[tuple, str] = {}
         """End-to-end requests above a confirmed plateau or below a count that fell out of the band, with the
         reason they need not run."""
 
@@ -108,7 +108,7 @@ def _below_band(s: _Sweep, batch: int, workers: int, fewer: list[int]) -> None:
     reason = (f"{workers} workers (trial {here.number}, {here.rate:.1f} {here.unit}/s) already fell out of the band "
               f"({allowed:.1%}) of the best config so far ({best.rate:.1f}, trial {best.number}): fewer workers do "
               "not deliver more")
-    s.skip_above.update({r.key: reason for w in fewer for r in _at_count(s, batch, w)})
+    s.skips.update({r.key: reason for w in fewer for r in _at_count(s, batch, w)})
 
 
 def _at_count(s: _Sweep, batch: int, workers: int) -> list[Request]:
@@ -118,8 +118,8 @@ def _at_count(s: _Sweep, batch: int, workers: int) -> list[Request]:
 
 
 def _start_count(s: _Sweep, batch: int, counts: list[int]) -> int:
-    """The fewest workers whose loader ceiling (times the ranks) reaches the compute ceiling within the tolerance,
-    or the most workers when none does (or the ceilings are missing)."""
+    """The fewest workers whose one-rank loader ceiling reaches the one-GPU compute ceiling within the tolerance (per
+    rank, both), or the most workers when none does (or the ceilings are missing)."""
     compute = next((r for r in s.done("compute") if r.ok and r.knobs.batch_size == batch), None)
     if compute is None:
         return counts[-1]
@@ -156,7 +156,7 @@ def _skip_above(s: _Sweep, batch: int, counts: list[int], low: TrialRow, high: T
     reason = (f"{high.knobs.num_workers} workers (trial {high.number}, {high.rate:.1f} {high.unit}/s) gained no more "
               f"than the band ({allowed:.1%}) over {low.knobs.num_workers} (trial {low.number}, {low.rate:.1f}): "
               "the throughput is on its plateau, more workers only add cost")
-    s.skip_above = {r.key: reason for w in counts for r in _at_count(s, batch, w)}
+    s.skips.update({r.key: reason for w in counts for r in _at_count(s, batch, w)})
 
 
 def _maybe_skip(req: Request, s: _Sweep) -> Request:
@@ -164,8 +164,8 @@ def _maybe_skip(req: Request, s: _Sweep) -> Request:
     end-to-end trial so far."""
     if req.knobs.loader_defaults:
         return req  # PyTorch's defaults: always measured, the baseline of every report
-    if req.key in s.skip_above:
-        return req.skipped(s.skip_above[req.key])
+    if req.key in s.skips:
+        return req.skipped(s.skips[req.key])
     # The ceiling bounds only trials with its own pin_memory setting: pinning moves work onto the main process (the
     # pin-memory thread), so the loader can be slower pinned than unpinned when the CPUs are saturated.
     ceiling = next((r for r in s.done("loader") if r.ok and r.knobs.num_workers == req.knobs.num_workers

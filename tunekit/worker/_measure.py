@@ -482,7 +482,7 @@ def _windows(loop: _Loop, cfg: Config, device: torch.device, accum: int, round_b
     rates = [w.samples_per_s for w in windows]
     drop = loop.agree_max(rules.settling(rates, t.measure_windows, t.precision) if t.precision is not None else 0)
     settled = [w.samples_per_s for w in windows[drop:]]
-    return windows[drop:], {"stop_reason": reason or "agreed", "windows_measured": len(windows),
+    return windows[drop:], {"stop_reason": reason, "windows_measured": len(windows),
                             "settling_windows": rates[:drop], "rate_interval": rules.rate_interval(settled)}
 
 
