@@ -1,8 +1,9 @@
 """Fidelity: does a short trial measure what a 10x longer run of the same config measures?
 
 For each worker count, runs ``tunekit trial`` twice through the real CLI — once as configured, once with
-``trial.window_s`` multiplied by ``--factor`` — and prints a table (also written as CSV) of samples/s, the ratio
-between the two, and the trial's other figures (data wait, GPU busy, NVML utilization, memory, warm-up).
+``trial.window_s`` multiplied by ``--factor`` and exactly ``trial.measure_windows`` windows — and prints a table
+(also written as CSV) of samples/s, the ratio between the two, and the trial's other figures (data wait, GPU busy,
+NVML utilization, memory, warm-up).
 
     python benchmarks/trial_fidelity.py configs/resnet.yaml --workers 0 16 --batch 256 --out results/fidelity
 
@@ -64,8 +65,9 @@ def main() -> None:
         base = [f"num_workers={workers}", f"batch_size={args.batch}", f"pin_memory={str(workers > 0).lower()}",
                 *args.sets]
         short, _ = run_trial(args.config, out / f"w{workers}", base, echo=True)
-        long, _ = run_trial(args.config, out / f"w{workers}-long", [*base, f"trial.window_s={window * args.factor}"],
-                            echo=True)
+        # the reference: windows --factor times longer, exactly measure_windows of them (no precision stop)
+        long, _ = run_trial(args.config, out / f"w{workers}-long",
+                            [*base, f"trial.window_s={window * args.factor}", "trial.precision=null"], echo=True)
         rows.append(_row(workers, short, long))
     write_csv(out / "fidelity.csv", rows)
     keys = list(rows[0])

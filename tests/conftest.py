@@ -23,7 +23,7 @@ def sleepy_config(**overrides: Any) -> dict[str, Any]:
             "dataset_args": {"sample_wait_s": 0.005},
         },
         "search": {"num_workers": [0, 2], "batch_size": [8], "pin_memory": [False], "prefetch_factor": [2]},
-        "trial": {"warmup_steps": 2, "measure_windows": 2, "window_s": 1.0, "timeout_s": 60},
+        "trial": {"warmup_steps": 2, "measure_windows": 2, "window_s": 1.0, "precision": None, "timeout_s": 60},
     }
     for key, value in overrides.items():
         set_dotted(cfg, key, value)

@@ -125,17 +125,17 @@ class Search:
 class TrialSettings:
     """How long and how carefully each trial measures."""
 
-    warmup_steps: int = field(default=10, metadata=_meta(min=0))
-    """Steps run before timing, on top of the pipeline fill (num_workers x prefetch_factor batches)."""
+    warmup_steps: int = field(default=5, metadata=_meta(min=0))
+    """Steps trained before timing, after the batches prepared during start-up are set aside."""
     measure_windows: int = field(default=3, metadata=_meta(min=2))
-    """Timed windows; the throughput is their median and the noise their spread."""
+    """Timed windows (the fewest, with ``precision``); the throughput is their median and the noise their spread."""
     window_s: float = field(default=3.0, metadata=_meta(gt=0))
     """Length of one timed window in seconds."""
-    precision: float | None = field(default=None, metadata=_meta(gt=0, lt=1))
-    """Measure until the 95 % confidence interval of the mean window throughput is within this share of it (e.g.
-    0.02), between measure_windows and max_windows windows, leading windows that are still settling left out;
-    null: exactly measure_windows windows."""
-    max_windows: int = field(default=10, metadata=_meta(min=2))
+    precision: float | None = field(default=0.03, metadata=_meta(gt=0, lt=1))
+    """Measure until the 95 % confidence interval of the mean window throughput is within this share of it, between
+    measure_windows and max_windows windows, leading windows that are still settling left out (the default matches
+    the default selection tolerance); null: exactly measure_windows windows."""
+    max_windows: int = field(default=8, metadata=_meta(min=2))
     """Most windows a trial measures when ``precision`` is set."""
     timeout_s: float = field(default=300.0, metadata=_meta(gt=0))
     """Wall-clock limit for one trial, start-up and warm-up included."""

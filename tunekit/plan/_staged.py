@@ -61,13 +61,51 @@ def _compute(s: _Sweep) -> list[Request] | None:
 
 
 def _loader(s: _Sweep) -> list[Request] | None:
-    """The loader alone per worker count (pinned when pinning is searched on a GPU)."""
+    """The loader alone (pinned when pinning is searched on a GPU), only where its ceiling decides something: the
+    most workers first; when that ceiling reaches the compute ceiling, a bisection of the counts for the fewest that
+    does (the start of the end-to-end walk; loader ceilings rise with workers). The other counts are skipped with
+    that evidence: the end-to-end walk measures the counts around its start directly."""
     batch = s.batch
     if batch is None:
         return None
     pin = pins(s.cfg, s.cuda)[-1]
-    return pending([Request("loader", "loader", Knobs(num_workers=w, batch_size=batch, pin_memory=pin, **s.base))
-                    for w in s.search.num_workers], s.rows)
+    reqs = {w: Request("loader", "loader", Knobs(num_workers=w, batch_size=batch, pin_memory=pin, **s.base))
+            for w in s.search.num_workers}
+    compute = _compute_at(s, batch)
+    counts = sorted(w for w in reqs if w)
+    if compute is None or not counts:
+        return pending(list(reqs.values()), s.rows)  # nothing to compare with: every count
+    lo, hi = 0, len(counts) - 1  # counts[hi] reaches the compute ceiling (or is the most); below lo none does
+    top = s.find(reqs[counts[hi]])
+    if top is None:
+        return [reqs[counts[hi]]]
+    if _reaches(s, top, compute):
+        while lo < hi:
+            mid = (lo + hi) // 2
+            row = s.find(reqs[counts[mid]])
+            if row is None:
+                return [reqs[counts[mid]]]
+            lo, hi = (lo, mid) if _reaches(s, row, compute) else (mid + 1, hi)
+        start = s.find(reqs[counts[hi]])
+        assert start is not None
+        reason = (f"the fewest workers whose loader ceiling reaches the compute ceiling ({compute.rate:.1f} "
+                  f"{compute.unit}/s at batch {batch}, trial {compute.number}) are {counts[hi]} (trial {start.number}, "
+                  f"{start.rate:.1f}), found by bisection: the end-to-end walk starts there and measures the "
+                  "counts around it directly")
+    else:
+        reason = (f"the loader alone at the most workers, {counts[hi]}, gives {top.rate:.1f} {top.unit}/s (trial "
+                  f"{top.number}), below the compute ceiling ({compute.rate:.1f} at batch {batch}, trial "
+                  f"{compute.number}): the end-to-end walk starts at {counts[hi]} workers and measures fewer directly")
+    return [req.skipped(reason) for req in pending(list(reqs.values()), s.rows)]
+
+
+def _compute_at(s: _Sweep, batch: int) -> TrialRow | None:
+    return next((r for r in s.done("compute") if r.ok and r.knobs.batch_size == batch), None)
+
+
+def _reaches(s: _Sweep, loader: TrialRow, compute: TrialRow) -> bool:
+    """Whether a one-rank loader ceiling reaches the one-GPU compute ceiling within the tolerance."""
+    return loader.ok and loader.rate >= compute.rate * (1.0 - s.selection.tolerance)
 
 
 def _end_to_end(s: _Sweep) -> list[Request] | None:
@@ -89,26 +127,28 @@ def _end_to_end(s: _Sweep) -> list[Request] | None:
         left = pending(_at_count(s, batch, w), s.rows)
         if left:
             return [_maybe_skip(left[0], s)]
-        if w in below:
-            _below_band(s, batch, w, [c for c in below if c < w])
+        _below_band(s, batch, w, [c for c in below if c < w])
     return []
 
 
 def _below_band(s: _Sweep, batch: int, workers: int, fewer: list[int]) -> None:
-    """Walking down: once a worker count (all its pin settings finished) falls out of the band of the best, fewer
-    workers will not climb back into it; they are skipped with that evidence."""
-    here = _best_at(s, batch, workers)
+    """Walking down: once a worker count falls out of the band of the best with one pin setting, fewer workers with
+    that setting will not climb back into it; they are skipped with that evidence."""
     fitting = [r for r in s.done("end_to_end") if r.ok and rules.fits(r, s.selection)]
-    if here is None or not fitting or not fewer:
+    if not fitting or not fewer:
         return
     best = max(fitting, key=lambda r: r.rate)
     allowed = rules.band(fitting, s.selection)
-    if here.rate >= rules.needed(best, allowed):
-        return
-    reason = (f"{workers} workers (trial {here.number}, {here.rate:.1f} {here.unit}/s) already fell out of the band "
-              f"({allowed:.1%}) of the best config so far ({best.rate:.1f}, trial {best.number}): fewer workers do "
-              "not deliver more")
-    s.skips.update({r.key: reason for w in fewer for r in _at_count(s, batch, w)})
+    for req in _at_count(s, batch, workers):
+        here = s.find(req)
+        if here is None or not here.ok or not rules.fits(here, s.selection) or here.rate >= rules.needed(best, allowed):
+            continue
+        pinned = ("pinned " if req.knobs.pin_memory else "unpinned ") if len(pins(s.cfg, s.cuda)) > 1 else ""
+        reason = (f"{workers} workers {pinned}(trial {here.number}, {here.rate:.1f} {here.unit}/s) already fell out "
+                  f"of the band ({allowed:.1%}) of the best config so far ({best.rate:.1f}, trial {best.number}): "
+                  f"fewer workers {pinned}do not deliver more")
+        s.skips.update({r.key: reason for w in fewer for r in _at_count(s, batch, w)
+                        if r.knobs.pin_memory == req.knobs.pin_memory and r.key not in s.skips})
 
 
 def _at_count(s: _Sweep, batch: int, workers: int) -> list[Request]:
@@ -120,12 +160,12 @@ def _at_count(s: _Sweep, batch: int, workers: int) -> list[Request]:
 def _start_count(s: _Sweep, batch: int, counts: list[int]) -> int:
     """The fewest workers whose one-rank loader ceiling reaches the one-GPU compute ceiling within the tolerance (per
     rank, both), or the most workers when none does (or the ceilings are missing)."""
-    compute = next((r for r in s.done("compute") if r.ok and r.knobs.batch_size == batch), None)
+    compute = _compute_at(s, batch)
     if compute is None:
         return counts[-1]
     for w in counts:
         loader = [r for r in s.done("loader") if r.ok and r.knobs.num_workers == w and r.knobs.batch_size == batch]
-        if w and loader and max(r.rate for r in loader) >= compute.rate * (1.0 - s.selection.tolerance):
+        if w and any(_reaches(s, r, compute) for r in loader):
             return w
     return counts[-1]
 
@@ -300,8 +340,10 @@ def estimate_staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> int:
     computed = [r for r in rows if r.stage == "compute"]
     stopped = any(rules.stops_batch_growth(r, cfg.selection) for r in computed)
     n_compute = len(computed) if stopped else len(s.batch_size)
-    total = (n_compute + len(s.num_workers) * (1 + len(pins(cfg, cuda))) + (len(s.prefetch_factor) - 1)
-             + (len(s.compile) - 1))
+    counts = len([w for w in s.num_workers if w])
+    n_loader = 1 + max(0, counts - 1).bit_length()  # the most workers, then a bisection at worst
+    n_e2e = 1 + min(3, len(s.num_workers)) * len(pins(cfg, cuda))  # the defaults; the start, one up, one down
+    total = n_compute + n_loader + n_e2e + (len(s.prefetch_factor) - 1) + (len(s.compile) - 1)
     total += 1 if cfg.launch.world > 1 else 0  # the knee on one GPU: the scaling efficiency
     if s.target_effective_batch:
         total += sum(1 for b in s.batch_size if s.target_effective_batch % b == 0)

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import platform
 import statistics
@@ -35,9 +34,13 @@ from tunekit.workloads import resolve
 
 __all__ = ["measure", "MIN_WINDOW_STEPS", "Diverged"]
 
-MIN_WINDOW_STEPS = 5
+MIN_WINDOW_STEPS = 3
 """A window lasts at least trial.window_s and at least this many optimizer steps: with second-long steps a
 window of two or three steps quantises throughput too coarsely to be stable."""
+
+READY_FETCH_S = 0.005
+"""A fetch shorter than this (and than 3x the median fetch so far) took a batch that was already waiting in the
+loader's queue: warm-up sets such batches aside until a fetch has to wait for a worker."""
 
 
 @dataclass
@@ -135,7 +138,19 @@ class _Batches:
                 "the throughput counts each sample once per worker")
 
     def shutdown(self) -> None:
-        getattr(self.iterator, "_shutdown_workers", lambda: None)()
+        """Stop the loader's workers at once. A graceful shutdown waits for every worker to finish the batch in hand
+        (seconds for a large batch of decoded images) and nothing they make is used any more: they are killed first,
+        their pids taken off PyTorch's SIGCHLD watch so that their end is not reported as a worker crash."""
+        it = self.iterator
+        if getattr(it, "_worker_pids_set", False):
+            from torch.utils.data._utils import signal_handling
+
+            signal_handling._remove_worker_pids(id(it))
+            it._worker_pids_set = False
+        for w in getattr(it, "_workers", None) or []:
+            if w.is_alive():
+                w.kill()
+        getattr(it, "_shutdown_workers", lambda: None)()
 
 
 def _digest(batch: Any) -> bytes:
@@ -266,7 +281,8 @@ def _check_loss(loop: _Loop) -> None:
 
 
 def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) -> dict[str, Any]:
-    """Consume the first batch, the pipeline fill and the warm-up steps; time the first step separately."""
+    """Consume the first batch (its step timed apart: worker start-up, compilation), set aside the batches the
+    workers prepared meanwhile, then train the warm-up steps."""
     knobs = spec.knobs
     fill = knobs.num_workers * (knobs.prefetch_factor or 2) if spec.mode != "compute" else 0
     t0 = time.perf_counter()
@@ -275,37 +291,41 @@ def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) ->
     loop.work(first)
     _sync(device)
     first_step_s = time.perf_counter() - t0
-    consumed = 1
-    # 1. The fill: batches the workers prepared while start-up and the first step ran.
-    waits = []
+    # The batches made during start-up and the first step wait ready in the loader's queue (at most a fill): taken
+    # without a step, until a fetch has to wait for a worker. From there on batches arrive at the pipeline's own
+    # rate; a step on a ready batch would count throughput the pipeline cannot sustain, and training on the fill
+    # (seconds of steps on big batches) is what warm-up time used to go to.
+    set_aside = 0
+    fetches: list[float] = []
     for _ in range(fill):
         tw = time.perf_counter()
-        item = loop.fetch()
-        waits.append(time.perf_counter() - tw)
-        loop.work(item)
-    consumed += fill
-    # 2. What the workers made while the fill was eaten: drain until a fetch blocks on an empty queue (steady
-    #    state when the loader is the bound), at most another fill's worth (a compute-bound queue stays full).
-    blocked = max(0.002, 3 * statistics.median(waits)) if waits else 0.0
-    for _ in range(fill):
-        tw = time.perf_counter()
-        item = loop.fetch()
-        waited = time.perf_counter() - tw
-        loop.work(item)
-        consumed += 1
-        if loop.agree(waited > blocked):
+        loop.fetch()
+        fetches.append(time.perf_counter() - tw)
+        set_aside += 1
+        if fetches[-1] > max(READY_FETCH_S, 3 * statistics.median(fetches)):
             break
-    # 3. The configured warm-up steps (at least 3 when compiling: reduce-overhead records its CUDA graphs on the
-    #    second and third calls), rounded up to whole optimizer steps.
+    # The warm-up steps, for at most trial.window_s once the fewest are done (a step of seconds, e.g. PyTorch's
+    # defaults decoding a large batch in the main process, has nothing left to warm; what still settles shows in
+    # the first windows): at least 3 when compiling (reduce-overhead records its CUDA graphs on the second and
+    # third calls), else at least one. The trained micro-batches, the first included, make whole optimizer steps.
     steps = max(cfg.trial.warmup_steps, 3) if knobs.compile != "none" else cfg.trial.warmup_steps
-    total = consumed + steps * knobs.grad_accum
-    total = math.ceil(total / knobs.grad_accum) * knobs.grad_accum
-    for _ in range(total - consumed):
+    fewest = min(steps, 3 if knobs.compile != "none" else 1)
+    accum = knobs.grad_accum
+    for _ in range(accum - 1):  # the rest of the first micro-batch's optimizer step
         loop.work(loop.fetch())
+    trained, t_steps = accum, time.perf_counter()
+    for done in range(steps):
+        # every rank trains the same steps: they agree when to stop
+        if done >= fewest and loop.agree(time.perf_counter() - t_steps >= cfg.trial.window_s):
+            break
+        for _ in range(accum):
+            loop.work(loop.fetch())
+        trained += accum
     _sync(device)
     return {
         "warmup_s": time.perf_counter() - t0,
-        "warmup_batches": total,
+        "warmup_batches": set_aside + trained,
+        "warmup_set_aside": set_aside,
         "first_batch_wait_s": first_wait,
         "first_step_s": first_step_s,
         "compile_s": (first_step_s - first_wait) if knobs.compile != "none" else 0.0,
@@ -457,6 +477,7 @@ def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measu
             getattr(torch.cuda, "reset_peak_host_memory_stats", lambda: None)()
         monitor.measuring = True  # no work between warm-up and the first window: the loader would refill
         windows, stop = _windows(loop, cfg, device, spec.knobs.grad_accum, max(1, workers), cpu)
+        warm["warmup_s"] += stop["settling_s"]  # windows left out as still settling were warm-up after all
         monitor.sample_now()
         monitor.measuring = False
         memory = _device_memory(device)
@@ -483,7 +504,8 @@ def _windows(loop: _Loop, cfg: Config, device: torch.device, accum: int, round_b
     drop = loop.agree_max(rules.settling(rates, t.measure_windows, t.precision) if t.precision is not None else 0)
     settled = [w.samples_per_s for w in windows[drop:]]
     return windows[drop:], {"stop_reason": reason, "windows_measured": len(windows),
-                            "settling_windows": rates[:drop], "rate_interval": rules.rate_interval(settled)}
+                            "settling_windows": rates[:drop], "settling_s": sum(w.wall_s for w in windows[:drop]),
+                            "rate_interval": rules.rate_interval(settled)}
 
 
 def _check_rank_shards(ranks: _dist.Ranks, batches: _Batches) -> None:
