@@ -92,6 +92,11 @@ def test_window_rules_leave_out_only_windows_that_are_still_settling():
 
     assert rules.settling([238, 370, 375, 375], 2, 0.05) == 1  # 370 is within 5 % of the rest: not settling
     assert rules.settling([200, 400, 401], 3, 0.05) == 0  # never below the minimum count
+    # a ramp of three windows (two H200 ranks whose CPUs were still filling up) goes as a whole
+    assert rules.settling([4608, 4812, 4459, 4982, 5128, 5107, 5104, 5204], 3, 0.03) == 3
+    # noise on both sides of the mean is no ramp: nothing is left out
+    assert rules.settling([100, 104, 97, 103, 98, 102, 99], 3, 0.02) == 0
+    assert rules.settling([100, 101, 99, 100, 102], 3, 0.03) == 0  # all within the precision
     assert rules.window_stop([100, 101], 2, 5, None) == "fixed"
     assert rules.window_stop([100, 130], 2, 5, 0.02) is None  # too wide: measure another
     assert rules.window_stop([100, 130, 100, 131, 99], 2, 5, 0.02) == "max_windows"

@@ -243,3 +243,48 @@ def test_walking_down_stops_once_a_count_falls_out_of_the_band():
     (req,) = plan.next_requests(cfg, rows_from_measurements(ms), strategy="staged", cuda=False)
     assert (req.knobs.num_workers, req.stage) == (2, "end_to_end")
     assert req.skip and "3 workers (trial 13, 300.0 samples/s) already fell out of the band" in req.skip
+
+
+def test_loader_ceilings_are_measured_only_where_they_decide_the_start():
+    """A CPU-bound loader (the showcase's shape): the most workers' ceiling stays below the compute ceiling, so the
+    walk starts there and no other loader count is measured; each is skipped with that evidence. Once 16 workers
+    pinned fall out of the band, fewer workers are not tried pinned, while the unpinned walk goes on."""
+    cfg = _cfg(**{"search.num_workers": [0, 2, 8, 12, 16], "search.batch_size": [8], "search.compile": ["none"],
+                  "search.prefetch_factor": [2]})
+    rows = rows_from_measurements([_m(0, "compute", "compute", 4900)])
+    (first,) = plan.next_requests(cfg, rows, strategy="staged", cuda=True)
+    assert (first.stage, first.knobs.num_workers, first.knobs.pin_memory, first.skip) == ("loader", 16, True, None)
+    rows += rows_from_measurements([_m(1, "loader", "loader", 3000, num_workers=16, pin_memory=True)])
+    skipped = plan.next_requests(cfg, rows, strategy="staged", cuda=True)
+    assert sorted(r.knobs.num_workers for r in skipped) == [0, 2, 8, 12]
+    assert all(r.stage == "loader" and "below the compute ceiling" in r.skip for r in skipped)
+    rows += rows_from_measurements([{**_m(2 + i, "loader", "loader", None, **r.knobs.to_dict()), "status": "skipped",
+                                     "reason": r.skip} for i, r in enumerate(skipped)])
+    rows += rows_from_measurements([_m(10, "end_to_end", "train", 300),
+                                    _m(11, "end_to_end", "train", 2500, num_workers=16, pin_memory=True),
+                                    _m(12, "end_to_end", "train", 2950, num_workers=16)])
+    (nxt,) = plan.next_requests(cfg, rows, strategy="staged", cuda=True)
+    assert (nxt.knobs.num_workers, nxt.knobs.pin_memory) == (12, True)
+    assert nxt.skip and "16 workers pinned (trial 11, 2500.0 samples/s) already fell out of the band" in nxt.skip
+    rows += rows_from_measurements([{**_m(13, "end_to_end", "train", None, **nxt.knobs.to_dict()),
+                                     "status": "skipped", "reason": nxt.skip}])
+    (unpinned,) = plan.next_requests(cfg, rows, strategy="staged", cuda=True)
+    assert (unpinned.knobs.num_workers, unpinned.knobs.pin_memory, unpinned.skip) == (12, False, None)
+
+
+def test_loader_bisection_finds_the_fewest_workers_that_reach_the_compute_ceiling():
+    """Loader ceilings of 100/s per worker against a 400/s model: the most workers reach it, so the stage bisects the
+    counts, measuring 16, then 4, 2 and 3 (log2 of the counts), and skips the rest with the start it found."""
+    cfg = _cfg(**{"search.num_workers": [0, 1, 2, 3, 4, 6, 8, 12, 16], "search.batch_size": [8],
+                  "search.compile": ["none"], "search.prefetch_factor": [2], "search.pin_memory": [False]})
+    rows = rows_from_measurements([_m(0, "compute", "compute", 400)])
+    measured = []
+    while True:
+        reqs = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+        if reqs[0].stage != "loader" or reqs[0].skip:
+            break
+        w = reqs[0].knobs.num_workers
+        measured.append(w)
+        rows += rows_from_measurements([_m(len(rows), "loader", "loader", 100.0 * w, num_workers=w)])
+    assert measured[0] == 16 and len(measured) <= 4 and 4 in measured and 3 in measured
+    assert all("are 4 (trial" in r.skip for r in reqs)

@@ -106,6 +106,17 @@ def test_slow_first_step_and_deep_prefetch_are_not_counted(tmp_path: Path):
     assert m["first_step_s"] >= 2.0 and m["warmup_batches"] >= 1 + 16
 
 
+def test_warm_up_steps_stop_after_a_window_of_time(tmp_path: Path):
+    """0.4 s steps, 10 warm-up steps asked, window_s 1: the warm-up trains steps for about a window (its first
+    step, then 1-3 more), not 4 s of them; nothing was prepared ahead (0 workers), so nothing is set aside."""
+    cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": 0.4}, "trial.warmup_steps": 10,
+                           "trial.measure_windows": 2})
+    m = run_trial(_spec(cfg, num_workers=0, batch_size=4), tmp_path / "t", 60)
+    assert m["status"] == "ok", m
+    assert m["warmup_set_aside"] == 0
+    assert 2 <= m["warmup_batches"] <= 4
+
+
 def test_compute_and_loader_modes(tmp_path: Path):
     cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": 0.02},
                            "workload.dataset_args": {"sample_wait_s": 0.01}})

@@ -103,17 +103,28 @@ def rate_interval(rates: list[float]) -> float:
 
 
 def settling(rates: list[float], min_windows: int, precision: float) -> int:
-    """Leading windows still settling (left out of the measurement): while more than ``min_windows`` remain, the
-    first is dropped when it lies farther from the median of the rest than any of the rest does, and by more than
-    ``precision`` of that median (a window within the precision asked is not an outlier)."""
-    drop = 0
-    while len(rates) - drop > min_windows:
-        rest = sorted(rates[drop + 1:])
-        mid = rest[len(rest) // 2] if len(rest) % 2 else (rest[len(rest) // 2 - 1] + rest[len(rest) // 2]) / 2
-        spread = max(max(abs(r - mid) for r in rest), precision * mid)
-        if abs(rates[drop] - mid) <= spread:
+    """Leading windows still settling (left out of the measurement). The cut is the marginal standard error rule's
+    (MSER, White 1997: the cut d minimising the kept windows' squared deviations over (n - d)^2, d at most half the
+    windows and leaving at least ``min_windows``), so a ramp of several windows goes as well as one slow first
+    window. It is then moved back until the windows it leaves out lie all on one side of the kept windows' mean (a
+    ramp, not noise on both sides) and the last of them farther than ``precision`` from it."""
+    n = len(rates)
+    cuts = range(min(n - min_windows, n // 2) + 1)
+    if len(cuts) < 2:
+        return 0
+
+    def mser(d: int) -> float:
+        kept = rates[d:]
+        mean = sum(kept) / len(kept)
+        return sum((r - mean) ** 2 for r in kept) / len(kept) ** 2
+
+    drop = min(cuts, key=mser)
+    while drop:
+        mean = sum(rates[drop:]) / (n - drop)
+        one_side = len({r > mean for r in rates[:drop]}) == 1
+        if one_side and abs(rates[drop - 1] - mean) > precision * mean:
             break
-        drop += 1
+        drop -= 1
     return drop
 
 
