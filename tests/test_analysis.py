@@ -101,3 +101,8 @@ def test_window_rules_leave_out_only_windows_that_are_still_settling():
     assert rules.window_stop([100, 130], 2, 5, 0.02) is None  # too wide: measure another
     assert rules.window_stop([100, 130, 100, 131, 99], 2, 5, 0.02) == "max_windows"
     assert rules.rate_interval([100.0]) == float("inf") and rules.rate_interval([100.0, 100.0]) == 0.0
+    # racing: windows 100 +- 10 % whose whole interval lies below the 150 needed stop early; near it they go on
+    noisy = [100, 110, 90, 105]
+    assert rules.window_stop(noisy, 3, 8, 0.01, needed=150) == "below_band"
+    assert rules.window_stop(noisy, 3, 8, 0.01, needed=110) is None
+    assert rules.window_stop(noisy, 3, 8, None, needed=150) == "fixed"  # no precision asked: fixed windows

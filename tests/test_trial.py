@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import subprocess
 import sys
@@ -115,6 +117,18 @@ def test_warm_up_steps_stop_after_a_window_of_time(tmp_path: Path):
     assert m["status"] == "ok", m
     assert m["warmup_set_aside"] == 0
     assert 2 <= m["warmup_batches"] <= 4
+
+
+def test_a_trial_clearly_below_the_band_stops_measuring(tmp_path: Path):
+    """With a precision no window spread can meet, a trial measures to max_windows, unless the rate it needs to
+    matter (the spec's needed, all ranks) lies above its whole interval: then it stops after measure_windows."""
+    cfg = sleepy_config(**{"trial.precision": 1e-6, "trial.max_windows": 5, "trial.window_s": 0.3})
+    spec = _spec(cfg, num_workers=0, batch_size=8)
+    raced = run_trial(dataclasses.replace(spec, needed=1e9), tmp_path / "raced", 60)
+    assert raced["status"] == "ok", raced
+    assert raced["stop_reason"] == "below_band" and raced["windows_measured"] == 2
+    full = run_trial(dataclasses.replace(spec, number=1, needed=1.0), tmp_path / "full", 60)
+    assert full["stop_reason"] == "max_windows" and full["windows_measured"] == 5
 
 
 def test_compute_and_loader_modes(tmp_path: Path):

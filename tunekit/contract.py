@@ -90,6 +90,9 @@ class TrialSpec:
     """The settings under test."""
     config: dict[str, Any]
     """The resolved config (Config.to_dict())."""
+    needed: float | None = None
+    """The throughput (all ranks) this trial must reach to come within the band of the best config so far; with
+    trial.precision it stops measuring once its windows' interval lies wholly below (None: no such bound)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -104,6 +107,7 @@ class TrialSpec:
             mode=data["mode"],
             knobs=Knobs(**data["knobs"]),
             config=data["config"],
+            needed=data.get("needed"),
         )
 
 

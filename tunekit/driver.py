@@ -173,7 +173,8 @@ def _run_trials(sweep: _Sweep, budget: _Budget) -> None:
 def _run_one(sweep: _Sweep, req: plan.Request) -> TrialRow:
     cfg = sweep.cfg
     trial, number = sweep.runs.start(cfg, req.stage, req.mode, req.knobs.to_dict())
-    spec = TrialSpec(number=number, stage=req.stage, mode=req.mode, knobs=req.knobs, config=cfg.to_dict())
+    spec = TrialSpec(number=number, stage=req.stage, mode=req.mode, knobs=req.knobs, config=cfg.to_dict(),
+                     needed=plan.needed_rate(cfg, sweep.rows, req))
     if req.skip is not None:
         measurement = skipped_measurement(spec, req.skip)
     else:

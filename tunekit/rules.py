@@ -128,15 +128,22 @@ def settling(rates: list[float], min_windows: int, precision: float) -> int:
     return drop
 
 
-def window_stop(rates: list[float], min_windows: int, max_windows: int, precision: float | None) -> str | None:
+def window_stop(rates: list[float], min_windows: int, max_windows: int, precision: float | None,
+                needed: float | None = None) -> str | None:
     """Why a trial stops measuring after these windows, or None to measure another: ``fixed`` (no precision
-    asked, ``min_windows`` done), ``precise`` (the settled windows' interval within ``precision``), ``max_windows``."""
+    asked, ``min_windows`` done), ``precise`` (the settled windows' interval within ``precision``), ``below_band``
+    (the settled windows' interval lies wholly below ``needed``, the rate that would bring the trial within the band
+    of the best so far: more windows cannot make it the knee), ``max_windows``."""
     if len(rates) < min_windows:
         return None
     if precision is None:
         return "fixed"
-    if rate_interval(rates[settling(rates, min_windows, precision):]) <= precision:
+    settled = rates[settling(rates, min_windows, precision):]
+    interval = rate_interval(settled)
+    if interval <= precision:
         return "precise"
+    if needed is not None and sum(settled) / len(settled) * (1.0 + interval) < needed:
+        return "below_band"
     return "max_windows" if len(rates) >= max_windows else None
 
 

@@ -11,13 +11,14 @@ runs every valid combination. docs/plan.md gives the reasons for each stage.
 
 from __future__ import annotations
 
+from tunekit import rules
 from tunekit.config import Config
 from tunekit.plan._grid import grid_requests
 from tunekit.plan._request import Request, pending
 from tunekit.plan._staged import estimate_staged, staged_requests
 from tunekit.records import TrialRow
 
-__all__ = ["Request", "next_requests", "estimate_total"]
+__all__ = ["Request", "next_requests", "estimate_total", "needed_rate"]
 
 
 def next_requests(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> list[Request]:
@@ -33,3 +34,20 @@ def estimate_total(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bo
     if strategy == "grid":
         return len(grid_requests(cfg, cuda))
     return max(estimate_staged(cfg, rows, cuda), len(rows))
+
+
+RACED_STAGES = ("end_to_end", "prefetch", "batch", "compile", "grid")
+"""Knee stages whose trials may stop measuring once they are clearly out of the band (accumulation trials are
+judged among themselves, against the target effective batch)."""
+
+
+def needed_rate(cfg: Config, rows: list[TrialRow], req: Request) -> float | None:
+    """The throughput ``req`` must reach to come within the band of the best fitting knee-stage trial so far (None
+    for ceilings, the scaling trial, the PyTorch-defaults baseline, or while there is no such trial): a trial whose
+    measurement lies clearly below it cannot be the knee, so it need not measure on (``rules.window_stop``)."""
+    if req.stage not in RACED_STAGES or req.knobs.loader_defaults:
+        return None
+    fitting = [r for r in rows if r.ok and r.stage in rules.KNEE_STAGES and rules.fits(r, cfg.selection)]
+    if not fitting:
+        return None
+    return rules.needed(max(fitting, key=lambda r: r.rate), rules.band(fitting, cfg.selection))

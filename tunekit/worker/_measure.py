@@ -476,7 +476,8 @@ def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measu
             torch.cuda.reset_peak_memory_stats(device)
             getattr(torch.cuda, "reset_peak_host_memory_stats", lambda: None)()
         monitor.measuring = True  # no work between warm-up and the first window: the loader would refill
-        windows, stop = _windows(loop, cfg, device, spec.knobs.grad_accum, max(1, workers), cpu)
+        needed = spec.needed / spec.knobs.ranks if spec.needed is not None else None  # each rank's share
+        windows, stop = _windows(loop, cfg, device, spec.knobs.grad_accum, max(1, workers), cpu, needed)
         warm["warmup_s"] += stop["settling_s"]  # windows left out as still settling were warm-up after all
         monitor.sample_now()
         monitor.measuring = False
@@ -488,16 +489,18 @@ def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measu
         batches.shutdown()
 
 
-def _windows(loop: _Loop, cfg: Config, device: torch.device, accum: int, round_batches: int,
-             cpu: TreeCpu) -> tuple[list[_Window], dict[str, Any]]:
+def _windows(loop: _Loop, cfg: Config, device: torch.device, accum: int, round_batches: int, cpu: TreeCpu,
+             needed: float | None) -> tuple[list[_Window], dict[str, Any]]:
     """The measured windows: trial.measure_windows of them, or, with trial.precision, until the settled windows'
-    confidence interval is that tight (rules.window_stop). Leading windows still settling are left out; the ranks
-    of a multi-rank trial agree on both (their windows are summed one by one)."""
+    confidence interval is that tight or lies wholly below ``needed`` (this rank's share of the rate the trial needs
+    to matter; rules.window_stop). Leading windows still settling are left out; the ranks of a multi-rank trial
+    agree on both (their windows are summed one by one)."""
     t = cfg.trial
     windows: list[_Window] = []
     while True:
         windows.append(_run_window(loop, device, t.window_s, accum, round_batches, cpu))
-        reason = rules.window_stop([w.samples_per_s for w in windows], t.measure_windows, t.max_windows, t.precision)
+        reason = rules.window_stop([w.samples_per_s for w in windows], t.measure_windows, t.max_windows, t.precision,
+                                   needed)
         if not loop.agree(reason is None):
             break
     rates = [w.samples_per_s for w in windows]
