@@ -99,3 +99,17 @@ class _SettlingModel(torch.nn.Module):
 def settling_model(step_s: float = 0.02, slow_s: float = 0.04, fast_after: int = 12):
     torch.set_num_threads(1)
     return _SettlingModel(step_s, slow_s, fast_after)
+
+
+_BUILDS = []
+"""Models built in this process: a trial that finds one already built ran in a process another trial used."""
+
+
+def once_per_process_model(step_wait_s: float = 0.005):
+    """The sleepy model, refusing to be built twice in one process (the fork server's isolation, tested)."""
+    from tunekit.workloads.synthetic import sleepy_model
+
+    if _BUILDS:
+        raise RuntimeError(f"a model was already built in this process (pid {_BUILDS[0]})")
+    _BUILDS.append(os.getpid())
+    return sleepy_model(step_wait_s=step_wait_s)

@@ -73,3 +73,21 @@ def test_two_ranks_over_nccl_one_gpu_each(tmp_path: Path):
                                 knobs=Knobs(ranks=2, grad_accum=2, **knobs)), tmp_path / "accum", 180)
     assert accum["status"] == "ok", accum
     print("sync share: accum 1", two["sync_share"], "accum 2", accum["sync_share"])
+
+
+def test_cuda_trials_forked_by_the_fork_server_and_its_refusal(tmp_path: Path):
+    """A CUDA trial forked by the fork server initialises CUDA after the fork; a workload module that initialises
+    CUDA when imported makes the server refuse (a child forked after that could not use the GPU), and the trial runs
+    in a fresh interpreter instead."""
+    cfg = config.from_dict(_cnn_config()).to_dict()
+    spec = TrialSpec(number=0, stage="test", mode="train", config=cfg,
+                     knobs=Knobs(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=64))
+    forked = run_trial(spec, tmp_path / "forked", 120)
+    assert forked["status"] == "ok" and forked["started_by"] == "fork server", forked
+    cuda_at_import = _cnn_config()
+    cuda_at_import["workload"]["loss"] = "tests._cuda_at_import:loss"
+    spec = TrialSpec(number=1, stage="test", mode="train",
+                     config=config.from_dict(cuda_at_import, check_imports=False).to_dict(),
+                     knobs=Knobs(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=64))
+    fresh = run_trial(spec, tmp_path / "fresh", 120)
+    assert fresh["status"] == "ok" and fresh["started_by"] == "interpreter", fresh

@@ -131,6 +131,22 @@ def test_a_trial_clearly_below_the_band_stops_measuring(tmp_path: Path):
     assert full["stop_reason"] == "max_windows" and full["windows_measured"] == 5
 
 
+def test_the_fork_server_starts_trials_that_stay_isolated(tmp_path: Path):
+    """Single-process trials are forked by the fork server (which imported the workload's module once); what a
+    trial does to its modules dies with it: the model that refuses a second build in one process builds in each.
+    With trial.fork_server: false a fresh interpreter starts the trial instead."""
+    cfg = sleepy_config(**{"workload.model": "tests._workloads:once_per_process_model", "workload.model_args": {},
+                           "trial.measure_windows": 2, "trial.window_s": 0.3})
+    first = run_trial(_spec(cfg, number=0, num_workers=2, prefetch_factor=2, batch_size=8), tmp_path / "a", 60)
+    second = run_trial(_spec(cfg, number=1, num_workers=0, batch_size=8), tmp_path / "b", 60)
+    assert first["status"] == second["status"] == "ok", (first, second)
+    assert first["started_by"] == second["started_by"] == "fork server"
+    assert first["pid"] != second["pid"]
+    fresh = run_trial(_spec(sleepy_config(**{"trial.fork_server": False, "trial.window_s": 0.3}), number=2,
+                            batch_size=8), tmp_path / "c", 60)
+    assert fresh["status"] == "ok" and fresh["started_by"] == "interpreter"
+
+
 def test_compute_and_loader_modes(tmp_path: Path):
     cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": 0.02},
                            "workload.dataset_args": {"sample_wait_s": 0.01}})

@@ -139,6 +139,10 @@ class TrialSettings:
     """Most windows a trial measures when ``precision`` is set."""
     timeout_s: float = field(default=300.0, metadata=_meta(gt=0))
     """Wall-clock limit for one trial, start-up and warm-up included."""
+    fork_server: bool = True
+    """Start single-process trials from a server that has imported torch and the workload's modules once (each
+    trial still runs in a fresh process and session of its own and initialises CUDA itself); false: a fresh
+    interpreter per trial."""
 
 
 @dataclass(kw_only=True)

@@ -12,10 +12,15 @@ This module never imports torch.
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
+import json
 import math
 import os
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -101,11 +106,16 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
     with _CappedLog(trial_dir / "worker.log") as log:
         for stale in trial_dir.glob("measurement.rank*.json"):
             stale.unlink()
-        proc = subprocess.Popen(
-            worker_command(spec) + [str(spec_path), str(out_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=child_env(),
-        )
+        env = child_env()
+        # the worker counts its start-up from here: interpreter and imports, or the fork
+        trial_env = {**env, "TUNEKIT_STARTED_AT": repr(time.time())}
+        proc: Any = _fork_trial(spec, [str(spec_path), str(out_path)], env, trial_env)
+        if proc is None:
+            proc = subprocess.Popen(
+                worker_command(spec) + [str(spec_path), str(out_path)],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, env=trial_env,
+            )
         log.follow(proc.stdout)
         pid_file = trial_dir / "worker.pid"
         pid_file.write_text(str(proc.pid))  # lets a resumed sweep kill a trial its dead predecessor left running
@@ -122,9 +132,137 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
             pid_file.unlink(missing_ok=True)
     wall = time.perf_counter() - t0
     result = _outcome(spec, proc.returncode, timed_out, timeout_s, out_path, trial_dir / "worker.log")
-    result.update(returncode=proc.returncode, launcher_wall_s=wall, pid=proc.pid)
+    result.update(returncode=proc.returncode, launcher_wall_s=wall, pid=proc.pid,
+                  started_by="fork server" if isinstance(proc, _Forked) else "interpreter")
     write_json_atomic(out_path, result)
     return result
+
+
+class _ForkServer:
+    """The launcher's end of ``python -m tunekit.worker --fork-server`` (tunekit/worker/_forkserver.py): one per
+    environment and working folder, started at the first trial that can use it, ended with this process."""
+
+    def __init__(self, env: dict[str, str]):
+        self.key = (tuple(sorted(env.items())), os.getcwd())
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tunekit.worker", "--fork-server", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True, env=env,
+        )
+        theirs.close()
+        self.sock = ours
+        self.broken = False
+
+    def request(self, argv: list[str], env: dict[str, str], preload: list[str]) -> _Forked | None:
+        """Fork one trial; None when the server cannot (then it is not asked again)."""
+        read_end, write_end = os.pipe()
+        try:
+            socket.send_fds(self.sock, [json.dumps({"argv": argv, "env": env, "preload": preload}).encode()],
+                            [write_end])
+            reply = self.receive(timeout=_FORK_REPLY_S)
+        except OSError:
+            reply = None
+        finally:
+            os.close(write_end)
+        if not reply or "pid" not in reply:
+            os.close(read_end)
+            self.close()
+            return None
+        return _Forked(self, int(reply["pid"]), os.fdopen(read_end, "rb"))
+
+    def receive(self, timeout: float | None) -> dict[str, Any] | None:
+        """The server's next message; None when it closed the socket; TimeoutError when none came in time."""
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        if not ready:
+            raise TimeoutError
+        data = self.sock.recv(1 << 16)
+        if not data:
+            self.broken = True
+            return None
+        return dict(json.loads(data))
+
+    def close(self) -> None:
+        self.broken = True
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=_TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            _signal_group(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+class _Forked:
+    """A trial the fork server forked: what run_trial and kill_tree use of ``subprocess.Popen``."""
+
+    def __init__(self, server: _ForkServer, pid: int, stdout: Any):
+        self.server, self.pid, self.stdout = server, pid, stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                self.wait(timeout=0)
+            except subprocess.TimeoutExpired:
+                pass
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                reply = self.server.receive(timeout=left)
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(f"trial {self.pid}", timeout or 0.0) from None
+            if reply is None:  # the server died: wait for the trial's own group to go
+                while _group_alive(self.pid):
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise subprocess.TimeoutExpired(f"trial {self.pid}", timeout or 0.0)
+                    time.sleep(0.05)
+                self.returncode = -signal.SIGKILL
+            elif reply.get("exit") == self.pid:
+                self.returncode = int(reply["code"])
+        return self.returncode
+
+
+_FORK_REPLY_S = 120.0
+"""How long the fork server may take to answer a request: its imports of torch and the workload's modules."""
+_SERVERS: dict[str, _ForkServer] = {}
+
+
+def _fork_trial(spec: TrialSpec, argv: list[str], env: dict[str, str], trial_env: dict[str, str]) -> _Forked | None:
+    """The trial forked by this process's fork server (one per environment and working folder, started when first
+    needed); None for a multi-rank trial, with ``trial.fork_server: false``, or once the server for this
+    environment could not fork (a module it imported initialised CUDA, or it died): the caller then starts a fresh
+    interpreter."""
+    if spec.knobs.ranks > 1 or not (spec.config.get("trial") or {}).get("fork_server", True):
+        return None
+    key = (tuple(sorted(env.items())), os.getcwd())
+    server = _SERVERS.get("server")
+    if server is not None and server.key != key:
+        server.close()
+        server = None
+    if server is None:
+        server = _SERVERS["server"] = _ForkServer(env)
+    return None if server.broken else server.request(argv, trial_env, _preload(spec.config))
+
+
+def _preload(config: dict[str, Any]) -> list[str]:
+    """The modules of the workload's import paths (``module:attr``), for the fork server to import once."""
+    from tunekit.config import Workload
+
+    workload = config.get("workload") or {}
+    names = [f.name for f in dataclasses.fields(Workload) if f.metadata.get("import_path")]
+    paths = [workload.get(n) for n in names]
+    return sorted({p.split(":", 1)[0] for p in paths if isinstance(p, str) and ":" in p})
+
+
+@atexit.register
+def _close_servers() -> None:
+    for server in list(_SERVERS.values()):
+        server.close()
+    _SERVERS.clear()
 
 
 def torchrun_command(launch: dict[str, Any], node_rank: int = 0) -> list[str]:

@@ -1,7 +1,8 @@
 """The trial worker: runs inside the trial's own subprocess, measures, and writes measurement.json.
 
 ``python -m tunekit.worker SPEC_JSON MEASUREMENT_JSON`` (one process, or every rank on the node running the sweep);
-``--follow FOLDER`` (the ranks of another node, ``tunekit node``); ``--release`` (the end of a multi-node sweep).
+``--follow FOLDER`` (the ranks of another node, ``tunekit node``); ``--release`` (the end of a multi-node sweep);
+``--fork-server FD`` (forks single-process trials, see ``_forkserver``).
 Every outcome leaves a measurement file: numbers with status ok, or a status (oom, illegal_access, crashed) and a
 one-line reason. The launcher handles what the worker cannot report itself (timeouts, signals, a missing or
 malformed file).
@@ -87,9 +88,14 @@ def _spec_and_paths(args: list[str], rank: int | None) -> tuple[TrialSpec | None
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    if args[:1] == ["--fork-server"]:  # no watch thread there: the server forks, and forks only its one thread
+        from tunekit.worker._forkserver import serve
+
+        return serve(int(args[1]))
     _die_with_parent()
     rank = _rank()
-    spec, out_path = _spec_and_paths(argv if argv is not None else sys.argv[1:], rank)
+    spec, out_path = _spec_and_paths(args, rank)
     if spec is None:
         return 0
     # rank 0 writes the trial's measurement; a failing rank writes its failure beside it, with the time: the first

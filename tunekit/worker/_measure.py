@@ -420,8 +420,11 @@ class _Setup:
 
 
 def _set_up(spec: TrialSpec) -> _Setup:
-    # Interpreter start plus imports (torch above all): part of every trial's cost, outside its measurement.
-    startup_s = max(0.0, time.time() - psutil.Process().create_time())
+    # Interpreter start plus imports (torch above all), or the fork from the fork server: part of every trial's
+    # cost, outside its measurement; counted from the launcher's clock (a process's create time can be off by a
+    # second in containers).
+    started = os.environ.get("TUNEKIT_STARTED_AT")
+    startup_s = max(0.0, time.time() - (float(started) if started else psutil.Process().create_time()))
     cfg = from_dict(spec.config, check_imports=False)
     torch.manual_seed(0)
     t_init = time.perf_counter()
@@ -548,7 +551,8 @@ def measure(spec: TrialSpec) -> dict[str, Any] | None:
     setup = _set_up(spec)
     device, built, ranks = setup.device, setup.built, setup.ranks
     node_root = os.getppid() if ranks is not None and ranks.local_rank == 0 else None  # torchrun: the node's tree
-    monitor = Monitor(_nvml_sampler(device), node_root=node_root).start()
+    forked_from = int(os.environ.get("TUNEKIT_FORKED_FROM") or 0) or None  # the fork server, when it forked us
+    monitor = Monitor(_nvml_sampler(device), node_root=node_root, forked_from=forked_from).start()
     try:
         got = _measure_windows(spec, setup, monitor)
     finally:

@@ -1,7 +1,8 @@
 """Background sampling inside a trial: host memory of the whole process tree, and NVML on CUDA devices.
 
 One daemon thread samples; the training loop only flips the phase at window edges. Host memory is read as PSS
-(proportional set size) so that pages shared between the main process and forked loader workers count once.
+(proportional set size) so that pages shared between the main process and forked loader workers count once; a trial
+forked by the fork server also counts the server's share of the pages the two still share.
 """
 
 from __future__ import annotations
@@ -39,6 +40,18 @@ def _tree_memory(root: psutil.Process) -> tuple[int, int, int]:
     return pss, rss, n
 
 
+def _shared_share(proc: psutil.Process | None) -> int:
+    """The fork server's share of the pages it still shares with the trial forked from it (its PSS less its USS):
+    PSS splits those pages between the two, and a trial started in a fresh interpreter would hold them alone."""
+    if proc is None:
+        return 0
+    try:
+        info = proc.memory_full_info()
+    except (psutil.Error, OSError):
+        return 0
+    return max(0, getattr(info, "pss", 0) - getattr(info, "uss", 0))
+
+
 @dataclass
 class _Series:
     values: list[float] = field(default_factory=list)
@@ -61,8 +74,9 @@ class Monitor:
     """
 
     def __init__(self, nvml: Any | None, host_period_s: float = 1.0, nvml_period_s: float = 0.2,
-                 node_root: int | None = None):
+                 node_root: int | None = None, forked_from: int | None = None):
         self._nvml = nvml
+        self._server = psutil.Process(forked_from) if forked_from else None
         # a rank of a multi-GPU trial may also sample the node's whole tree (torchrun, every rank, every worker)
         self._node = psutil.Process(node_root) if node_root else None
         self.node_pss_peak = 0
@@ -104,6 +118,7 @@ class Monitor:
 
     def _sample_host(self) -> None:
         pss, rss, n = _tree_memory(self._root)
+        pss += _shared_share(self._server)
         self.host_pss_peak = max(self.host_pss_peak, pss)
         self.host_rss_peak = max(self.host_rss_peak, rss)
         self.max_processes = max(self.max_processes, n)

@@ -1,0 +1,107 @@
+"""The fork server: pays a trial's start-up (the interpreter, ``import torch``, the worker's and the workload's
+modules) once per sweep, then forks a fresh child per single-process trial.
+
+``python -m tunekit.worker --fork-server FD`` serves requests on the SOCK_SEQPACKET socket ``FD``, one at a time.
+A request is a JSON object ``{"argv": [SPEC, MEASUREMENT], "env": {...}, "preload": [module, ...]}`` sent with one
+file descriptor, the write end of the pipe that becomes the trial's stdout and stderr. The server imports the
+preload modules (a failing import is left for the trial to report), then forks; it answers ``{"pid": PID}``, and
+``{"exit": PID, "code": CODE}`` once that child has ended (``CODE`` as ``subprocess.Popen.returncode`` gives it:
+negative for a signal). It answers ``{"unsafe": REASON}`` and exits instead when CUDA was initialised during an
+import: a child forked after that could not use the GPU.
+
+Isolation stays what a fresh interpreter gives: the child starts a session of its own (the launcher kills its whole
+process tree on timeout), takes the launcher's environment, and initialises CUDA itself, after the fork; what one
+trial changes in its modules dies with it. The server holds no thread (forking a threaded process can deadlock the
+child) and ends when the launcher closes its end of the socket, which the kernel also does when the launcher dies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+__all__ = ["serve"]
+
+_MAX_MESSAGE = 1 << 20
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.send(json.dumps(message).encode())
+
+
+def _preload(modules: list[str]) -> None:
+    for name in modules:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the trial imports it again and reports what fails
+            pass
+
+
+def _child(argv: list[str], env: dict[str, str], out_fd: int, sock: socket.socket) -> None:
+    """The trial: a session of its own, the pipe as stdout and stderr, the launcher's environment; never returns."""
+    code = 1
+    try:
+        sock.close()
+        os.setsid()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.close(out_fd)
+        os.environ.clear()
+        os.environ.update(env)
+        os.environ["TUNEKIT_FORKED_FROM"] = str(os.getppid())  # the monitor counts the pages shared with the server
+        from tunekit.worker import main
+
+        code = main(argv)
+    except BaseException:  # noqa: BLE001 - whatever happens, the child never returns into the server's loop
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(fd: int) -> int:
+    sock = socket.socket(fileno=fd)
+    import torch
+
+    import tunekit.worker._measure  # noqa: F401 - the worker's own imports, paid once
+
+    _preload(["torchvision"])
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 1)
+        except OSError:
+            return 0
+        if not data:
+            return 0  # the launcher closed its end (or died)
+        request = json.loads(data)
+        _preload(list(request.get("preload") or []))
+        if torch.cuda.is_initialized():
+            for f in fds:
+                os.close(f)
+            _send(sock, {"unsafe": "a module imported for the trials initialised CUDA; a child forked after that "
+                                   "cannot use the GPU"})
+            return 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(list(request["argv"]), dict(request["env"]), fds[0], sock)
+        for f in fds:
+            os.close(f)
+        _send(sock, {"pid": pid})
+        _, status = os.waitpid(pid, 0)
+        _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
