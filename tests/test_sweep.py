@@ -187,3 +187,32 @@ def test_a_data_bound_knee_moves_to_a_smaller_batch_end_to_end(write_config, tmp
     # batch 8 costs 4x the per-sample compute time of batch 32, yet end to end it is not slower: no "grow the batch"
     assert rec.evidence["diagnosis"] and not any("overhead-bound" in d for d in rec.evidence["diagnosis"])
     assert (tmp_path / "run" / "plots" / "workers.png").exists()
+
+
+def test_user_knobs_the_cheaper_data_setting_is_chosen_and_a_result_changing_one_only_reported(write_config,
+                                                                                                 tmp_path: Path):
+    """search.extra on the known-answer workload, made input-bound (10 ms per sample, a 10 ms step of 8: 4 workers
+    give 400/s against the model's 800/s). A dataset argument that only changes the per-sample cost (2 ms instead of
+    10) lifts the knee to the model's ceiling: it is chosen, and fewer workers are tried with it. A knob declared to
+    change the training result is measured and reported, never chosen."""
+    config = write_config(_knee_config(**{
+        "workload.model_args": {"step_wait_s": 0.01},
+        "search.num_workers": [0, 2, 4], "search.pin_memory": [False],
+        "search.extra": {"workload.dataset_args.sample_wait_s": {"values": [0.01, 0.002], "changes_result": False},
+                         "workload.dataset_args.num_classes": {"values": [10, 5], "changes_result": True}},
+    }))
+    done = _sweep(config, tmp_path / "run")
+    assert done.returncode == 0, done.stderr
+    rec = tunekit.load_recommended(tmp_path / "run" / "recommended.yaml")
+    assert rec.config == {"workload.dataset_args.sample_wait_s": 0.002}  # the cheaper per-sample cost
+    trials = pd.read_csv(tmp_path / "run" / "trials.csv")
+    extra = trials[trials["stage"] == "extra"]
+    assert set(extra["status"]) == {"ok"} and len(extra) >= 3  # each other value at the knee, then fewer workers
+    other = extra[extra["workload.dataset_args.num_classes"] == 5]
+    assert len(other) == 1 and other.iloc[0]["changes_result"] == "workload.dataset_args.num_classes"
+    assert set(trials["workload.dataset_args.sample_wait_s"]) == {0.01, 0.002}
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "## Your knobs" in report and "reported, not chosen" in report
+    assert "`workload.dataset_args.sample_wait_s: 0.002`" in report
+    stored = study_trials(tmp_path / "run")
+    assert {t.params["extra:workload.dataset_args.num_classes"] for t in stored} == {10, 5}

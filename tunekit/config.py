@@ -37,6 +37,8 @@ __all__ = [
     "read_yaml",
     "from_dict",
     "auto_workers",
+    "ExtraKnob",
+    "extra_knobs",
     "cpu_count",
     "set_dotted",
     "max_workers",
@@ -119,6 +121,11 @@ class Search:
     """Effective batch to reach with micro-batch x accumulation steps; null to skip that stage."""
     compile: list[CompileMode] = field(default_factory=lambda: ["none"])
     """torch.compile modes; ``none`` runs eagerly."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Knobs of your own: a ``workload.`` key (dotted, e.g. ``workload.dataset_args.crop``) to
+    ``{values: [...], changes_result: true|false}``. The config's own value at that key (else the first listed) is
+    the baseline; ``changes_result`` says whether a value may change what training learns (a resolution does, a
+    decode device does not): such values are measured and reported, never chosen."""
 
 
 @dataclass(kw_only=True)
@@ -507,6 +514,7 @@ def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
         errors.append(f"{source}: search.num_workers: {max(too_many)} is more than this machine allows ({bound}: "
                       f"{MAX_WORKERS_PER_CPU} per usable CPU, {cpu_count()} usable, and at least "
                       f"{MIN_WORKER_BOUND})")
+    _check_extra(cfg, source, errors)
     if search.target_effective_batch is not None:
         if search.grad_accum != [1]:
             errors.append(
@@ -518,6 +526,65 @@ def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
                 f"{source}: search.target_effective_batch: {search.target_effective_batch} is not a multiple "
                 f"of any search.batch_size ({', '.join(map(str, search.batch_size))})"
             )
+
+
+@dataclass(frozen=True)
+class ExtraKnob:
+    """One user-defined knob of ``search.extra``, validated."""
+
+    key: str
+    values: tuple[Any, ...]
+    changes_result: bool
+    baseline: Any
+    """The config's own value at ``key``, else the first listed: what every other stage runs with."""
+
+
+_EXTRA_KEY = re.compile(r"^workload\.([a-z_]+)(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+
+
+def extra_knobs(cfg: Config) -> list[ExtraKnob]:
+    """``search.extra`` as knobs, sorted by key (validated by :func:`from_dict`)."""
+    raw = cfg.to_dict()
+    return [ExtraKnob(key, tuple(spec["values"]), bool(spec["changes_result"]), _baseline(raw, key, spec["values"]))
+            for key, spec in sorted(cfg.search.extra.items())]
+
+
+def _baseline(raw: dict[str, Any], key: str, values: list[Any]) -> Any:
+    node: Any = raw
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return values[0]
+        node = node[part]
+    return node
+
+
+def _check_extra(cfg: Config, source: str, errors: list[str]) -> None:
+    """search.extra: workload keys, each with a non-empty list of distinct scalar values and changes_result."""
+    scalar = (str, int, float, bool, type(None))
+    fields = {f.name: f for f in dataclasses.fields(Workload)}
+    raw = cfg.to_dict()
+    for key, spec in cfg.search.extra.items():
+        where = f"{source}: search.extra.{key}"
+        m = _EXTRA_KEY.match(key)
+        top = m.group(1) if m else None
+        if m is None or top not in fields or top in ("model", "dataset", "loss", "optimizer") or (
+                m.group(2) and not top.endswith("_args")) or (not m.group(2) and top.endswith("_args")):
+            errors.append(f"{where}: not a knob key; use workload.<name>_args.<argument> (an argument of the model, "
+                          "dataset, loss or optimizer factory) or a workload setting such as workload.precision")
+            continue
+        if not isinstance(spec, dict) or set(spec) != {"values", "changes_result"}:
+            errors.append(f"{where}: expected a mapping with values (a list) and changes_result (true or false), "
+                          f"got {_show(spec) if not isinstance(spec, dict) else sorted(spec)}")
+            continue
+        values, changes = spec["values"], spec["changes_result"]
+        if not isinstance(values, list) or not values or not all(isinstance(v, scalar) for v in values):
+            errors.append(f"{where}.values: expected a non-empty list of strings, numbers, booleans or null")
+        elif len({json.dumps(v) for v in values}) != len(values):
+            errors.append(f"{where}.values: lists a value twice")
+        elif (base := _baseline(raw, key, values)) not in values:
+            errors.append(f"{where}.values: the config's own value {key} = {_show(base)} must be one of them")
+        if not isinstance(changes, bool):
+            errors.append(f"{where}.changes_result: expected true or false, got {_kind(changes)} {_show(changes)}")
 
 
 def _check_import_paths(cfg: Config, source: str) -> list[str]:

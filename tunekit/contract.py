@@ -37,10 +37,15 @@ class Knobs:
     ranks: int = 1
     """Training processes (one per GPU, DDP) the trial runs on, all nodes together; num_workers and prefetch_factor
     are per rank. 1 is a single process without torch.distributed."""
+    extra: tuple[tuple[str, Any], ...] = ()
+    """The user-defined knobs (``search.extra``) set to other values than their baseline, as sorted
+    ``(config key, value)`` pairs; () runs every one at its baseline."""
 
     def __post_init__(self) -> None:
         if self.num_workers == 0 and self.prefetch_factor is not None:
             object.__setattr__(self, "prefetch_factor", None)
+        pairs = self.extra.items() if isinstance(self.extra, dict) else self.extra  # JSON gives lists of lists
+        object.__setattr__(self, "extra", tuple(sorted((str(k), v) for k, v in pairs)))
 
     @property
     def non_blocking(self) -> bool:
@@ -67,13 +72,25 @@ class Knobs:
             parts.append(f"accumulation {self.grad_accum}")
         if self.compile != "none":
             parts.append(f"compile {self.compile}")
+        parts.extend(f"{key.removeprefix('workload.')}={value}" for key, value in self.extra)
         return ", ".join(parts)
 
+    def with_extra(self, key: str, value: Any, baseline: Any) -> Knobs:
+        """These knobs with one user-defined knob set (dropped from ``extra`` at its baseline)."""
+        pairs = {k: v for k, v in self.extra if k != key}
+        if value != baseline:
+            pairs[key] = value
+        return dataclasses.replace(self, extra=tuple(pairs.items()))
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The knobs as plain data (``extra`` as a mapping of config key to value), for JSON, YAML and optuna."""
+        data = dataclasses.asdict(self)
+        data["extra"] = dict(self.extra)
+        return data
 
 
-KNOB_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Knobs))
+KNOB_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Knobs) if f.name != "extra")
+"""The built-in knobs (``tunekit trial --set``); a user-defined knob is set by its config key."""
 
 
 @dataclass(kw_only=True)

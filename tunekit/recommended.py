@@ -36,6 +36,9 @@ class Recommended:
     evidence: dict[str, Any] = field(default_factory=dict)
     ranks: int = 1
     """DDP ranks (one per GPU) the settings were measured with; the DataLoader settings are per rank."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """User-defined knobs (search.extra) the recommendation sets away from their baseline: config key to value
+    (e.g. ``workload.dataset_args.decode: gpu``), to set in your own job the same way."""
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.utils.data.DataLoader`` (prefetch/persistence only with workers)."""
@@ -134,6 +137,7 @@ def recommendation_dict(knobs: dict[str, Any], evidence: dict[str, Any]) -> dict
             "compile": str(knobs.get("compile", "none")),
             **({"ranks": ranks} if ranks > 1 else {}),  # the dataloader block is then per rank
         },
+        **({"config": dict(knobs["extra"])} if knobs.get("extra") else {}),  # user-defined knobs to set
         "evidence": evidence,
     }
 
@@ -159,7 +163,7 @@ def load_recommended(path: str | os.PathLike[str]) -> Recommended:
             persistent_workers=bool(dl.get("persistent_workers", False)),
             non_blocking=bool(tr.get("non_blocking", dl["pin_memory"])), grad_accum=int(tr.get("grad_accum", 1)),
             compile=str(tr.get("compile", "none")), evidence=dict(data.get("evidence") or {}),
-            ranks=_count(tr, "ranks", 1) if "ranks" in tr else 1,
+            ranks=_count(tr, "ranks", 1) if "ranks" in tr else 1, config=dict(data.get("config") or {}),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError([f"{label}: not a tunekit recommendation: missing or bad key {exc}"]) from None

@@ -45,7 +45,7 @@ class TrialRow:
     @property
     def key(self) -> tuple[Any, ...]:
         """What makes two trials the same trial: stage, mode and knobs."""
-        return (self.stage, self.mode, *self.knobs.to_dict().values())
+        return (self.stage, self.mode, self.knobs)
 
     def figure(self, name: str, default: float | None = None) -> float | None:
         """A numeric field of the measurement as a float (``default`` when it is missing or null)."""

@@ -24,6 +24,7 @@ from tunekit.records import TrialRow
 
 __all__ = [
     "KNEE_STAGES", "MIN_POINTS", "NEAR_CEILING", "OVERHEAD_RATIO", "STARVED_WAIT", "NO_WAIT", "STREAM_FULL", "NOISY_CV",
+    "changes_result",
     "CPU_SATURATED", "CPU_BUSY", "WORKER_WAITING", "MEMORY_WALL_MARGIN", "HOST_MEMORY_WARN", "SHM_WARN",
     "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "stops_batch_growth", "run_noise", "band", "needed", "trial_margin",
     "can_reach", "knee_stages", "of_ceiling", "SYNC_SHARE", "SCALING_HEALTHY", "scaling_efficiency",
@@ -33,7 +34,7 @@ __all__ = [
 
 # --- selection -----------------------------------------------------------------------------------------------
 
-KNEE_STAGES: tuple[str, ...] = ("end_to_end", "prefetch", "batch", "compile", "accumulation", "grid")
+KNEE_STAGES: tuple[str, ...] = ("end_to_end", "prefetch", "batch", "compile", "extra", "accumulation", "grid")
 """The stages whose trials run end to end and may be chosen as the knee, in the order the staged plan runs them."""
 
 MIN_POINTS = 2
@@ -43,6 +44,12 @@ MIN_POINTS = 2
 def knee_stages(before: str | None = None) -> tuple[str, ...]:
     """The knee stages that run before ``before`` (all of them for None): the trials a stage refines."""
     return KNEE_STAGES if before is None else KNEE_STAGES[: KNEE_STAGES.index(before)]
+
+
+def changes_result(row: TrialRow) -> bool:
+    """Whether the trial set a user-defined knob whose values may change what training learns (``search.extra``,
+    ``changes_result: true``) away from its baseline: it is measured and reported, never chosen."""
+    return bool(row.measurement.get("changes_result"))
 
 
 def fits(row: TrialRow, selection: Selection) -> bool:

@@ -33,7 +33,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tunekit import __version__
-from tunekit.config import COMPILE_MODES, Config
+from tunekit.config import COMPILE_MODES, Config, extra_knobs
 from tunekit.contract import Knobs
 from tunekit.errors import StorageError, UsageError
 from tunekit.records import TrialRow
@@ -103,7 +103,19 @@ def _choices(cfg: Config) -> dict[str, tuple[Any, ...]]:
         "grad_accum": tuple(sorted(accum)),
         "compile": COMPILE_MODES,
         "ranks": tuple(sorted({1, cfg.launch.world})),
+        **{_EXTRA_PARAM + k.key: k.values for k in extra_knobs(cfg)},
     }
+
+
+_EXTRA_PARAM = "extra:"
+"""Prefix of a user-defined knob's optuna parameter (its config key follows)."""
+
+
+def _params(cfg: Config, knobs: Knobs) -> dict[str, Any]:
+    """The trial's optuna parameters: the built-in knobs, and each user-defined knob at its value."""
+    data = knobs.to_dict()
+    set_extra = data.pop("extra")
+    return {**data, **{_EXTRA_PARAM + k.key: set_extra.get(k.key, k.baseline) for k in extra_knobs(cfg)}}
 
 
 class RunStore:
@@ -131,7 +143,7 @@ class RunStore:
         """Ask for a trial with exactly these knobs, tagged with its number, stage and mode; it is RUNNING."""
         study = self._study_for(mode)
         number = self.next_number()
-        knobs = Knobs(**knobs).to_dict()  # every knob, the defaults of those not given included
+        knobs = _params(cfg, Knobs(**knobs))  # every knob, the defaults of those not given included
         study.enqueue_trial(knobs, user_attrs={"number": number, "stage": stage, "mode": mode},
                             skip_if_exists=False)
         trial = study.ask()

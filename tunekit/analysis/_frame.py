@@ -2,22 +2,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunekit.contract import Knobs
+from tunekit.contract import KNOB_NAMES
 from tunekit.records import TrialRow
 
 _SCALAR_TYPES = (int, float, str, bool, type(None))
 
 
-def trials_frame(rows: list[TrialRow], extra: dict[int, dict[str, Any]] | None = None) -> Any:
-    """A tidy pandas DataFrame, one row per trial: stage, mode, every knob, status, reason, every scalar field of
-    the measurement, and any ``extra`` columns given per trial number (verdicts, cost)."""
+def trials_frame(rows: list[TrialRow], extra: dict[int, dict[str, Any]] | None = None,
+                 user_knobs: dict[str, Any] | None = None) -> Any:
+    """A tidy pandas DataFrame, one row per trial: stage, mode, every knob (each user-defined knob of
+    ``user_knobs``, config key to baseline, in a column named by its key), status, reason, every scalar field of the
+    measurement, and any ``extra`` columns given per trial number (verdicts, cost)."""
     import pandas as pd
 
     records = []
     for row in sorted(rows, key=lambda r: r.number):
-        rec: dict[str, Any] = {"number": row.number, "stage": row.stage, "mode": row.mode,
-                               **row.knobs.to_dict(), "non_blocking": row.knobs.non_blocking,
-                               "status": row.status, "reason": row.reason}
+        knobs = row.knobs.to_dict()
+        chosen = knobs.pop("extra")
+        rec: dict[str, Any] = {"number": row.number, "stage": row.stage, "mode": row.mode, **knobs,
+                               **{key: chosen.get(key, base) for key, base in (user_knobs or {}).items()},
+                               "non_blocking": row.knobs.non_blocking, "status": row.status, "reason": row.reason}
         for key, value in row.measurement.items():
             if key in rec or key == "params":
                 continue
@@ -25,9 +29,11 @@ def trials_frame(rows: list[TrialRow], extra: dict[int, dict[str, Any]] | None =
                 rec[key] = value
             elif key == "samples_per_s_windows":
                 rec[key] = " ".join(f"{v:.2f}" for v in value)
+            elif key == "changes_result":  # the user-defined knobs set that may change the training result
+                rec[key] = " ".join(value) or None
         rec.update((extra or {}).get(row.number, {}))
         records.append(rec)
-    columns = ["number", "stage", "mode", *Knobs.__dataclass_fields__, "non_blocking", "status", "reason"]
+    columns = ["number", "stage", "mode", *KNOB_NAMES, *(user_knobs or {}), "non_blocking", "status", "reason"]
     frame = pd.DataFrame.from_records(records) if records else pd.DataFrame(columns=columns)  # a header, at least
     if "prefetch_factor" in frame:
         frame["prefetch_factor"] = frame["prefetch_factor"].astype("Int64")  # integers with gaps, not floats

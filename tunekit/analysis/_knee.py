@@ -67,7 +67,7 @@ def select(cfg: Config, rows: list[TrialRow]) -> Choice:
     """The run's recommendation: the knee over the knee stages; with ``search.target_effective_batch``, only among
     trials that reach that effective batch, the accumulation stage deciding when it ran."""
     target = cfg.search.target_effective_batch
-    candidates = [r for r in rows if r.stage in rules.KNEE_STAGES]
+    candidates = [r for r in rows if r.stage in rules.KNEE_STAGES and not rules.changes_result(r)]
     if not target:
         return select_knee(candidates, cfg.selection)
     accumulation = [r for r in rows if r.stage == "accumulation" and r.ok and rules.fits(r, cfg.selection)]

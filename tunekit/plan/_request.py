@@ -20,7 +20,7 @@ class Request:
 
     @property
     def key(self) -> tuple[Any, ...]:
-        return (self.stage, self.mode, *self.knobs.to_dict().values())
+        return (self.stage, self.mode, self.knobs)
 
     def skipped(self, reason: str) -> Request:
         return Request(self.stage, self.mode, self.knobs, skip=reason)

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 from tunekit import rules
 from tunekit.analysis import choose_batch, select_knee
-from tunekit.config import Config
+from tunekit.config import Config, extra_knobs
 from tunekit.contract import Knobs
 from tunekit.plan._request import Request, base_knobs, pending, pins
 from tunekit.records import TrialRow
@@ -39,7 +39,8 @@ class _Sweep:
         """The knee of the knee stages that run before ``before`` (of all of them for None; the best config while
         there is no knee yet: a single config can still be refined)."""
         if before not in self._knees:
-            found = select_knee(self.done(*rules.knee_stages(before)), self.selection)
+            found = select_knee([r for r in self.done(*rules.knee_stages(before)) if not rules.changes_result(r)],
+                                self.selection)
             self._knees[before] = found.knee or found.best
         return self._knees[before]
 
@@ -296,6 +297,50 @@ def _compile(s: _Sweep) -> list[Request] | None:
     return left
 
 
+def _extra(s: _Sweep) -> list[Request] | None:
+    """The user-defined knobs (search.extra) at the knee, one at a time, each value other than its baseline, when
+    the knee is input-bound (skipped with the evidence otherwise: a knob of the pipeline cannot speed up a model
+    that is the bound). Then, when a value that keeps the training result beats the knee, its config with fewer
+    workers, descending, until one falls out of the band (a faster pipeline may need fewer of them)."""
+    knobs = extra_knobs(s.cfg)
+    knee = s.knee("extra")
+    if not knobs or knee is None:
+        return [] if not knobs else None
+    tries = [Request("extra", "train", knee.knobs.with_extra(k.key, v, k.baseline))
+             for k in knobs for v in k.values if v != dict(knee.knobs.extra).get(k.key, k.baseline)]
+    left = pending(tries, s.rows)
+    ceiling = _compute_at(s, knee.knobs.batch_size)
+    if left and not rules.input_bound(knee, ceiling):
+        share = rules.of_ceiling(knee, ceiling)
+        where = f"{share:.0%} of its compute ceiling" if share is not None else "without a compute ceiling"
+        return [left[0].skipped(f"the knee (trial {knee.number}) runs at {where}: the input pipeline is not the "
+                                "bound, so a knob of the pipeline cannot make it faster")]
+    if left:
+        return left[:1]
+    return _fewer_workers(s, knee, [s.find(r) for r in tries])
+
+
+def _fewer_workers(s: _Sweep, knee: TrialRow, tried: list[TrialRow | None]) -> list[Request]:
+    """The fastest user-knob trial that keeps the training result and beats the knee, with fewer workers,
+    descending, until a count falls out of the band of the best."""
+    faster = [r for r in tried if r is not None and r.ok and not rules.changes_result(r) and r.rate > knee.rate
+              and rules.fits(r, s.selection)]
+    if not faster:
+        return []
+    top = max(faster, key=lambda r: r.rate)
+    fitting = [r for r in s.done(*rules.knee_stages()) if r.ok and rules.fits(r, s.selection)
+               and not rules.changes_result(r)]
+    target = rules.needed(max(fitting, key=lambda r: r.rate), rules.band(fitting, s.selection))
+    for w in sorted((c for c in s.search.num_workers if c < top.knobs.num_workers), reverse=True):
+        req = Request("extra", "train", Knobs(**{**top.knobs.to_dict(), "num_workers": w}))
+        row = s.find(req)
+        if row is None:
+            return [req]
+        if not row.ok or row.rate < target:
+            return []
+    return []
+
+
 def _accumulation(s: _Sweep) -> list[Request] | None:
     """Micro-batch x steps pairs that reach target_effective_batch, at the knee's loader settings."""
     target = s.search.target_effective_batch
@@ -318,7 +363,8 @@ def _scaling(s: _Sweep) -> list[Request] | None:
 
 STAGES: tuple[tuple[str, Stage], ...] = (
     ("compute", _compute), ("loader", _loader), ("end_to_end", _end_to_end), ("prefetch", _prefetch),
-    ("batch", _smaller_batches), ("compile", _compile), ("accumulation", _accumulation), ("scaling", _scaling),
+    ("batch", _smaller_batches), ("compile", _compile), ("extra", _extra), ("accumulation", _accumulation),
+    ("scaling", _scaling),
 )
 
 
@@ -344,6 +390,7 @@ def estimate_staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> int:
     n_loader = 1 + max(0, counts - 1).bit_length()  # the most workers, then a bisection at worst
     n_e2e = 1 + min(3, len(s.num_workers)) * len(pins(cfg, cuda))  # the defaults; the start, one up, one down
     total = n_compute + n_loader + n_e2e + (len(s.prefetch_factor) - 1) + (len(s.compile) - 1)
+    total += sum(len(k.values) - 1 for k in extra_knobs(cfg))  # one trial per other value, at the knee
     total += 1 if cfg.launch.world > 1 else 0  # the knee on one GPU: the scaling efficiency
     if s.target_effective_batch:
         total += sum(1 for b in s.batch_size if s.target_effective_batch % b == 0)

@@ -15,7 +15,7 @@ def report_md(s: RunSummary, plots: list[PlotResult], env: dict[str, Any]) -> st
            f"{s.device or 'unknown device'}, {s.date}.", ""]
     if s.stop_reason:
         out += [f"Stopped early: {s.stop_reason}", ""]
-    out += ["## Recommendation", "", *_recommendation(s), "## Diagnosis", "", *_diagnosis(s)]
+    out += ["## Recommendation", "", *_recommendation(s), *_user_knobs(s), "## Diagnosis", "", *_diagnosis(s)]
     out += ["## Plots", "", *_plots(plots), "## Environment", "", *_environment(env), *_trials(s)]
     return "\n".join(out) + "\n"
 
@@ -43,6 +43,38 @@ def _recommendation(s: RunSummary) -> list[str]:
     if u != "samples" and per_batch:
         out += [f"Mean {u} per batch at the knee: {per_batch:,.1f} (batch {k.knobs.batch_size}).", ""]
     return out + _ranks(s, k) + _ceilings(s.rows, k, u)
+
+
+def _user_knobs(s: RunSummary) -> list[str]:
+    """The user-defined knobs: each value's best trial side by side, the result-changing ones marked as not
+    chosen, and which config keys the recommendation sets."""
+    if not s.extra_knobs:
+        return []
+    u, knee = s.unit, s.choice.knee
+    out = ["## Your knobs", "", f"| config key | value | changes the training result | best trial | {u}/s | "
+           "workers | note |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for knob in s.extra_knobs:
+        for value in knob.values:
+            runs = [r for r in s.rows if r.ok and r.mode == "train" and r.stage != "scaling"
+                    and dict(r.knobs.extra).get(knob.key, knob.baseline) == value]
+            best = max(runs, key=lambda r: r.rate) if runs else None
+            note = "baseline" if value == knob.baseline else ""
+            if knob.changes_result and value != knob.baseline:
+                note = "reported, not chosen: it changes what training learns; the choice is yours"
+            if knee is not None and best is not None and best.number == knee.number:
+                note = "the recommendation" + (f"; {note}" if note else "")
+            out.append(f"| `{knob.key}` | `{value}` | {'yes' if knob.changes_result else 'no'} | "
+                       f"{best.number if best else '—'} | {fmt(best.rate if best else None)} | "
+                       f"{best.knobs.num_workers if best else '—'} | {note} |")
+    out.append("")
+    if knee is not None and knee.knobs.extra:
+        sets = ", ".join(f"`{k}: {v}`" for k, v in knee.knobs.extra)
+        out += [f"The recommendation sets {sets} (recommended.yaml's `config:` section): set the same in your job.",
+                ""]
+    skipped = [r for r in s.rows if r.stage == "extra" and r.status == "skipped"]
+    if skipped:
+        out += [f"Skipped: {skipped[0].reason}.", ""]
+    return out
 
 
 def _ranks(s: RunSummary, k: TrialRow) -> list[str]:

@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 from tunekit import rules
 from tunekit.analysis import Choice, defaults_trial, select, single_gpu_twin
-from tunekit.config import Config
+from tunekit.config import Config, ExtraKnob, extra_knobs
 from tunekit.diagnosis import Verdict, run_verdicts, trial_verdicts
 from tunekit.records import TrialRow
 
@@ -42,6 +42,8 @@ class RunSummary:
     per_hour: float | None = None
     warnings: tuple[str, ...] = ()
     scaling: Scaling | None = None
+    extra_knobs: tuple[ExtraKnob, ...] = ()
+    """The user-defined knobs of search.extra."""
 
     @property
     def failed(self) -> int:
@@ -78,7 +80,7 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
         min_headroom=cfg.selection.min_headroom, unit=cfg.workload.unit, stop_reason=stop_reason,
         verdicts=tuple(run_verdicts(rows, choice.knee, per_trial, cfg.selection, env)),
         trial_verdicts=per_trial, per_hour=cfg.cost.per_hour, warnings=tuple(warnings),
-        scaling=_scaling(rows, choice.knee),
+        scaling=_scaling(rows, choice.knee), extra_knobs=tuple(extra_knobs(cfg)),
     )
 
 

@@ -23,7 +23,7 @@ def trials_csv(s: RunSummary) -> str:
                         if r.number in verdicts else None,
                         "samples_per_dollar": s.per_money(rate_or_none(r))} for r in s.rows}
     buf = io.StringIO()
-    trials_frame(list(s.rows), extra).to_csv(buf, index=False)
+    trials_frame(list(s.rows), extra, {k.key: k.baseline for k in s.extra_knobs}).to_csv(buf, index=False)
     return buf.getvalue()
 
 

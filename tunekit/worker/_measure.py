@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import platform
 import statistics
@@ -25,7 +26,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from tunekit import __version__, rules
-from tunekit.config import Config, cpu_count, from_dict
+from tunekit.config import Config, cpu_count, extra_knobs, from_dict, set_dotted
 from tunekit.contract import Knobs, TrialSpec
 from tunekit.worker import _dist
 from tunekit.worker._build import Built, build, make_loader, pick_device, to_device
@@ -425,7 +426,7 @@ def _set_up(spec: TrialSpec) -> _Setup:
     # second in containers).
     started = os.environ.get("TUNEKIT_STARTED_AT")
     startup_s = max(0.0, time.time() - (float(started) if started else psutil.Process().create_time()))
-    cfg = from_dict(spec.config, check_imports=False)
+    cfg = _trial_config(spec)
     torch.manual_seed(0)
     t_init = time.perf_counter()
     ranks, device_name = None, cfg.device
@@ -441,6 +442,20 @@ def _set_up(spec: TrialSpec) -> _Setup:
     knobs = replace(spec.knobs, num_workers=0) if spec.mode == "compute" else spec.knobs
     loader = make_loader(built.dataset, knobs, device, cfg, None if ranks is None else (ranks.rank, ranks.world))
     return _Setup(cfg, device, built, knobs, loader, startup_s, cuda_init_s, ranks)
+
+
+def _trial_config(spec: TrialSpec) -> Config:
+    """The config this trial runs: every user-defined knob (search.extra) set, at the trial's value or its
+    baseline."""
+    cfg = from_dict(spec.config, check_imports=False)
+    knobs = extra_knobs(cfg)
+    if not knobs:
+        return cfg
+    raw = copy.deepcopy(spec.config)
+    chosen = dict(spec.knobs.extra)
+    for knob in knobs:
+        set_dotted(raw, knob.key, chosen.get(knob.key, knob.baseline))
+    return from_dict(raw, check_imports=False)
 
 
 @dataclass
@@ -567,6 +582,9 @@ def measure(spec: TrialSpec) -> dict[str, Any] | None:
         "stage": spec.stage,
         "mode": spec.mode,
         "params": {**spec.knobs.to_dict(), "non_blocking": spec.knobs.non_blocking},
+        # the user-defined knobs set away from their baseline that may change what training learns
+        "changes_result": sorted(k.key for k in extra_knobs(setup.cfg)
+                                 if k.changes_result and k.key in dict(spec.knobs.extra)),
         **result,
         **warm,
         "startup_s": setup.startup_s,
