@@ -160,3 +160,24 @@ def test_config_loading_never_imports_torch(write_config):
     code = f"import sys, tunekit.config as c; c.load({str(path)!r}); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_user_knobs_are_validated_one_line_each(write_config):
+    def extra(spec: dict) -> list[str]:
+        return _problems(write_config, sleepy_config(**{"search.extra": spec}))
+
+    (line,) = extra({"search.num_workers": {"values": [1], "changes_result": False}})
+    assert "search.extra.search.num_workers: not a knob key" in line
+    (line,) = extra({"workload.dataset_args.crop": [160, 224]})
+    assert "expected a mapping with values (a list) and changes_result" in line
+    (line,) = extra({"workload.dataset_args.sample_wait_s": {"values": [0.001, 0.002], "changes_result": False}})
+    assert "the config's own value workload.dataset_args.sample_wait_s = 0.005 must be one of them" in line
+    (line,) = extra({"workload.dataset_args.crop": {"values": [160, 160], "changes_result": True}})
+    assert "lists a value twice" in line
+    (line,) = extra({"workload.dataset_args.crop": {"values": [160], "changes_result": "yes"}})
+    assert "changes_result: expected true or false" in line
+    cfg = config.from_dict(sleepy_config(**{"search.extra": {
+        "workload.dataset_args.crop": {"values": [224, 160], "changes_result": True},
+        "workload.precision": {"values": ["bf16", "fp32"], "changes_result": False}}}))
+    knobs = config.extra_knobs(cfg)
+    assert [(k.key, k.baseline) for k in knobs] == [("workload.dataset_args.crop", 224), ("workload.precision", "fp32")]
