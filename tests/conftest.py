@@ -35,11 +35,12 @@ def measurement(number: int, stage: str, mode: str, rate: float | None, *, statu
                 batch_size: int = 64, grad_accum: int = 1, compile: str = "none", ranks: int = 1,
                 **extra: Any) -> dict[str, Any]:
     """A measurement.json as a trial writes it, for analysis, plan, diagnosis and plot tests. A quiet trial by
-    default (1 % window noise, half the memory free, 30 % of 16 CPUs, no data wait); ``extra`` sets any field."""
+    default (1 % window noise, half the memory free, 30 % of 16 CPUs, no data wait); ``extra`` sets any field, but a
+    mapping under ``extra`` is the trial's user-defined knobs (``Knobs.to_dict()`` passes them so)."""
     ok = status == "ok"
     params = {"num_workers": num_workers, "prefetch_factor": (prefetch_factor or 2) if num_workers else None,
               "pin_memory": pin_memory, "batch_size": batch_size, "grad_accum": grad_accum, "compile": compile,
-              "ranks": ranks}
+              "ranks": ranks, "extra": extra.pop("extra", None) or {}}
     base: dict[str, Any] = {
         "number": number, "stage": stage, "mode": mode, "status": status, "reason": "" if ok else status,
         "params": params, "samples_per_s": rate if ok else None, "noise_cv": 0.01, "headroom": 0.5,

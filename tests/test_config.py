@@ -181,3 +181,12 @@ def test_user_knobs_are_validated_one_line_each(write_config):
         "workload.precision": {"values": ["bf16", "fp32"], "changes_result": False}}}))
     knobs = config.extra_knobs(cfg)
     assert [(k.key, k.baseline) for k in knobs] == [("workload.dataset_args.crop", 224), ("workload.precision", "fp32")]
+
+
+def test_gpu_decode_on_a_cpu_device_is_a_config_error(write_config):
+    images = {"workload.dataset": "tunekit.workloads.images:synthetic_jpeg", "workload.dataset_args": {}}
+    (line,) = _problems(write_config, sleepy_config(**images, **{"workload.dataset_args.decode": "gpu"}))
+    assert "workload.dataset_args.decode: gpu decodes on the CUDA device, but device is cpu" in line
+    (line,) = _problems(write_config, sleepy_config(**images, **{"search.extra": {
+        "workload.dataset_args.decode": {"values": ["cpu", "gpu"], "changes_result": False}}}))
+    assert line.startswith(str(Path(line.split(":")[0]))) and "search.extra.workload.dataset_args.decode: gpu" in line

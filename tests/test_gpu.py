@@ -91,3 +91,19 @@ def test_cuda_trials_forked_by_the_fork_server_and_its_refusal(tmp_path: Path):
                      knobs=Knobs(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=64))
     fresh = run_trial(spec, tmp_path / "fresh", 120)
     assert fresh["status"] == "ok" and fresh["started_by"] == "interpreter", fresh
+
+
+def test_jpegs_decoded_and_augmented_on_the_gpu(tmp_path: Path):
+    """decode: gpu: the workers read bytes, the step decodes and augments the batch on the device; the trial
+    measures end to end, and the compute ceiling stages an already decoded batch."""
+    cfg = _cnn_config()
+    cfg["workload"]["dataset"] = "tunekit.workloads.images:synthetic_jpeg"
+    cfg["workload"]["dataset_args"] = {"num_images": 256, "crop": 64, "width": 160, "height": 120, "decode": "gpu",
+                                       "num_classes": 10, "cache_dir": str(tmp_path / "cache")}
+    resolved = config.from_dict(cfg).to_dict()
+    for number, (mode, workers) in enumerate([("train", 2), ("compute", 0)]):
+        knobs = Knobs(num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=True, batch_size=64)
+        m = run_trial(TrialSpec(number=number, stage="test", mode=mode, config=resolved, knobs=knobs),
+                      tmp_path / mode, 300)
+        assert m["status"] == "ok", m
+        assert m["samples_per_s"] > 0 and 0 < m["gpu_busy_frac"] <= 1

@@ -303,3 +303,42 @@ def test_a_trial_needs_the_band_of_the_best_so_far_and_ceilings_need_nothing():
     assert plan.needed_rate(cfg, rows, plan.Request("loader", "loader", e2e.knobs)) is None
     assert plan.needed_rate(cfg, rows, plan.Request("end_to_end", "train", Knobs(batch_size=8))) is None  # defaults
     assert plan.needed_rate(cfg, rows, plan.Request("scaling", "train", e2e.knobs)) is None
+
+
+def test_user_knobs_run_at_an_input_bound_knee_and_are_skipped_at_a_compute_bound_one():
+    extra = {"workload.dataset_args.sample_wait_s": {"values": [0.005, 0.001], "changes_result": False}}
+    cfg = _cfg(**{"search.num_workers": [0, 8], "search.batch_size": [8], "search.pin_memory": [False],
+                  "search.compile": ["none"], "search.prefetch_factor": [2], "search.extra": extra})
+    base = [_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 900, num_workers=8),
+            _m(5, "loader", "loader", 60), _m(2, "end_to_end", "train", 80)]
+    bound = rows_from_measurements([*base, _m(3, "end_to_end", "train", 390, num_workers=8)])
+    (req,) = plan.next_requests(cfg, bound, strategy="staged", cuda=False)
+    assert req.stage == "extra" and req.skip and "the input pipeline is not the bound" in req.skip
+    starved = rows_from_measurements([*base, _m(3, "end_to_end", "train", 200, num_workers=8,
+                                                data_wait_frac=0.5)])
+    (req,) = plan.next_requests(cfg, starved, strategy="staged", cuda=False)
+    assert req.stage == "extra" and req.skip is None
+    assert dict(req.knobs.extra) == {"workload.dataset_args.sample_wait_s": 0.001} and req.knobs.num_workers == 8
+    faster = starved + rows_from_measurements([_m(4, "extra", "train", 395, num_workers=8,
+                                                  extra=dict(req.knobs.extra))])
+    (fewer,) = plan.next_requests(cfg, faster, strategy="staged", cuda=False)
+    assert (fewer.stage, fewer.knobs.num_workers, fewer.knobs.extra) == ("extra", 0, req.knobs.extra)
+
+
+def test_a_count_without_its_own_loader_ceiling_is_bounded_by_the_next_count_measured_above():
+    cfg = _cfg(**{"search.num_workers": [0, 2, 4, 8], "search.batch_size": [8], "search.pin_memory": [False],
+                  "search.compile": ["none"], "search.prefetch_factor": [2]})
+    rows = rows_from_measurements([_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 150, num_workers=4),
+                                   _m(2, "end_to_end", "train", 400, num_workers=8)])
+    req = _maybe_skip(plan.Request("end_to_end", "train", rows[0].knobs.__class__(
+        num_workers=2, prefetch_factor=2, batch_size=8)), rows, cfg)
+    assert req.skip and "150.0 samples/s at 4 workers, more than 2 (trial 1)" in req.skip
+
+
+def test_a_failed_loader_at_the_most_workers_hands_the_bisection_to_the_next_count():
+    cfg = _cfg(**{"search.num_workers": [0, 2, 4, 8], "search.batch_size": [8], "search.pin_memory": [False],
+                  "search.compile": ["none"], "search.prefetch_factor": [2]})
+    rows = rows_from_measurements([_m(0, "compute", "compute", 400),
+                                   _m(1, "loader", "loader", None, status="oom", num_workers=8)])
+    (req,) = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert (req.stage, req.knobs.num_workers, req.skip) == ("loader", 4, None)

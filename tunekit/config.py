@@ -515,6 +515,7 @@ def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
                       f"{MAX_WORKERS_PER_CPU} per usable CPU, {cpu_count()} usable, and at least "
                       f"{MIN_WORKER_BOUND})")
     _check_extra(cfg, source, errors)
+    _check_gpu_decode(cfg, source, errors)
     if search.target_effective_batch is not None:
         if search.grad_accum != [1]:
             errors.append(
@@ -585,6 +586,18 @@ def _check_extra(cfg: Config, source: str, errors: list[str]) -> None:
             errors.append(f"{where}.values: the config's own value {key} = {_show(base)} must be one of them")
         if not isinstance(changes, bool):
             errors.append(f"{where}.changes_result: expected true or false, got {_kind(changes)} {_show(changes)}")
+
+
+def _check_gpu_decode(cfg: Config, source: str, errors: list[str]) -> None:
+    """The built-in image pipelines decode on the GPU with ``decode: gpu``: not on a CPU device."""
+    if cfg.device != "cpu" or not cfg.workload.dataset.startswith("tunekit.workloads.images:"):
+        return
+    key = "workload.dataset_args.decode"
+    listed = (cfg.search.extra.get(key) or {}).get("values") or []
+    if cfg.workload.dataset_args.get("decode") == "gpu" or "gpu" in listed:
+        where = f"search.extra.{key}" if "gpu" in listed else "workload.dataset_args.decode"
+        errors.append(f"{source}: {where}: gpu decodes on the CUDA device, but device is cpu; choose cpu, or run on a "
+                      "GPU (device: auto or cuda)")
 
 
 def _check_import_paths(cfg: Config, source: str) -> list[str]:

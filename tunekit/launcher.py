@@ -157,12 +157,20 @@ class _ForkServer:
     def request(self, argv: list[str], env: dict[str, str], preload: list[str]) -> _Forked | None:
         """Fork one trial; None when the server cannot (then it is not asked again)."""
         read_end, write_end = os.pipe()
+        reply: dict[str, Any] | None = None
         try:
             socket.send_fds(self.sock, [json.dumps({"argv": argv, "env": env, "preload": preload}).encode()],
                             [write_end])
-            reply = self.receive(timeout=_FORK_REPLY_S)
-        except OSError:
+            while reply is None or "exit" in reply:  # an earlier trial's exit, unread after an interrupt
+                reply = self.receive(timeout=_FORK_REPLY_S)
+                if reply is None:
+                    break
+        except (OSError, TimeoutError):
             reply = None
+        except BaseException:  # interrupted before the pid came: the server goes, and its child with it
+            os.close(read_end)
+            self.close()
+            raise
         finally:
             os.close(write_end)
         if not reply or "pid" not in reply:

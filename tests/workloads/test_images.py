@@ -198,3 +198,23 @@ def test_image_folder_missing_or_empty(tmp_path: Path) -> None:
     (empty / "cls").mkdir()
     with pytest.raises(FileNotFoundError, match=re.escape(str(empty))):
         image_folder(str(empty))
+
+
+def test_decode_on_the_gpu_leaves_the_workers_only_the_bytes(tmp_path: Path) -> None:
+    """decode: gpu: the dataset yields a JPEG's bytes (what a worker reads), its collate keeps them a list, and
+    moving a batch to a CPU device is refused in one clear line (the GPU path itself is tests/test_gpu.py's)."""
+    ds = synthetic_jpeg(num_images=4, crop=32, decode="gpu", cache_dir=str(tmp_path), **SMALL)
+    data, label = ds[1]
+    assert data.dtype == torch.uint8 and data.dim() == 1 and label == 1
+    assert bytes(data[:2].tolist()) == b"\xff\xd8"  # a JPEG's start-of-image marker: not decoded
+    batch = next(iter(DataLoader(ds, batch_size=3, num_workers=2, collate_fn=ds.collate_fn)))
+    assert isinstance(batch[0], list) and len(batch[0]) == 3 and batch[1].tolist() == [0, 1, 2]
+
+    class Cpu:
+        device = torch.device("cpu")
+
+    with pytest.raises(RuntimeError, match="decode: gpu decodes on a CUDA device, but this trial runs on cpu"):
+        ds.batch_to_device(batch, Cpu(), non_blocking=False)
+    with pytest.raises(ValueError, match="decode must be one of cpu, gpu"):
+        synthetic_jpeg(num_images=4, decode="npu", cache_dir=str(tmp_path), **SMALL)
+    assert not hasattr(synthetic_jpeg(num_images=4, cache_dir=str(tmp_path), **SMALL), "batch_to_device")

@@ -47,7 +47,8 @@ def needed_rate(cfg: Config, rows: list[TrialRow], req: Request) -> float | None
     measurement lies clearly below it cannot be the knee, so it need not measure on (``rules.window_stop``)."""
     if req.stage not in RACED_STAGES or req.knobs.loader_defaults:
         return None
-    fitting = [r for r in rows if r.ok and r.stage in rules.KNEE_STAGES and rules.fits(r, cfg.selection)]
+    fitting = [r for r in rows if r.ok and r.stage in rules.KNEE_STAGES and rules.fits(r, cfg.selection)
+               and not rules.changes_result(r)]  # the knee's candidates only (analysis.select)
     if not fitting:
         return None
     return rules.needed(max(fitting, key=lambda r: r.rate), rules.band(fitting, cfg.selection))

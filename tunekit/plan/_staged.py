@@ -76,6 +76,11 @@ def _loader(s: _Sweep) -> list[Request] | None:
     counts = sorted(w for w in reqs if w)
     if compute is None or not counts:
         return pending(list(reqs.values()), s.rows)  # nothing to compare with: every count
+    while counts and (failed := s.find(reqs[counts[-1]])) is not None and not failed.ok:
+        counts.pop()  # the loader failed at the most workers (out of memory, say): the next most stands in
+    if not counts:
+        return [req.skipped("the loader alone failed at every worker count tried") for req in
+                pending(list(reqs.values()), s.rows)]
     lo, hi = 0, len(counts) - 1  # counts[hi] reaches the compute ceiling (or is the most); below lo none does
     top = s.find(reqs[counts[hi]])
     if top is None:
@@ -209,8 +214,9 @@ def _maybe_skip(req: Request, s: _Sweep) -> Request:
         return req.skipped(s.skips[req.key])
     # The ceiling bounds only trials with its own pin_memory setting: pinning moves work onto the main process (the
     # pin-memory thread), so the loader can be slower pinned than unpinned when the CPUs are saturated.
-    ceiling = next((r for r in s.done("loader") if r.ok and r.knobs.num_workers == req.knobs.num_workers
-                    and r.knobs.pin_memory == req.knobs.pin_memory), None)
+    # the ceiling at this count, else at the fewest measured workers above it: more workers deliver no less
+    ceiling = min((r for r in s.done("loader") if r.ok and r.knobs.num_workers >= req.knobs.num_workers
+                   and r.knobs.pin_memory == req.knobs.pin_memory), key=lambda r: r.knobs.num_workers, default=None)
     fitting = [r for r in s.done("end_to_end") if r.ok and rules.fits(r, s.selection)]
     if ceiling is None or not fitting:
         return req
@@ -221,8 +227,10 @@ def _maybe_skip(req: Request, s: _Sweep) -> Request:
         return req
     ranks = req.knobs.ranks
     times = f" per rank, {ranks} ranks at most {ceiling.rate * ranks:.1f}," if ranks > 1 else ""
+    at = (f"{req.knobs.num_workers} workers" if ceiling.knobs.num_workers == req.knobs.num_workers
+          else f"{ceiling.knobs.num_workers} workers, more than {req.knobs.num_workers}")
     return req.skipped(
-        f"the loader alone gives {ceiling.rate:.1f} {ceiling.unit}/s at {req.knobs.num_workers} workers (trial "
+        f"the loader alone gives {ceiling.rate:.1f} {ceiling.unit}/s at {at} (trial "
         f"{ceiling.number}){times} below the {target:.1f} needed to come within the band ({allowed:.1%}) of the best "
         f"end-to-end config so far ({best.rate:.1f}, trial {best.number})")
 

@@ -148,7 +148,7 @@ def make_loader(dataset: Dataset, knobs: Knobs, device: torch.device, cfg: Confi
         sampler = RandomSampler(dataset, num_samples=_SAMPLES_PER_EPOCH, generator=torch.Generator().manual_seed(0))
     kwargs.pop("persistent_workers", None)  # the trial's loader lives as long as the trial: one epoch
     return DataLoader(dataset, sampler=sampler, drop_last=True,
-                      collate_fn=resolve(wl.collate_fn) if wl.collate_fn else None,
+                      collate_fn=resolve(wl.collate_fn) if wl.collate_fn else getattr(dataset, "collate_fn", None),
                       worker_init_fn=resolve(wl.worker_init_fn) if wl.worker_init_fn else None, **kwargs)
 
 

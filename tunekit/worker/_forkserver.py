@@ -6,8 +6,8 @@ A request is a JSON object ``{"argv": [SPEC, MEASUREMENT], "env": {...}, "preloa
 file descriptor, the write end of the pipe that becomes the trial's stdout and stderr. The server imports the
 preload modules (a failing import is left for the trial to report), then forks; it answers ``{"pid": PID}``, and
 ``{"exit": PID, "code": CODE}`` once that child has ended (``CODE`` as ``subprocess.Popen.returncode`` gives it:
-negative for a signal). It answers ``{"unsafe": REASON}`` and exits instead when CUDA was initialised during an
-import: a child forked after that could not use the GPU.
+negative for a signal). It answers ``{"unsafe": REASON}`` and exits instead when an import initialised CUDA or
+started its driver: a child forked after that could not use the GPU.
 
 Isolation stays what a fresh interpreter gives: the child starts a session of its own (the launcher kills its whole
 process tree on timeout), takes the launcher's environment, and initialises CUDA itself, after the fork; what one
@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import signal
 import socket
 import sys
 from typing import Any
@@ -45,22 +44,24 @@ def _preload(modules: list[str]) -> None:
 
 
 def _child(argv: list[str], env: dict[str, str], out_fd: int, sock: socket.socket) -> None:
-    """The trial: a session of its own, the pipe as stdout and stderr, the launcher's environment; never returns."""
+    """The trial: a session of its own, the pipe as stdout and stderr, the launcher's environment, the signal
+    dispositions of a fresh interpreter (the server's own: it installs none); never returns."""
     code = 1
     try:
         sock.close()
         os.setsid()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
         os.dup2(out_fd, 1)
         os.dup2(out_fd, 2)
         os.close(out_fd)
         os.environ.clear()
         os.environ.update(env)
         os.environ["TUNEKIT_FORKED_FROM"] = str(os.getppid())  # the monitor counts the pages shared with the server
+        sys.argv = [os.path.join(os.path.dirname(__file__), "__main__.py"), *argv]
         from tunekit.worker import main
 
         code = main(argv)
+    except SystemExit as exc:  # as the interpreter would exit
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 - whatever happens, the child never returns into the server's loop
         import traceback
 
@@ -73,13 +74,32 @@ def _child(argv: list[str], env: dict[str, str], out_fd: int, sock: socket.socke
             os._exit(code)
 
 
+def _cuda_poisoned() -> bool:
+    """Whether a child forked now could not use CUDA: something here initialised CUDA, or started its driver
+    (``torch.cuda.is_available()`` without the NVML check does, and ``is_initialized()`` does not show it), which a
+    throwaway child sees as a bad fork."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        return True
+    pid = os.fork()
+    if pid == 0:
+        os._exit(2 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 2
+
+
 def serve(fd: int) -> int:
     sock = socket.socket(fileno=fd)
-    import torch
+    # a workload module asking torch.cuda.is_available() at import must not start the driver here (the trials the
+    # server forks could not use CUDA); the trials themselves run with the launcher's environment
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    import torch  # noqa: F401 - paid once
 
     import tunekit.worker._measure  # noqa: F401 - the worker's own imports, paid once
 
     _preload(["torchvision"])
+    checked = False  # whether the modules imported so far are known to leave CUDA untouched
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 1)
@@ -88,8 +108,10 @@ def serve(fd: int) -> int:
         if not data:
             return 0  # the launcher closed its end (or died)
         request = json.loads(data)
+        before = len(sys.modules)
         _preload(list(request.get("preload") or []))
-        if torch.cuda.is_initialized():
+        checked = checked and len(sys.modules) == before
+        if not checked and _cuda_poisoned():
             for f in fds:
                 os.close(f)
             _send(sock, {"unsafe": "a module imported for the trials initialised CUDA; a child forked after that "
@@ -100,6 +122,7 @@ def serve(fd: int) -> int:
         pid = os.fork()
         if pid == 0:
             _child(list(request["argv"]), dict(request["env"]), fds[0], sock)
+        checked = True
         for f in fds:
             os.close(f)
         _send(sock, {"pid": pid})

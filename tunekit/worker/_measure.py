@@ -39,6 +39,9 @@ MIN_WINDOW_STEPS = 3
 """A window lasts at least trial.window_s and at least this many optimizer steps: with second-long steps a
 window of two or three steps quantises throughput too coarsely to be stable."""
 
+_JOIN_S = 5.0
+"""Longest wait for the pin-memory thread or a killed worker to end."""
+
 READY_FETCH_S = 0.005
 """A fetch shorter than this (and than 3x the median fetch so far) took a batch that was already waiting in the
 loader's queue: warm-up sets such batches aside until a fetch has to wait for a worker."""
@@ -140,18 +143,38 @@ class _Batches:
 
     def shutdown(self) -> None:
         """Stop the loader's workers at once. A graceful shutdown waits for every worker to finish the batch in hand
-        (seconds for a large batch of decoded images) and nothing they make is used any more: they are killed first,
-        their pids taken off PyTorch's SIGCHLD watch so that their end is not reported as a worker crash."""
+        (seconds for a large batch of decoded images), and nothing they make is used any more. PyTorch's own order
+        is kept: the pin-memory thread stops first (a killed worker can leave half a message in the result queue),
+        the workers are told to stop while all of them live (a killed one could hold the event's lock), then they
+        are killed, their pids first taken off PyTorch's SIGCHLD watch so their end is not reported as a crash."""
         it = self.iterator
-        if getattr(it, "_worker_pids_set", False):
-            from torch.utils.data._utils import signal_handling
+        workers = getattr(it, "_workers", None)
+        if not workers or getattr(it, "_shutdown", True):
+            getattr(it, "_shutdown_workers", lambda: None)()
+            return
+        try:
+            it._shutdown = True
+            if hasattr(it, "_pin_memory_thread"):
+                it._pin_memory_thread_done_event.set()
+                it._worker_result_queue.put((None, None))
+                it._pin_memory_thread.join(timeout=_JOIN_S)
+            it._workers_done_event.set()
+            if it._worker_pids_set:
+                from torch.utils.data._utils import signal_handling
 
-            signal_handling._remove_worker_pids(id(it))
-            it._worker_pids_set = False
-        for w in getattr(it, "_workers", None) or []:
-            if w.is_alive():
-                w.kill()
-        getattr(it, "_shutdown_workers", lambda: None)()
+                signal_handling._remove_worker_pids(id(it))
+                it._worker_pids_set = False
+            for w in workers:
+                if w.is_alive():
+                    w.kill()
+            for w in workers:
+                w.join(timeout=_JOIN_S)
+            for q in (*it._index_queues, it._worker_result_queue):
+                q.cancel_join_thread()
+                q.close()
+        except AttributeError:  # another DataLoader iterator than this torch's: its own shutdown
+            it._shutdown = False
+            getattr(it, "_shutdown_workers", lambda: None)()
 
 
 def _digest(batch: Any) -> bytes:
@@ -183,10 +206,13 @@ def _counter(cfg: Config, batch_size: int) -> Callable[[Any], float]:
 def _train_loop(built: Built, spec: TrialSpec, cfg: Config, batches: _Batches) -> _Loop:
     knobs, ctx = spec.knobs, built.ctx
     count = _counter(cfg, knobs.batch_size)
+    # a dataset may bring its own way onto the device (a built-in image pipeline with decode: gpu decodes and
+    # augments there): part of the training step, and done once for the staged batch of the compute ceiling
+    move = getattr(built.dataset, "batch_to_device", None) or to_device
     if spec.mode == "compute":  # one batch staged on the device: counted once, on the host
         first = batches()
         items = count(first)
-        staged = to_device(first, ctx, non_blocking=False)
+        staged = move(first, ctx, non_blocking=False)
         _sync(ctx.device)
         loop = _Loop(fetch=lambda: staged, work=lambda b: None, count=lambda b: items)
     else:
@@ -194,7 +220,7 @@ def _train_loop(built: Built, spec: TrialSpec, cfg: Config, batches: _Batches) -
 
     def train(batch: Any) -> None:
         if spec.mode != "compute":
-            batch = to_device(batch, ctx, non_blocking=knobs.non_blocking)
+            batch = move(batch, ctx, non_blocking=knobs.non_blocking)
         ctx.micro_step = loop.micro
         # DDP: a micro-batch that does not end the accumulation skips the gradient all-reduce (forward included,
         # as no_sync requires), so accumulation really syncs once per optimizer step
@@ -303,7 +329,8 @@ def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) ->
         loop.fetch()
         fetches.append(time.perf_counter() - tw)
         set_aside += 1
-        if fetches[-1] > max(READY_FETCH_S, 3 * statistics.median(fetches)):
+        ready = statistics.median(fetches[:-1]) if len(fetches) > 1 else 0.0  # the fetches before this one
+        if fetches[-1] > max(READY_FETCH_S, 3 * ready):
             break
     # The warm-up steps, for at most trial.window_s once the fewest are done (a step of seconds, e.g. PyTorch's
     # defaults decoding a large batch in the main process, has nothing left to warm; what still settles shows in

@@ -27,12 +27,13 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import datasets
+from torchvision.io import read_file
 from torchvision.transforms import v2
 
 from tunekit.config import cpu_count
 from tunekit.workloads._common import normalise_index, validate
 
-__all__ = ["synthetic_jpeg", "image_folder", "train_transform"]
+__all__ = ["synthetic_jpeg", "image_folder", "train_transform", "GpuDecode", "DECODE"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,52 @@ class _Params:
         return f"{self.width}x{self.height}-q{self.quality}-s{self.seed}-n{self.num_images}-v{self.version}"
 
 
+DECODE = ("cpu", "gpu")
+"""Where a built-in image pipeline decodes and augments: in the loader workers, or on the training GPU."""
+
+
+class GpuDecode:
+    """Decoding and augmentation on the GPU. The loader workers only read each JPEG's bytes; the batch goes to the
+    device as a list of encoded images, is decoded there in one batched ``torchvision.io.decode_jpeg`` call, and
+    gets the same augmentation as on the CPU (random resized crop, horizontal flip, normalisation), inside the
+    training step. A dataset with this decode carries ``collate_fn`` and ``batch_to_device``, which the trial uses
+    in place of its own."""
+
+    def __init__(self, crop: int):
+        self.crop = crop
+        self._augment = v2.Compose([v2.RandomResizedCrop(crop, antialias=True), v2.RandomHorizontalFlip()])
+
+    @staticmethod
+    def collate_fn(samples: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Encoded images of different lengths stay a list; the labels become a tensor."""
+        return [data for data, _ in samples], torch.tensor([label for _, label in samples])
+
+    def batch_to_device(self, batch: tuple[list[torch.Tensor], torch.Tensor], ctx: object,
+                        non_blocking: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode and augment a batch on ``ctx.device``: a float32 tensor [N, 3, crop, crop] (channels-last when
+        ``ctx.channels_last``) and the labels."""
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        device = ctx.device  # type: ignore[attr-defined]
+        if device.type != "cuda":
+            raise RuntimeError(f"decode: gpu decodes on a CUDA device, but this trial runs on {device}; set decode: "
+                               "cpu, or run on a GPU")
+        data, labels = batch
+        # decode_jpeg wants the encoded bytes on the CPU and copies them itself (pinned ones without blocking)
+        images = decode_jpeg([d.cpu() for d in data], mode=ImageReadMode.RGB, device=device)
+        out = torch.stack([self._augment(image) for image in images])
+        out = v2.functional.normalize(v2.functional.to_dtype(out, torch.float32, scale=True),
+                                      mean=list(_IMAGENET_MEAN), std=list(_IMAGENET_STD))
+        if getattr(ctx, "channels_last", False):
+            out = out.contiguous(memory_format=torch.channels_last)
+        return out, labels.to(device, non_blocking=non_blocking)
+
+
+def _check_decode(decode: str) -> None:
+    if decode not in DECODE:
+        raise ValueError(f"decode must be one of {', '.join(DECODE)}, got {decode!r}")
+
+
 class SyntheticJpegDataset(Dataset):
     """Map-style dataset over a folder of generated JPEG files; decodes and augments on every access.
 
@@ -94,18 +141,25 @@ class SyntheticJpegDataset(Dataset):
         crop: Side of the square output crop.
     """
 
-    def __init__(self, root: str, num_images: int, num_classes: int, crop: int) -> None:
+    def __init__(self, root: str, num_images: int, num_classes: int, crop: int, decode: str = "cpu") -> None:
+        _check_decode(decode)
         self.root = root
         self.num_images = num_images
         self.num_classes = num_classes
         self.crop = crop
+        self.decode = decode
         self.transform = train_transform(crop)
+        if decode == "gpu":
+            gpu = GpuDecode(crop)
+            self.collate_fn, self.batch_to_device = gpu.collate_fn, gpu.batch_to_device
 
     def __len__(self) -> int:
         return self.num_images
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         index = normalise_index(index, self.num_images)
+        if self.decode == "gpu":  # the bytes only: decoding and augmentation happen on the device
+            return read_file(_image_path(self.root, index)), index % self.num_classes
         with Image.open(_image_path(self.root, index)) as image:
             rgb = image.convert("RGB")
         return self.transform(rgb), index % self.num_classes
@@ -113,7 +167,7 @@ class SyntheticJpegDataset(Dataset):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(root={self.root!r}, num_images={self.num_images}, "
-            f"num_classes={self.num_classes}, crop={self.crop})"
+            f"num_classes={self.num_classes}, crop={self.crop}, decode={self.decode!r})"
         )
 
 
@@ -126,6 +180,7 @@ def synthetic_jpeg(
     quality: int = 90,
     seed: int = 0,
     cache_dir: str | None = None,
+    decode: str = "cpu",
 ) -> SyntheticJpegDataset:
     """A dataset of photo-like JPEG files on disk, decoded and augmented on every access.
 
@@ -144,6 +199,8 @@ def synthetic_jpeg(
         quality: JPEG quality (1-100) used when writing the files.
         seed: Non-negative seed; different seeds give different images.
         cache_dir: Root of the on-disk cache; see above for the default.
+        decode: ``cpu``: the loader workers decode and augment; ``gpu``: they only read the bytes, and the batch is
+            decoded and augmented on the training GPU (:class:`GpuDecode`).
 
     Returns:
         A map-style dataset yielding ``(float32 tensor [3, crop, crop], int label)``.
@@ -156,16 +213,20 @@ def synthetic_jpeg(
     if not isinstance(quality, int) or not 1 <= quality <= 100:
         raise ValueError(f"quality must be an integer in 1..100, got {quality!r}")
     params = _Params(width=width, height=height, quality=quality, seed=seed, num_images=num_images)
+    _check_decode(decode)
     folder = _ensure_generated(_cache_root(cache_dir) / "synthetic_jpeg", params)
-    return SyntheticJpegDataset(str(folder), num_images=num_images, num_classes=num_classes, crop=crop)
+    return SyntheticJpegDataset(str(folder), num_images=num_images, num_classes=num_classes, crop=crop,
+                                decode=decode)
 
 
-def image_folder(root: str, crop: int = 224) -> datasets.ImageFolder:
+def image_folder(root: str, crop: int = 224, decode: str = "cpu") -> datasets.ImageFolder:
     """A real ``ImageFolder`` tree (``root/<class>/<image>``) with the standard training transform.
 
     Args:
         root: Folder holding one sub-folder of images per class.
         crop: Side of the square training crop.
+        decode: ``cpu``: the loader workers decode and augment; ``gpu``: they only read each file's bytes, and the
+            batch is decoded and augmented on the training GPU (:class:`GpuDecode`; JPEG files only).
 
     Returns:
         A ``torchvision.datasets.ImageFolder`` yielding ``(float32 tensor [3, crop, crop], int label)``.
@@ -175,8 +236,14 @@ def image_folder(root: str, crop: int = 224) -> datasets.ImageFolder:
     """
     if not os.path.isdir(root):
         raise FileNotFoundError(f"image folder root {root!r} does not exist or is not a directory")
+    _check_decode(decode)
     try:
-        return datasets.ImageFolder(root, transform=train_transform(crop))
+        if decode == "cpu":
+            return datasets.ImageFolder(root, transform=train_transform(crop))
+        folder = datasets.ImageFolder(root, loader=read_file, is_valid_file=_is_jpeg)
+        gpu = GpuDecode(crop)
+        folder.collate_fn, folder.batch_to_device = gpu.collate_fn, gpu.batch_to_device  # type: ignore[attr-defined]
+        return folder
     except FileNotFoundError as err:
         raise FileNotFoundError(f"image folder root {root!r} holds no class folders with images") from err
 
@@ -184,6 +251,10 @@ def image_folder(root: str, crop: int = 224) -> datasets.ImageFolder:
 # --------------------------------------------------------------------------------------------- helpers
 
 
+
+
+def _is_jpeg(path: str) -> bool:
+    return path.lower().endswith((".jpg", ".jpeg"))
 
 
 def _image_path(root: str | Path, index: int) -> str:
