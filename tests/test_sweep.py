@@ -214,5 +214,6 @@ def test_user_knobs_the_cheaper_data_setting_is_chosen_and_a_result_changing_one
     report = (tmp_path / "run" / "report.md").read_text()
     assert "## Your knobs" in report and "reported, not chosen" in report
     assert "`workload.dataset_args.sample_wait_s: 0.002`" in report
+    assert "→ dataset_args.sample_wait_s=0.002: " in report  # the verdict before the knob, and what it gave
     stored = study_trials(tmp_path / "run")
     assert {t.params["extra:workload.dataset_args.num_classes"] for t in stored} == {10, 5}

@@ -71,10 +71,26 @@ def _user_knobs(s: RunSummary) -> list[str]:
         sets = ", ".join(f"`{k}: {v}`" for k, v in knee.knobs.extra)
         out += [f"The recommendation sets {sets} (recommended.yaml's `config:` section): set the same in your job.",
                 ""]
+        out += _loop_closed(s, knee)
     skipped = [r for r in s.rows if r.stage == "extra" and r.status == "skipped"]
     if skipped:
         out += [f"Skipped: {skipped[0].reason}.", ""]
     return out
+
+
+def _loop_closed(s: RunSummary, knee: TrialRow) -> list[str]:
+    """What the knobs changed: the knee before them (its verdict, throughput and workers) against the knee now."""
+    before = s.knee_before_extra
+    if before is None or before.number == knee.number:
+        return []
+    verdict = s.trial_verdicts.get(before.number)
+    change = ", ".join(f"{k.removeprefix('workload.')}={v}" for k, v in knee.knobs.extra)
+    workers = (f"with {knee.knobs.num_workers} workers instead of {before.knobs.num_workers}"
+               if knee.knobs.num_workers != before.knobs.num_workers else f"with {knee.knobs.num_workers} workers")
+    now = s.trial_verdicts.get(knee.number)
+    return [f"{verdict.name if verdict else 'the knee'} → {change}: {before.rate:.1f} → {knee.rate:.1f} {s.unit}/s "
+            f"({knee.rate / before.rate:.2f}×), {workers} (trial {before.number} → trial {knee.number}); the run's "
+            f"verdict is now the new knee's{f', {now.name}' if now else ''}.", ""]
 
 
 def _ranks(s: RunSummary, k: TrialRow) -> list[str]:

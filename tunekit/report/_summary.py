@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from tunekit import rules
-from tunekit.analysis import Choice, defaults_trial, select, single_gpu_twin
+from tunekit.analysis import Choice, defaults_trial, select, select_knee, single_gpu_twin
 from tunekit.config import Config, ExtraKnob, extra_knobs
 from tunekit.diagnosis import Verdict, run_verdicts, trial_verdicts
 from tunekit.records import TrialRow
@@ -44,6 +44,8 @@ class RunSummary:
     scaling: Scaling | None = None
     extra_knobs: tuple[ExtraKnob, ...] = ()
     """The user-defined knobs of search.extra."""
+    knee_before_extra: TrialRow | None = None
+    """The knee of the stages before the user-defined knobs: what they are measured against."""
 
     @property
     def failed(self) -> int:
@@ -81,6 +83,8 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
         verdicts=tuple(run_verdicts(rows, choice.knee, per_trial, cfg.selection, env)),
         trial_verdicts=per_trial, per_hour=cfg.cost.per_hour, warnings=tuple(warnings),
         scaling=_scaling(rows, choice.knee), extra_knobs=tuple(extra_knobs(cfg)),
+        knee_before_extra=select_knee([r for r in rows if r.stage in rules.knee_stages("extra")],
+                                      cfg.selection).knee if extra_knobs(cfg) else None,
     )
 
 
