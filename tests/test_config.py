@@ -189,4 +189,4 @@ def test_gpu_decode_on_a_cpu_device_is_a_config_error(write_config):
     assert "workload.dataset_args.decode: gpu decodes on the CUDA device, but device is cpu" in line
     (line,) = _problems(write_config, sleepy_config(**images, **{"search.extra": {
         "workload.dataset_args.decode": {"values": ["cpu", "gpu"], "changes_result": False}}}))
-    assert line.startswith(str(Path(line.split(":")[0]))) and "search.extra.workload.dataset_args.decode: gpu" in line
+    assert "search.extra.workload.dataset_args.decode: gpu decodes on the CUDA device" in line
