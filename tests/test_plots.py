@@ -153,3 +153,22 @@ def test_a_knee_at_a_smaller_batch_is_marked_on_the_swept_workers_axis():
     assert sorted(p.workers for s in plot.series for p in s.points) == [0, 8, 16]
     assert plot.knee_label == "knee: 16 workers, batch 256, 100.0% of best"
     assert plot.best_label == "best (batch 256)"
+
+
+def test_the_workers_plot_labels_series_by_the_user_defined_knobs_they_set():
+    from tests.conftest import measurement, sleepy_config
+    from tunekit import config
+    from tunekit.analysis import select
+    from tunekit.records import rows_from_measurements
+    from tunekit.report.plots._data import workers_data
+
+    key = "workload.dataset_args.sample_wait_s"
+    cfg = config.from_dict(sleepy_config(**{"search.extra": {key: {"values": [0.005, 0.001],
+                                                                   "changes_result": False}}}))
+    rows = rows_from_measurements([
+        measurement(0, "end_to_end", "train", 100, batch_size=8),
+        measurement(1, "end_to_end", "train", 300, num_workers=2, batch_size=8),
+        measurement(2, "extra", "train", 400, num_workers=2, batch_size=8, extra={key: 0.001})])
+    labels = [s.label for s in workers_data(rows, select(cfg, rows), "t").series]
+    assert "pin_memory=off, prefetch=2, dataset_args.sample_wait_s=0.001" in labels
+    assert "pin_memory=off, prefetch=2" in labels

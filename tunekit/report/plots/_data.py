@@ -167,7 +167,9 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
     for r in sorted(train, key=lambda r: (-r.knobs.ranks, r.knobs.num_workers)):
         pf = f"prefetch={r.knobs.prefetch_factor}" if r.knobs.num_workers else "loading in the main process"
         gpus = "" if world == 1 else f"{r.knobs.ranks} GPU{'s' if r.knobs.ranks > 1 else ''}: "
-        groups.setdefault(f"{gpus}pin_memory={'on' if r.knobs.pin_memory else 'off'}, {pf}", []).append(_point(r))
+        mine = "".join(f", {k.removeprefix('workload.')}={v}" for k, v in r.knobs.extra)  # user-defined knobs set
+        groups.setdefault(f"{gpus}pin_memory={'on' if r.knobs.pin_memory else 'off'}, {pf}{mine}", []).append(
+            _point(r))
     loader = tuple(sorted((_point(r) for r in rows if r.ok and r.mode == "loader"
                            and (batch is None or r.knobs.batch_size == batch)), key=lambda p: p.workers))
     compute = [r for r in rows if r.ok and r.mode == "compute" and (batch is None or r.knobs.batch_size == batch)]
