@@ -323,6 +323,10 @@ def test_user_knobs_run_at_an_input_bound_knee_and_are_skipped_at_a_compute_boun
                                                   extra=dict(req.knobs.extra))])
     (fewer,) = plan.next_requests(cfg, faster, strategy="staged", cuda=False)
     assert (fewer.stage, fewer.knobs.num_workers, fewer.knobs.extra) == ("extra", 0, req.knobs.extra)
+    threads = _cfg(**{"search.num_workers": [0, 8], "search.batch_size": [8], "search.pin_memory": [False],
+                      "search.compile": ["none"], "search.prefetch_factor": [2], "search.threads": [2]})
+    (req,) = plan.next_requests(threads, starved, strategy="staged", cuda=False)
+    assert (req.stage, req.knobs.threads, req.knobs.num_workers, req.skip) == ("extra", 2, 8, None)
 
 
 def test_a_count_without_its_own_loader_ceiling_is_bounded_by_the_next_count_measured_above():

@@ -143,8 +143,9 @@ def test_the_fork_server_starts_trials_that_stay_isolated(tmp_path: Path):
     assert first["started_by"] == second["started_by"] == "fork server"
     assert first["pid"] != second["pid"]
     fresh = run_trial(_spec(sleepy_config(**{"trial.fork_server": False, "trial.window_s": 0.3}), number=2,
-                            batch_size=8), tmp_path / "c", 60)
+                            batch_size=8, threads=2), tmp_path / "c", 60)
     assert fresh["status"] == "ok" and fresh["started_by"] == "interpreter"
+    assert fresh["params"]["threads"] == 2 and fresh["torch_threads"] == 2  # the thread knob, set
 
 
 def test_compute_and_loader_modes(tmp_path: Path):

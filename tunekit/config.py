@@ -121,6 +121,9 @@ class Search:
     """Effective batch to reach with micro-batch x accumulation steps; null to skip that stage."""
     compile: list[CompileMode] = field(default_factory=lambda: ["none"])
     """torch.compile modes; ``none`` runs eagerly."""
+    threads: list[int] | None = field(default=None, metadata=_meta(min=1))
+    """Intra-op thread counts of the training process (``torch.set_num_threads``) to try at the knee besides
+    PyTorch's default (one per core), which competes with the loader workers for the cores; null tries none."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Knobs of your own: a ``workload.`` key (dotted, e.g. ``workload.dataset_args.crop``) to
     ``{values: [...], changes_result: true|false}``. The config's own value at that key (else the first listed) is

@@ -37,6 +37,9 @@ class Knobs:
     ranks: int = 1
     """Training processes (one per GPU, DDP) the trial runs on, all nodes together; num_workers and prefetch_factor
     are per rank. 1 is a single process without torch.distributed."""
+    threads: int | None = None
+    """Intra-op threads of the training process (``torch.set_num_threads``); None leaves PyTorch's default (one
+    per core). Loader workers run one thread each, as PyTorch sets them."""
     extra: tuple[tuple[str, Any], ...] = ()
     """The user-defined knobs (``search.extra``) set to other values than their baseline, as sorted
     ``(config key, value)`` pairs; () runs every one at its baseline."""
@@ -72,6 +75,8 @@ class Knobs:
             parts.append(f"accumulation {self.grad_accum}")
         if self.compile != "none":
             parts.append(f"compile {self.compile}")
+        if self.threads is not None:
+            parts.append(f"{self.threads} torch threads")
         parts.extend(f"{key.removeprefix('workload.')}={value}" for key, value in self.extra)
         return ", ".join(parts)
 

@@ -36,6 +36,9 @@ class Recommended:
     evidence: dict[str, Any] = field(default_factory=dict)
     ranks: int = 1
     """DDP ranks (one per GPU) the settings were measured with; the DataLoader settings are per rank."""
+    threads: int | None = None
+    """Intra-op threads for the training process (``torch.set_num_threads(rec.threads)``); None: PyTorch's
+    default."""
     config: dict[str, Any] = field(default_factory=dict)
     """User-defined knobs (search.extra) the recommendation sets away from their baseline: config key to value
     (e.g. ``workload.dataset_args.decode: gpu``), to set in your own job the same way."""
@@ -136,6 +139,7 @@ def recommendation_dict(knobs: dict[str, Any], evidence: dict[str, Any]) -> dict
             "grad_accum": int(knobs.get("grad_accum", 1)),
             "compile": str(knobs.get("compile", "none")),
             **({"ranks": ranks} if ranks > 1 else {}),  # the dataloader block is then per rank
+            **({"threads": int(knobs["threads"])} if knobs.get("threads") else {}),  # torch.set_num_threads
         },
         **({"config": dict(knobs["extra"])} if knobs.get("extra") else {}),  # user-defined knobs to set
         "evidence": evidence,
@@ -164,6 +168,7 @@ def load_recommended(path: str | os.PathLike[str]) -> Recommended:
             non_blocking=bool(tr.get("non_blocking", dl["pin_memory"])), grad_accum=int(tr.get("grad_accum", 1)),
             compile=str(tr.get("compile", "none")), evidence=dict(data.get("evidence") or {}),
             ranks=_count(tr, "ranks", 1) if "ranks" in tr else 1, config=dict(data.get("config") or {}),
+            threads=_count(tr, "threads", 1) if tr.get("threads") is not None else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError([f"{label}: not a tunekit recommendation: missing or bad key {exc}"]) from None

@@ -103,6 +103,7 @@ def _choices(cfg: Config) -> dict[str, tuple[Any, ...]]:
         "grad_accum": tuple(sorted(accum)),
         "compile": COMPILE_MODES,
         "ranks": tuple(sorted({1, cfg.launch.world})),
+        "threads": (None, *(s.threads or [])),
         **{_EXTRA_PARAM + k.key: k.values for k in extra_knobs(cfg)},
     }
 

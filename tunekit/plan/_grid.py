@@ -19,10 +19,10 @@ def grid_requests(cfg: Config, cuda: bool) -> list[Request]:
     settings = [tuple((k.key, v) for k, v in zip(user, values) if v != k.baseline)
                 for values in itertools.product(*(k.values for k in user))]
     out: list[Request] = []
-    for w, pin, (batch, accum), comp, extra in itertools.product(s.num_workers, pins(cfg, cuda), shapes, s.compile,
-                                                                 settings):
+    for w, pin, (batch, accum), comp, threads, extra in itertools.product(
+            s.num_workers, pins(cfg, cuda), shapes, s.compile, [None, *(s.threads or [])], settings):
         for pf in s.prefetch_factor if w > 0 else [None]:
             knobs = Knobs(num_workers=w, prefetch_factor=pf, pin_memory=pin, batch_size=batch, grad_accum=accum,
-                          compile=comp, ranks=cfg.launch.world, extra=extra)
+                          compile=comp, ranks=cfg.launch.world, threads=threads, extra=extra)
             out.append(Request("grid", "train", knobs))
     return out

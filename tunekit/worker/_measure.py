@@ -465,6 +465,8 @@ def _set_up(spec: TrialSpec) -> _Setup:
         torch.zeros(1, device=device)  # creates the context now, so build_s holds only the workload
     cuda_init_s = time.perf_counter() - t_init
     built = build(cfg, spec.knobs, device, distributed=ranks is not None and spec.mode == "train")
+    if spec.knobs.threads is not None:  # after the build: the knob has the last word over the workload's own
+        torch.set_num_threads(spec.knobs.threads)
     # The compute ceiling stages one batch on the device: no loader workers may compete with the model.
     knobs = replace(spec.knobs, num_workers=0) if spec.mode == "compute" else spec.knobs
     loader = make_loader(built.dataset, knobs, device, cfg, None if ranks is None else (ranks.rank, ranks.world))
@@ -625,6 +627,7 @@ def measure(spec: TrialSpec) -> dict[str, Any] | None:
         **_dataset_fields(built, spec, warm["warmup_batches"] + result["measured_steps"] * spec.knobs.grad_accum),
         **_host_fields(monitor),
         "cpu_count": cpus,
+        "torch_threads": torch.get_num_threads(),
         **_device_fields(device),
         "versions": _versions(),
     }
