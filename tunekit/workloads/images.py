@@ -27,7 +27,6 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import datasets
-from torchvision.io import read_file
 from torchvision.transforms import v2
 
 from tunekit.config import cpu_count
@@ -159,7 +158,7 @@ class SyntheticJpegDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         index = normalise_index(index, self.num_images)
         if self.decode == "gpu":  # the bytes only: decoding and augmentation happen on the device
-            return read_file(_image_path(self.root, index)), index % self.num_classes
+            return read_bytes(_image_path(self.root, index)), index % self.num_classes
         with Image.open(_image_path(self.root, index)) as image:
             rgb = image.convert("RGB")
         return self.transform(rgb), index % self.num_classes
@@ -240,7 +239,7 @@ def image_folder(root: str, crop: int = 224, decode: str = "cpu") -> datasets.Im
     try:
         if decode == "cpu":
             return datasets.ImageFolder(root, transform=train_transform(crop))
-        folder = datasets.ImageFolder(root, loader=read_file, is_valid_file=_is_jpeg)
+        folder = datasets.ImageFolder(root, loader=read_bytes, is_valid_file=_is_jpeg)
         gpu = GpuDecode(crop)
         folder.collate_fn, folder.batch_to_device = gpu.collate_fn, gpu.batch_to_device  # type: ignore[attr-defined]
         return folder
@@ -251,6 +250,13 @@ def image_folder(root: str, crop: int = 224, decode: str = "cpu") -> datasets.Im
 # --------------------------------------------------------------------------------------------- helpers
 
 
+
+
+def read_bytes(path: str) -> torch.Tensor:
+    """A file's bytes as a uint8 tensor in ordinary memory (``torchvision.io.read_file``'s tensor cannot be sent
+    from a DataLoader worker: its storage has no file descriptor to share)."""
+    with open(path, "rb") as fh:
+        return torch.frombuffer(bytearray(fh.read()), dtype=torch.uint8)
 
 
 def _is_jpeg(path: str) -> bool:
