@@ -153,6 +153,9 @@ def test_trial_cli_usage_errors(write_config):
     assert bad_value.returncode == 2 and "pin_memory=maybe: expected true or false" in bad_value.stderr
     bad_compile = _cli("trial", path, "--set", "compile=turbo")
     assert bad_compile.returncode == 2 and "choose one of: none, default" in bad_compile.stderr
+    ranks = _cli("trial", path, "--set", "ranks=2")  # the config launches no ranks
+    assert ranks.returncode == 2 and "ranks=2:" in ranks.stderr and "launches 1 rank(s)" in ranks.stderr
+    assert "Traceback" not in ranks.stderr
 
 
 def test_config_loading_never_imports_torch(write_config):

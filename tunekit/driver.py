@@ -209,9 +209,13 @@ def first_knobs(cfg: Config, **chosen: Any) -> Knobs:
     """The knobs of a single trial: ``chosen`` ones, the rest the first value of each search list (and the config's
     ranks: ``launch`` runs the job on every rank)."""
     s = cfg.search
+    world = cfg.launch.world
+    if chosen.get("ranks", world) not in (1, world):
+        raise UsageError(f"ranks={chosen['ranks']}: {cfg.source} launches {world} rank(s) (launch.nproc_per_node x "
+                         f"launch.nnodes); choose {'1 or ' if world > 1 else ''}{world}")
     first = {"num_workers": s.num_workers[0], "prefetch_factor": s.prefetch_factor[0],
              "pin_memory": s.pin_memory[0], "batch_size": s.batch_size[0], "grad_accum": s.grad_accum[0],
-             "compile": s.compile[0], "ranks": cfg.launch.world}
+             "compile": s.compile[0], "ranks": world}
     return Knobs(**{**first, **chosen})
 
 
