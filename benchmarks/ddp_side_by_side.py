@@ -89,7 +89,10 @@ def _table(configs: dict[str, dict[str, Any]], measured: dict[str, list[dict[str
                      "per_gpu": None if rate is None else rate / knobs["ranks"],
                      "vs_tunekit": None if rate is None or not ours else rate / ours,
                      "host_mem_gib": host / 2**30 if host else None,
-                     "runs": len(measured[name]), "failed": len(measured[name]) - len(ok)})
+                     "runs": len(measured[name]), "failed": len(measured[name]) - len(ok),
+                     # the same knobs under another name: their gap is the machine's run-to-run spread
+                     "same_as": next((other for other, k in configs.items() if other != name and k == knobs
+                                      and list(configs).index(other) < list(configs).index(name)), None)})
     return rows
 
 
@@ -101,7 +104,8 @@ def _markdown(rows: list[dict[str, Any]], cfg: config_mod.Config) -> str:
            "| config | workers/rank | workers | batch | pinned | samples/s | per GPU | vs tunekit | host memory |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        out.append(f"| {r['config']} | {r['workers_per_rank']} | {r['workers_total']} | {r['batch']} | "
+        same = f" (the same config as {r['same_as']})" if r.get("same_as") else ""
+        out.append(f"| {r['config']}{same} | {r['workers_per_rank']} | {r['workers_total']} | {r['batch']} | "
                    f"{'yes' if r['pinned'] else 'no'} | {f(r['samples_per_s'], ',.1f')} | {f(r['per_gpu'], ',.1f')} | "
                    f"{f(r['vs_tunekit'], '.3f')} | {f(r['host_mem_gib'], '.1f')} GiB |")
     return "\n".join(out) + "\n"

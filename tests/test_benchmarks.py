@@ -61,3 +61,17 @@ def test_time_breakdown_splits_each_trial_into_its_parts(tmp_path):
     assert whole["other_s"] == 13.0
     assert whole["trials_per_min"] == 3.0
     assert rows["end_to_end"]["trials"] == 2 and rows["end_to_end"]["wall_s"] == 50.0
+
+
+def test_the_ddp_side_by_side_names_a_config_measured_twice_under_two_names():
+    spec = importlib.util.spec_from_file_location("ddp_side_by_side", _BENCHMARKS / "ddp_side_by_side.py")
+    sbs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sbs)
+    knobs = {"num_workers": 15, "prefetch_factor": 2, "pin_memory": False, "batch_size": 512, "ranks": 2}
+    configs = {"tunekit": knobs, "Lightning rule (15/rank)": dict(knobs),
+               "single-GPU knee per rank": {**knobs, "num_workers": 16}}
+    measured = {name: [{"status": "ok", "samples_per_s": rate}] for name, rate in
+                zip(configs, (4803.0, 5045.0, 5053.0))}
+    rows = sbs._table(configs, measured)
+    assert [r["same_as"] for r in rows] == [None, "tunekit", None]
+    assert rows[1]["vs_tunekit"] == 5045.0 / 4803.0
