@@ -51,18 +51,23 @@ def _user_knobs(s: RunSummary) -> list[str]:
     if not s.extra_knobs:
         return []
     u, knee = s.unit, s.choice.knee
-    out = ["## Your knobs", "", f"| config key | value | changes the training result | best trial | {u}/s | "
+    ref = s.knee_before_extra or knee  # each value side by side at these settings, where it was measured there
+    out = ["## Your knobs", "", f"| config key | value | changes the training result | trial | {u}/s | "
            "workers | note |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for knob in s.extra_knobs:
         for value in knob.values:
             runs = [r for r in s.rows if r.ok and r.mode == "train" and r.stage != "scaling"
                     and dict(r.knobs.extra).get(knob.key, knob.baseline) == value]
-            best = max(runs, key=lambda r: r.rate) if runs else None
+            same = [r for r in runs if ref is not None and r.knobs == ref.knobs.with_extra(knob.key, value,
+                                                                                           knob.baseline)]
+            best = same[0] if same else (max(runs, key=lambda r: r.rate) if runs else None)
             note = "baseline" if value == knob.baseline else ""
             if knob.changes_result and value != knob.baseline:
                 note = "reported, not chosen: it changes what training learns; the choice is yours"
             if knee is not None and best is not None and best.number == knee.number:
                 note = "the recommendation" + (f"; {note}" if note else "")
+            elif best is not None and not same:
+                note = "best of its trials" + (f"; {note}" if note else "")
             out.append(f"| `{knob.key}` | `{value}` | {'yes' if knob.changes_result else 'no'} | "
                        f"{best.number if best else '—'} | {fmt(best.rate if best else None)} | "
                        f"{best.knobs.num_workers if best else '—'} | {note} |")
