@@ -147,3 +147,20 @@ def test_dataloader_kwargs_drive_a_dataloader(tmp_path: Path, case: str):
 def test_the_mappings_import_neither_transformers_nor_lightning():
     source = (Path(tunekit.__file__).parent / "recommended.py").read_text()
     assert "import transformers" not in source and "import lightning" not in source
+
+
+def test_threads_and_your_knobs_round_trip_and_a_bad_thread_count_names_its_key(tmp_path: Path):
+    from tunekit.contract import Knobs
+    from tunekit.errors import ConfigError
+
+    knobs = Knobs(num_workers=4, prefetch_factor=2, batch_size=64, threads=4,
+                  extra={"workload.dataset_args.decode": "gpu"}).to_dict()
+    path = tmp_path / "recommended.yaml"
+    path.write_text(yaml.safe_dump(recommendation_dict(knobs, {})))
+    rec = tunekit.load_recommended(path)
+    assert rec.threads == 4 and rec.config == {"workload.dataset_args.decode": "gpu"}
+    data = yaml.safe_load(path.read_text())
+    data["training"]["threads"] = 0
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"training\.threads = 0 \(an integer >= 1\)"):
+        tunekit.load_recommended(path)

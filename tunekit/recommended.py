@@ -167,16 +167,16 @@ def load_recommended(path: str | os.PathLike[str]) -> Recommended:
             persistent_workers=bool(dl.get("persistent_workers", False)),
             non_blocking=bool(tr.get("non_blocking", dl["pin_memory"])), grad_accum=int(tr.get("grad_accum", 1)),
             compile=str(tr.get("compile", "none")), evidence=dict(data.get("evidence") or {}),
-            ranks=_count(tr, "ranks", 1) if "ranks" in tr else 1, config=dict(data.get("config") or {}),
-            threads=_count(tr, "threads", 1) if tr.get("threads") is not None else None,
+            ranks=_count(tr, "ranks", 1, "training") if "ranks" in tr else 1, config=dict(data.get("config") or {}),
+            threads=_count(tr, "threads", 1, "training") if tr.get("threads") is not None else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError([f"{label}: not a tunekit recommendation: missing or bad key {exc}"]) from None
 
 
-def _count(section: dict[str, Any], key: str, minimum: int) -> int:
+def _count(section: dict[str, Any], key: str, minimum: int, where: str = "dataloader") -> int:
     """An integer setting (not a bool, not a float that int() would truncate)."""
     value = section[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"dataloader.{key} = {value!r} (an integer >= {minimum})")
+        raise ValueError(f"{where}.{key} = {value!r} (an integer >= {minimum})")
     return value
