@@ -43,8 +43,8 @@ _JOIN_S = 5.0
 """Longest wait for the pin-memory thread or a killed worker to end."""
 
 READY_FETCH_S = 0.005
-"""A fetch shorter than this (and than 3x the median fetch so far) took a batch that was already waiting in the
-loader's queue: warm-up sets such batches aside until a fetch has to wait for a worker."""
+"""A fetch shorter than this (and than 3x the median of the fetches that took a waiting batch) took a batch that
+was already waiting in the loader's queue: warm-up sets such batches aside until two fetches in a row wait."""
 
 
 @dataclass
@@ -323,15 +323,20 @@ def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) ->
     # rate; a step on a ready batch would count throughput the pipeline cannot sustain, and training on the fill
     # (seconds of steps on big batches) is what warm-up time used to go to.
     set_aside = 0
-    fetches: list[float] = []
+    ready: list[float] = []  # fetches that took a waiting batch
+    waited = 0  # fetches in a row that had to wait
     for _ in range(fill):
         tw = time.perf_counter()
         loop.fetch()
-        fetches.append(time.perf_counter() - tw)
+        took = time.perf_counter() - tw
         set_aside += 1
-        ready = statistics.median(fetches[:-1]) if len(fetches) > 1 else 0.0  # the fetches before this one
-        if fetches[-1] > max(READY_FETCH_S, 3 * ready):
-            break
+        if took > max(READY_FETCH_S, 3 * (statistics.median(ready) if ready else 0.0)):
+            waited += 1
+            if waited == 2:  # two in a row: the queue is empty (one alone may be the process losing its core)
+                break
+        else:
+            ready.append(took)
+            waited = 0
     # The warm-up steps, for at most trial.window_s once the fewest are done (a step of seconds, e.g. PyTorch's
     # defaults decoding a large batch in the main process, has nothing left to warm; what still settles shows in
     # the first windows): at least 3 when compiling (reduce-overhead records its CUDA graphs on the second and
