@@ -311,17 +311,30 @@ def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) ->
     """Consume the first batch (its step timed apart: worker start-up, compilation), set aside the batches the
     workers prepared meanwhile, then train the warm-up steps."""
     knobs = spec.knobs
-    fill = knobs.num_workers * (knobs.prefetch_factor or 2) if spec.mode != "compute" else 0
     t0 = time.perf_counter()
     first = loop.fetch()
     first_wait = time.perf_counter() - t0
     loop.work(first)
     _sync(device)
     first_step_s = time.perf_counter() - t0
-    # The batches made during start-up and the first step wait ready in the loader's queue (at most a fill): taken
-    # without a step, until a fetch has to wait for a worker. From there on batches arrive at the pipeline's own
-    # rate; a step on a ready batch would count throughput the pipeline cannot sustain, and training on the fill
-    # (seconds of steps on big batches) is what warm-up time used to go to.
+    set_aside = _set_aside(loop, knobs.num_workers * (knobs.prefetch_factor or 2) if spec.mode != "compute" else 0)
+    trained = _warm_up_steps(loop, knobs, cfg)
+    _sync(device)
+    return {
+        "warmup_s": time.perf_counter() - t0,
+        "warmup_batches": set_aside + trained,
+        "warmup_set_aside": set_aside,
+        "first_batch_wait_s": first_wait,
+        "first_step_s": first_step_s,
+        "compile_s": (first_step_s - first_wait) if knobs.compile != "none" else 0.0,
+    }
+
+
+def _set_aside(loop: _Loop, fill: int) -> int:
+    """Take the batches made during start-up and the first step, which wait ready in the loader's queue (at most a
+    fill), without a step, until two fetches in a row wait for a worker; return how many. From there batches arrive
+    at the pipeline's own rate: a step on a ready batch would count throughput the pipeline cannot sustain, and
+    training on the fill (seconds of steps on big batches) is what warm-up time used to go to."""
     set_aside = 0
     ready: list[float] = []  # fetches that took a waiting batch
     waited = 0  # fetches in a row that had to wait
@@ -337,10 +350,15 @@ def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) ->
         else:
             ready.append(took)
             waited = 0
-    # The warm-up steps, for at most trial.window_s once the fewest are done (a step of seconds, e.g. PyTorch's
-    # defaults decoding a large batch in the main process, has nothing left to warm; what still settles shows in
-    # the first windows): at least 3 when compiling (reduce-overhead records its CUDA graphs on the second and
-    # third calls), else at least one. The trained micro-batches, the first included, make whole optimizer steps.
+    return set_aside
+
+
+def _warm_up_steps(loop: _Loop, knobs: Knobs, cfg: Config) -> int:
+    """The warm-up steps, for at most trial.window_s once the fewest are done (a step of seconds, e.g. PyTorch's
+    defaults decoding a large batch in the main process, has nothing left to warm; what still settles shows in the
+    first windows): at least 3 when compiling (reduce-overhead records its CUDA graphs on the second and third
+    calls), else at least one. The trained micro-batches, the first included, make whole optimizer steps; returns
+    their count."""
     steps = max(cfg.trial.warmup_steps, 3) if knobs.compile != "none" else cfg.trial.warmup_steps
     fewest = min(steps, 3 if knobs.compile != "none" else 1)
     accum = knobs.grad_accum
@@ -354,15 +372,7 @@ def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) ->
         for _ in range(accum):
             loop.work(loop.fetch())
         trained += accum
-    _sync(device)
-    return {
-        "warmup_s": time.perf_counter() - t0,
-        "warmup_batches": set_aside + trained,
-        "warmup_set_aside": set_aside,
-        "first_batch_wait_s": first_wait,
-        "first_step_s": first_step_s,
-        "compile_s": (first_step_s - first_wait) if knobs.compile != "none" else 0.0,
-    }
+    return trained
 
 
 def _device_memory(device: torch.device) -> dict[str, Any]:
@@ -598,7 +608,7 @@ def measure(spec: TrialSpec) -> dict[str, Any] | None:
     A rank of a multi-rank trial returns the merged measurement of every rank on rank 0, and None elsewhere."""
     t_start = time.perf_counter()
     setup = _set_up(spec)
-    device, built, ranks = setup.device, setup.built, setup.ranks
+    device, ranks = setup.device, setup.ranks
     node_root = os.getppid() if ranks is not None and ranks.local_rank == 0 else None  # torchrun: the node's tree
     forked_from = int(os.environ.get("TUNEKIT_FORKED_FROM") or 0) or None  # the fork server, when it forked us
     monitor = Monitor(_nvml_sampler(device), node_root=node_root, forked_from=forked_from).start()
@@ -606,7 +616,20 @@ def measure(spec: TrialSpec) -> dict[str, Any] | None:
         got = _measure_windows(spec, setup, monitor)
     finally:
         monitor.stop()
-    cpus = cpu_count()
+    out = _result(spec, setup, got, monitor, time.perf_counter() - t_start)
+    if ranks is None:
+        return out
+    out.update(host=_dist.host(), rank=ranks.rank, local_rank=ranks.local_rank, world=ranks.world,
+               backend=ranks.backend, node_mem_peak_bytes=monitor.node_pss_peak or None,
+               node_processes=monitor.node_processes or None)
+    results = ranks.gather(out)
+    ranks.close()
+    return _dist.merge(results) if ranks.rank == 0 else None
+
+
+def _result(spec: TrialSpec, setup: _Setup, got: _Measured, monitor: Monitor, trial_s: float) -> dict[str, Any]:
+    """This process's measurement.json: the windows' figures, warm-up and start-up apart, host, device, NVML."""
+    cpus, built, device = cpu_count(), setup.built, setup.device
     warm = got.warm
     result = _summarise(got.windows, cpus, setup.loader_knobs.num_workers)
     out: dict[str, Any] = {
@@ -624,7 +647,7 @@ def measure(spec: TrialSpec) -> dict[str, Any] | None:
         "startup_s": setup.startup_s,
         "cuda_init_s": setup.cuda_init_s,
         "build_s": built.build_s,
-        "trial_s": time.perf_counter() - t_start,
+        "trial_s": trial_s,
         "unit": setup.cfg.workload.unit,
         "epoch_boundary_in_trial": got.epochs_ended > 0,
         "epochs_ended": got.epochs_ended,
@@ -639,14 +662,7 @@ def measure(spec: TrialSpec) -> dict[str, Any] | None:
     out.update(_memory_fields(got.memory, got.warmup_memory, out))
     out.update(_nvml_fields(monitor))
     out.update(sync_share=got.sync_share, pinned_peak_bytes=_pinned_peak(device), **(got.stop or {}))
-    if ranks is None:
-        return out
-    out.update(host=_dist.host(), rank=ranks.rank, local_rank=ranks.local_rank, world=ranks.world,
-               backend=ranks.backend, node_mem_peak_bytes=monitor.node_pss_peak or None,
-               node_processes=monitor.node_processes or None)
-    results = ranks.gather(out)
-    ranks.close()
-    return _dist.merge(results) if ranks.rank == 0 else None
+    return out
 
 
 def _pinned_peak(device: torch.device) -> int | None:
