@@ -71,7 +71,7 @@ def test_the_ddp_side_by_side_names_a_config_measured_twice_under_two_names():
     configs = {"tunekit": knobs, "Lightning rule (15/rank)": dict(knobs),
                "single-GPU knee per rank": {**knobs, "num_workers": 16}}
     measured = {name: [{"status": "ok", "samples_per_s": rate}] for name, rate in
-                zip(configs, (4803.0, 5045.0, 5053.0))}
+                zip(configs, (4803.0, 5045.0, 5053.0), strict=True)}
     rows = sbs._table(configs, measured)
     assert [r["same_as"] for r in rows] == [None, "tunekit", None]
     assert rows[1]["vs_tunekit"] == 5045.0 / 4803.0

@@ -97,7 +97,8 @@ def test_recovery_closes_stale_running_and_waiting_trials(tmp_path: Path):
     states = [t.state for t in runs.ceilings.get_trials()]
     assert states == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.FAIL]
     fresh, number = runs.start(cfg, "loader", "loader", KNOBS)
-    assert fresh.params == {**KNOBS, "threads": None} and number == 2  # not the stale enqueued batch 999, nor a used number
+    # not the stale enqueued batch 999, nor a used number
+    assert fresh.params == {**KNOBS, "threads": None} and number == 2
     assert runs.rows() == []  # interrupted trials are not finished: they will run again
 
 

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from tunekit.workloads.images import image_folder, synthetic_jpeg, train_transform
+from tunekit.workloads.images import augment_batch, crop_boxes, image_folder, synthetic_jpeg, train_transform
 
 SMALL = {"width": 96, "height": 72}
 MARKER = "DONE.json"
@@ -218,3 +218,44 @@ def test_decode_on_the_gpu_leaves_the_workers_only_the_bytes(tmp_path: Path) -> 
     with pytest.raises(ValueError, match="decode must be one of cpu, gpu"):
         synthetic_jpeg(num_images=4, decode="npu", cache_dir=str(tmp_path), **SMALL)
     assert not hasattr(synthetic_jpeg(num_images=4, cache_dir=str(tmp_path), **SMALL), "batch_to_device")
+
+
+def test_crop_boxes_are_drawn_like_random_resized_crop() -> None:
+    """Every box lies inside its image, and area shares and aspect ratios follow torchvision's own draw (same
+    means and spreads); an image no allowed box fits gets torchvision's centred fallback."""
+    from torchvision import transforms
+
+    torch.manual_seed(0)
+    n = 4000
+    boxes = crop_boxes(torch.full((n,), 375), torch.full((n,), 500))
+    w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    assert (boxes[:, :2] >= 0).all() and (boxes[:, 2] <= 500).all() and (boxes[:, 3] <= 375).all()
+    assert (boxes == boxes.round()).all()  # whole pixels, as torchvision crops
+    draw = transforms.RandomResizedCrop.get_params
+    theirs = torch.tensor([draw(torch.empty(3, 375, 500), (0.08, 1.0), (3 / 4, 4 / 3)) for _ in range(n)],
+                          dtype=torch.float)
+    share, their_share = w * h / (375 * 500), theirs[:, 2] * theirs[:, 3] / (375 * 500)
+    assert abs(share.mean() - their_share.mean()) < 0.03 and abs(share.std() - their_share.std()) < 0.03
+    ratio, their_ratio = w / h, theirs[:, 3] / theirs[:, 2]
+    assert abs(ratio.mean() - their_ratio.mean()) < 0.03
+    assert ratio.min() > 0.70 and ratio.max() < 1.40
+    assert len(set(boxes[:, 0].tolist())) > 100  # positions vary
+    # a strip 1000 x 10: no box of ratio 3/4..4/3 with 8 % of its area fits, so the draw falls back to a centred
+    # 13 x 10 box, as torchvision's: j = (1000 - 13) // 2
+    assert crop_boxes(torch.tensor([10]), torch.tensor([1000])).tolist() == [[493.0, 0.0, 506.0, 10.0]]
+
+
+def test_batched_augmentation_matches_the_cpu_transform() -> None:
+    """augment_batch on images of two sizes: the shape and dtype of the CPU pipeline's output, normalised like it
+    (a flat grey image maps to one known value), and a full-image box without a flip is a plain resize."""
+    grey = torch.full((3, 90, 120), 128, dtype=torch.uint8)
+    images = [grey, grey.clone(), torch.full((3, 60, 40), 128, dtype=torch.uint8)]
+    out = augment_batch(images, 32)
+    assert out.shape == (3, 3, 32, 32) and out.dtype == torch.float32
+    expected = train_transform(32)(Image.new("RGB", (120, 90), (128, 128, 128)))
+    torch.testing.assert_close(out, expected.expand(3, -1, -1, -1), atol=1e-3, rtol=0)
+    ramp = torch.arange(64, dtype=torch.float).repeat(3, 64, 1)  # brightness grows left to right
+    from torchvision.ops import roi_align
+
+    resized = roi_align(ramp[None], torch.tensor([[0.0, 0, 0, 64, 64]]), 32, 1.0, -1, True)[0]
+    torch.testing.assert_close(resized, torch.nn.functional.avg_pool2d(ramp[None], 2)[0])

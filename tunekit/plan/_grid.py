@@ -16,7 +16,7 @@ def grid_requests(cfg: Config, cuda: bool) -> list[Request]:
     else:
         shapes = list(itertools.product(s.batch_size, s.grad_accum))
     user = extra_knobs(cfg)
-    settings = [tuple((k.key, v) for k, v in zip(user, values) if v != k.baseline)
+    settings = [tuple((k.key, v) for k, v in zip(user, values, strict=True) if v != k.baseline)
                 for values in itertools.product(*(k.values for k in user))]
     out: list[Request] = []
     for w, pin, (batch, accum), comp, threads, extra in itertools.product(
