@@ -116,6 +116,10 @@ class GpuDecode:
             raise RuntimeError(f"decode: gpu decodes on a CUDA device, but this trial runs on {device}; set decode: "
                                "cpu, or run on a GPU")
         data, labels = batch
+        # nvJPEG's hardware decoder does not wait for work already queued on the stream it is given: it can write
+        # into memory the caching allocator just freed while the previous step's kernels still read it (NaN losses
+        # on an H200; pytorch/vision#9606). The step's queue is drained before the decode, as the fix there does.
+        torch.cuda.current_stream(device).synchronize()
         # decode_jpeg wants the encoded bytes on the CPU and copies them itself (pinned ones without blocking)
         images = decode_jpeg([d.cpu() for d in data], mode=ImageReadMode.RGB, device=device)
         out = augment_batch(images, self.crop)
