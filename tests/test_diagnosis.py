@@ -33,6 +33,9 @@ CASES = {
     "h2d-copy": measurement(10, "train", "train", 1500, num_workers=8, data_wait_frac=0.1),
     # 87 % of the compute ceiling with 3 % data wait and no small-batch penalty: no bound stands out
     "unattributed": measurement(10, "train", "train", 1740, num_workers=8, data_wait_frac=0.03),
+    # decode: gpu (the dataset moves its batches itself): 73 % of the ceiling, the stream busy, no data wait
+    "gpu-preprocessing": measurement(10, "train", "train", 1460, num_workers=8, pin_memory=True,
+                                     data_wait_frac=0.04, gpu_busy_frac=0.995, input_on_device=True),
     # two ranks at 70 % of twice one GPU's throughput (trial 11), 40 % of a step in gradient sync, no data wait
     "communication-bound": measurement(10, "train", "train", 2800, num_workers=8, ranks=2, data_wait_frac=0.02,
                                        sync_share=0.4),
@@ -45,7 +48,7 @@ CASES = {
 FIX_WORDS = {"shared-gpu": "idle GPU", "memory-wall": "accumulation", "h2d-copy": "pin_memory=True",
              "cpu-preprocessing": "on the GPU", "data-starved": "faster storage", "overhead-bound": "larger batch",
              "compute-bound": "the model itself", "unattributed": "profile",
-             "communication-bound": "accumulate gradients"}
+             "communication-bound": "accumulate gradients", "gpu-preprocessing": "side CUDA stream"}
 
 
 @pytest.mark.parametrize("name", VERDICTS)
@@ -60,6 +63,18 @@ def test_every_verdict_on_fixtures(name: str):
     assert verdict.evidence and verdict.fix
     assert verdict.sentence().startswith(f"{name}: ") and "First fix" in verdict.sentence()
     assert FIX_WORDS[name] in verdict.fix  # the fix that fits the cause, not another verdict's
+
+
+def test_device_side_input_work_is_named_only_where_the_step_does_it():
+    """The gpu-preprocessing evidence gives the step's time beyond the ceiling's; the same figures from a step that
+    does no input work on the device stay unattributed, and one that waits on data gets the data verdict."""
+    gpu = CASES["gpu-preprocessing"]
+    ev = trial_verdicts(rows_from_measurements([*CEILINGS, gpu]), SELECTION)[10].evidence
+    assert ev["step time beyond the model's on a ready batch"] == pytest.approx(1 - 1460 / 2000)
+    plain = {**gpu, "input_on_device": False}
+    assert trial_verdicts(rows_from_measurements([*CEILINGS, plain]), SELECTION)[10].name == "unattributed"
+    waiting = {**gpu, "data_wait_frac": 0.4}
+    assert trial_verdicts(rows_from_measurements([*CEILINGS, waiting]), SELECTION)[10].name == "data-starved"
 
 
 def test_evidence_carries_the_numbers():

@@ -91,6 +91,7 @@ def test_cuda_trials_forked_by_the_fork_server_and_its_refusal(tmp_path: Path):
                      knobs=Knobs(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=64))
     fresh = run_trial(spec, tmp_path / "fresh", 120)
     assert fresh["status"] == "ok" and fresh["started_by"] == "interpreter", fresh
+    assert "initialised CUDA" in fresh["fork_server_refused"]
 
 
 def test_jpegs_decoded_and_augmented_on_the_gpu(tmp_path: Path):
@@ -107,3 +108,4 @@ def test_jpegs_decoded_and_augmented_on_the_gpu(tmp_path: Path):
                       tmp_path / mode, 300)
         assert m["status"] == "ok", m
         assert m["samples_per_s"] > 0 and 0 < m["gpu_busy_frac"] <= 1
+        assert m["input_on_device"] is (mode == "train")  # what the gpu-preprocessing verdict reads

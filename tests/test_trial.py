@@ -141,6 +141,7 @@ def test_the_fork_server_starts_trials_that_stay_isolated(tmp_path: Path):
     second = run_trial(_spec(cfg, number=1, num_workers=0, batch_size=8), tmp_path / "b", 60)
     assert first["status"] == second["status"] == "ok", (first, second)
     assert first["started_by"] == second["started_by"] == "fork server"
+    assert first["input_on_device"] is False  # the trial moved the batches: no input work on the device
     assert first["pid"] != second["pid"]
     fresh = run_trial(_spec(sleepy_config(**{"trial.fork_server": False, "trial.window_s": 0.3}), number=2,
                             batch_size=8, threads=2), tmp_path / "c", 60)
@@ -279,3 +280,17 @@ def test_precision_measures_until_the_interval_is_tight_leaving_out_settling_win
     fixed = run_trial(_spec(sleepy_config(**base), num_workers=0, batch_size=8), tmp_path / "fixed", 60)
     assert fixed["stop_reason"] == "fixed" and fixed["windows_measured"] == 2 and fixed["settling_windows"] == []
     assert fixed["samples_per_s"] < 0.9 * precise["samples_per_s"]
+
+
+def test_the_fork_server_refuses_once_an_import_initialised_cuda(tmp_path: Path):
+    """A workload module that leaves torch's CUDA state initialised (here marked so, on the CPU) makes the fork
+    server refuse: the trial starts in a fresh interpreter, and so do the trials after it."""
+    plain = sleepy_config(**{"trial.window_s": 0.3})
+    first = run_trial(_spec(plain, number=0, batch_size=8), tmp_path / "a", 60)
+    assert first["status"] == "ok" and first["started_by"] == "fork server", first
+    cuda = sleepy_config(**{"trial.window_s": 0.3, "workload.loss": "tests._cuda_state_at_import:loss"})
+    refused = run_trial(_spec(cuda, number=1, batch_size=8), tmp_path / "b", 60)
+    assert refused["status"] == "ok" and refused["started_by"] == "interpreter", refused
+    assert "initialised CUDA" in refused["fork_server_refused"]
+    after = run_trial(_spec(plain, number=2, batch_size=8), tmp_path / "c", 60)
+    assert after["status"] == "ok" and after["started_by"] == "interpreter", after

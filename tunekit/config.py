@@ -603,13 +603,13 @@ def _check_gpu_decode(cfg: Config, source: str, errors: list[str]) -> None:
                       "GPU (device: auto or cuda)")
 
 
+IMPORT_PATH_KEYS = tuple(f.name for f in dataclasses.fields(Workload) if f.metadata.get("check", {}).get("import_path"))
+"""The workload keys that name a ``module:attr`` import path."""
+
+
 def _check_import_paths(cfg: Config, source: str) -> list[str]:
-    paths = {
-        f"workload.{key}": getattr(cfg.workload, key)
-        for key in ("model", "dataset", "loss", "optimizer", "step", "collate_fn", "sampler", "worker_init_fn",
-                    "loader", "count")
-        if getattr(cfg.workload, key) is not None
-    }
+    paths = {f"workload.{key}": getattr(cfg.workload, key) for key in IMPORT_PATH_KEYS
+             if getattr(cfg.workload, key) is not None}
     cmd = [sys.executable, "-m", "tunekit.workloads.resolve", json.dumps(paths)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:

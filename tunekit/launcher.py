@@ -13,7 +13,6 @@ This module never imports torch.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import json
 import math
 import os
@@ -134,6 +133,9 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
     result = _outcome(spec, proc.returncode, timed_out, timeout_s, out_path, trial_dir / "worker.log")
     result.update(returncode=proc.returncode, launcher_wall_s=wall, pid=proc.pid,
                   started_by="fork server" if isinstance(proc, _Forked) else "interpreter")
+    refused = _SERVERS.get("server")
+    if _forkable(spec) and not isinstance(proc, _Forked) and refused is not None and refused.refusal:
+        result["fork_server_refused"] = refused.refusal  # why this trial paid a fresh interpreter
     write_json_atomic(out_path, result)
     return result
 
@@ -153,6 +155,7 @@ class _ForkServer:
         theirs.close()
         self.sock = ours
         self.broken = False
+        self.refusal = ""  # the server's reason when it refused to fork (an import made forking unsafe)
 
     def request(self, argv: list[str], env: dict[str, str], preload: list[str]) -> _Forked | None:
         """Fork one trial; None when the server cannot (then it is not asked again)."""
@@ -174,6 +177,7 @@ class _ForkServer:
         finally:
             os.close(write_end)
         if not reply or "pid" not in reply:
+            self.refusal = str((reply or {}).get("unsafe") or "")
             os.close(read_end)
             self.close()
             return None
@@ -239,12 +243,17 @@ _FORK_REPLY_S = 120.0
 _SERVERS: dict[str, _ForkServer] = {}
 
 
+def _forkable(spec: TrialSpec) -> bool:
+    """A single-process trial with ``trial.fork_server`` on."""
+    return spec.knobs.ranks == 1 and bool((spec.config.get("trial") or {}).get("fork_server", True))
+
+
 def _fork_trial(spec: TrialSpec, argv: list[str], env: dict[str, str], trial_env: dict[str, str]) -> _Forked | None:
     """The trial forked by this process's fork server (one per environment and working folder, started when first
     needed); None for a multi-rank trial, with ``trial.fork_server: false``, or once the server for this
     environment could not fork (a module it imported initialised CUDA, or it died): the caller then starts a fresh
     interpreter."""
-    if spec.knobs.ranks > 1 or not (spec.config.get("trial") or {}).get("fork_server", True):
+    if not _forkable(spec):
         return None
     key = (tuple(sorted(env.items())), os.getcwd())
     server = _SERVERS.get("server")
@@ -258,11 +267,10 @@ def _fork_trial(spec: TrialSpec, argv: list[str], env: dict[str, str], trial_env
 
 def _preload(config: dict[str, Any]) -> list[str]:
     """The modules of the workload's import paths (``module:attr``), for the fork server to import once."""
-    from tunekit.config import Workload
+    from tunekit.config import IMPORT_PATH_KEYS
 
     workload = config.get("workload") or {}
-    names = [f.name for f in dataclasses.fields(Workload) if f.metadata.get("import_path")]
-    paths = [workload.get(n) for n in names]
+    paths = [workload.get(n) for n in IMPORT_PATH_KEYS]
     return sorted({p.split(":", 1)[0] for p in paths if isinstance(p, str) and ":" in p})
 
 

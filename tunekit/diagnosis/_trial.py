@@ -236,6 +236,20 @@ def _communication_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | 
     return ev
 
 
+def _gpu_preprocessing(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
+    # the compute ceiling stages a batch already decoded: at a step that does not wait for data, the time beyond
+    # the ceiling's step is the decoding and augmentation the step does on the device
+    if row.mode != "train" or not row.measurement.get("input_on_device") or f.data_bound:
+        return None
+    if f.of_ceiling is None or f.of_ceiling >= rules.NEAR_CEILING:
+        return None
+    ev: Evidence = {"of compute ceiling": f.of_ceiling,
+                    "step time beyond the model's on a ready batch": 1.0 - f.of_ceiling, "data wait": f.wait}
+    if f.busy is not None:
+        ev["GPU busy (events)"] = f.busy
+    return ev
+
+
 def _overhead_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     if row.mode == "loader" or (row.mode == "train" and (f.of_ceiling is None or f.of_ceiling < rules.NEAR_CEILING)):
         return None
@@ -268,7 +282,8 @@ def _unattributed(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
 PREDICATES: dict[str, Callable[[TrialRow, Facts, Trials], Evidence | None]] = {
     "shared-gpu": _shared_gpu, "memory-wall": _memory_wall, "h2d-copy": _h2d_copy,
     "cpu-preprocessing": _cpu_preprocessing, "data-starved": _data_starved,
-    "communication-bound": _communication_bound, "overhead-bound": _overhead_bound,
+    "communication-bound": _communication_bound, "gpu-preprocessing": _gpu_preprocessing,
+    "overhead-bound": _overhead_bound,
     "compute-bound": _compute_bound, "unattributed": _unattributed,
 }
 assert tuple(PREDICATES) == VERDICTS

@@ -4,7 +4,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 VERDICTS: tuple[str, ...] = ("shared-gpu", "memory-wall", "h2d-copy", "cpu-preprocessing", "data-starved",
-                             "communication-bound", "overhead-bound", "compute-bound", "unattributed")
+                             "communication-bound", "gpu-preprocessing", "overhead-bound", "compute-bound",
+                             "unattributed")
 """The fixed vocabulary, in precedence order: a trial's predicates are tried in this order and the first that
 holds is its verdict. h2d-copy comes before the data verdicts because a copy bound also makes the loop wait: when
 pinning measurably beats every unpinned config with as many workers or fewer, more workers are not the fix."""
@@ -21,6 +22,11 @@ FIXES: dict[str, str] = {
                            "(search.grad_accum or target_effective_batch) so the ranks sync once per several "
                            "micro-batches, raise DDP's bucket_cap_mb, and check the GPU interconnect (nvidia-smi topo "
                            "-m: NVLink rather than PCIe through a shared switch, links at their full width)",
+    "gpu-preprocessing": "decoding and augmentation inside the training step are the bound (the loop does not "
+                         "wait for data, yet the step is slower than the model's own on a ready batch): overlap "
+                         "them with the previous step (decode the next batch on a side CUDA stream, as NVIDIA "
+                         "DALI's pipelines do), decode at a lower resolution, or give part of the work back to the "
+                         "loader workers",
     "overhead-bound": "launches and fixed per-step costs dominate: use a larger batch, CUDA graphs via "
                       "torch.compile(mode='reduce-overhead'), or kernel fusion via torch.compile",
     "memory-wall": "cap the batch below the OOM boundary and reach the effective batch with gradient accumulation "

@@ -7,7 +7,7 @@ file descriptor, the write end of the pipe that becomes the trial's stdout and s
 preload modules (a failing import is left for the trial to report), then forks; it answers ``{"pid": PID}``, and
 ``{"exit": PID, "code": CODE}`` once that child has ended (``CODE`` as ``subprocess.Popen.returncode`` gives it:
 negative for a signal). It answers ``{"unsafe": REASON}`` and exits instead when an import initialised CUDA or
-started its driver: a child forked after that could not use the GPU.
+started its driver (a child forked after that could not use the GPU), or started a thread.
 
 Isolation stays what a fresh interpreter gives: the child starts a session of its own (the launcher kills its whole
 process tree on timeout), takes the launcher's environment, and initialises CUDA itself, after the fork; what one
@@ -22,6 +22,7 @@ import json
 import os
 import socket
 import sys
+import threading
 from typing import Any
 
 __all__ = ["serve"]
@@ -89,6 +90,15 @@ def _cuda_poisoned() -> bool:
     return os.waitstatus_to_exitcode(status) == 2
 
 
+def _unsafe() -> str | None:
+    """Why a child forked now would not be a clean trial, or None."""
+    if _cuda_poisoned():
+        return "a module imported for the trials initialised CUDA; a child forked after that cannot use the GPU"
+    if threading.active_count() > 1:  # a fork copies the lock states of threads it does not copy
+        return "a module imported for the trials started a thread; a child forked after that could deadlock"
+    return None
+
+
 def serve(fd: int) -> int:
     sock = socket.socket(fileno=fd)
     # a workload module asking torch.cuda.is_available() at import must not start the driver here (the trials the
@@ -111,11 +121,11 @@ def serve(fd: int) -> int:
         before = len(sys.modules)
         _preload(list(request.get("preload") or []))
         checked = checked and len(sys.modules) == before
-        if not checked and _cuda_poisoned():
+        unsafe = None if checked else _unsafe()
+        if unsafe:
             for f in fds:
                 os.close(f)
-            _send(sock, {"unsafe": "a module imported for the trials initialised CUDA; a child forked after that "
-                                   "cannot use the GPU"})
+            _send(sock, {"unsafe": unsafe})
             return 1
         sys.stdout.flush()
         sys.stderr.flush()

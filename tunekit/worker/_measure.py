@@ -677,13 +677,17 @@ def _pinned_peak(device: torch.device) -> int | None:
 
 
 def _dataset_fields(built: Built, spec: TrialSpec, consumed: int) -> dict[str, Any]:
-    """The dataset's length and the passes over it the trial made (None for a dataset without a length)."""
+    """The dataset's length and the passes over it the trial made (None for a dataset without a length), and
+    whether each measured step moved its batch with the dataset's own ``batch_to_device``."""
+    # a dataset that moves its batches itself (decode: gpu) does input work on the device inside each step
+    on_device = spec.mode == "train" and hasattr(built.dataset, "batch_to_device")
     try:
         length = len(built.dataset)  # type: ignore[arg-type]
     except TypeError:
-        return {"dataset_len": None, "dataset_passes": None}
+        return {"dataset_len": None, "dataset_passes": None, "input_on_device": on_device}
     batches = consumed if spec.mode != "compute" else 1
-    return {"dataset_len": length, "dataset_passes": batches * spec.knobs.batch_size / length if length else None}
+    return {"dataset_len": length, "dataset_passes": batches * spec.knobs.batch_size / length if length else None,
+            "input_on_device": on_device}
 
 
 def _host_fields(monitor: Monitor) -> dict[str, Any]:
