@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from tunekit.workloads.images import augment_batch, crop_boxes, image_folder, synthetic_jpeg, train_transform
+from tunekit.workloads.images import GpuDecode, augment_batch, crop_boxes, image_folder, synthetic_jpeg, train_transform
 
 SMALL = {"width": 96, "height": 72}
 MARKER = "DONE.json"
@@ -201,14 +201,21 @@ def test_image_folder_missing_or_empty(tmp_path: Path) -> None:
 
 
 def test_decode_on_the_gpu_leaves_the_workers_only_the_bytes(tmp_path: Path) -> None:
-    """decode: gpu: the dataset yields a JPEG's bytes (what a worker reads), its collate keeps them a list, and
-    moving a batch to a CPU device is refused in one clear line (the GPU path itself is tests/test_gpu.py's)."""
+    """decode: gpu: the dataset yields a JPEG's bytes (what a worker reads), its collate puts a batch's bytes in one
+    tensor from which each image's bytes come back whole (they decode to the stored images), and moving a batch to
+    a CPU device is refused in one clear line (the GPU path itself is tests/test_gpu.py's)."""
     ds = synthetic_jpeg(num_images=4, crop=32, decode="gpu", cache_dir=str(tmp_path), **SMALL)
     data, label = ds[1]
     assert data.dtype == torch.uint8 and data.dim() == 1 and label == 1
     assert bytes(data[:2].tolist()) == b"\xff\xd8"  # a JPEG's start-of-image marker: not decoded
     batch = next(iter(DataLoader(ds, batch_size=3, num_workers=2, collate_fn=ds.collate_fn)))
-    assert isinstance(batch[0], list) and len(batch[0]) == 3 and batch[1].tolist() == [0, 1, 2]
+    assert batch[0].dim() == 1 and batch[1].sum() == batch[0].numel() and batch[2].tolist() == [0, 1, 2]
+    encoded = GpuDecode.encoded(batch)
+    assert [e.numel() for e in encoded] == batch[1].tolist()
+    assert all(torch.equal(e, ds[i][0]) for i, e in enumerate(encoded))
+    from torchvision.io import decode_jpeg
+
+    assert [tuple(image.shape) for image in decode_jpeg(encoded)] == [(3, 72, 96)] * 3
 
     class Cpu:
         device = torch.device("cpu")

@@ -88,9 +88,9 @@ DECODE = ("cpu", "gpu")
 
 class GpuDecode:
     """Decoding and augmentation on the GPU. The loader workers only read each JPEG's bytes; the batch goes to the
-    device as a list of encoded images, is decoded there in one batched ``torchvision.io.decode_jpeg`` call, and
-    gets the same augmentation as on the CPU (random resized crop, horizontal flip, normalisation), inside the
-    training step. A dataset with this decode carries ``collate_fn`` and ``batch_to_device``, which the trial uses
+    step as one tensor of encoded images (:meth:`collate_fn`), is decoded on the device in one batched
+    ``torchvision.io.decode_jpeg`` call, and gets the same augmentation as on the CPU (random resized crop,
+    horizontal flip, normalisation), inside the training step. A dataset with this decode carries ``collate_fn`` and ``batch_to_device``, which the trial uses
     in place of its own.
 
     The augmentation is batched (:func:`augment_batch`): transforms v2 draws one crop per call, so a crop per image
@@ -101,11 +101,21 @@ class GpuDecode:
         self.crop = crop
 
     @staticmethod
-    def collate_fn(samples: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """Encoded images of different lengths stay a list; the labels become a tensor."""
-        return [data for data, _ in samples], torch.tensor([label for _, label in samples])
+    def collate_fn(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The batch's encoded images end to end in one uint8 tensor, their lengths, and the labels. One tensor
+        crosses the worker queue and gets pinned, not one per image: on a 2-core box two workers delivered about
+        3x the samples/s this way."""
+        data = [d for d, _ in samples]
+        return (torch.cat(data), torch.tensor([d.numel() for d in data]),
+                torch.tensor([label for _, label in samples]))
 
-    def batch_to_device(self, batch: tuple[list[torch.Tensor], torch.Tensor], ctx: object,
+    @staticmethod
+    def encoded(batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> list[torch.Tensor]:
+        """Each image's encoded bytes: views of the batch's one tensor."""
+        data, lengths, _ = batch
+        return list(torch.split(data, lengths.tolist()))
+
+    def batch_to_device(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ctx: object,
                         non_blocking: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode and augment a batch on ``ctx.device``: a float32 tensor [N, 3, crop, crop] (channels-last when
         ``ctx.channels_last``) and the labels."""
@@ -115,13 +125,13 @@ class GpuDecode:
         if device.type != "cuda":
             raise RuntimeError(f"decode: gpu decodes on a CUDA device, but this trial runs on {device}; set decode: "
                                "cpu, or run on a GPU")
-        data, labels = batch
+        labels = batch[2]
         # nvJPEG's hardware decoder does not wait for work already queued on the stream it is given: it can write
         # into memory the caching allocator just freed while the previous step's kernels still read it (NaN losses
         # on an H200; pytorch/vision#9606). The step's queue is drained before the decode, as the fix there does.
         torch.cuda.current_stream(device).synchronize()
         # decode_jpeg wants the encoded bytes on the CPU and copies them itself (pinned ones without blocking)
-        images = decode_jpeg([d.cpu() for d in data], mode=ImageReadMode.RGB, device=device)
+        images = decode_jpeg(self.encoded(batch), mode=ImageReadMode.RGB, device=device)
         out = augment_batch(images, self.crop)
         if getattr(ctx, "channels_last", False):
             out = out.contiguous(memory_format=torch.channels_last)
