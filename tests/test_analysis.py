@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -97,12 +98,37 @@ def test_window_rules_leave_out_only_windows_that_are_still_settling():
     # noise on both sides of the mean is no ramp: nothing is left out
     assert rules.settling([100, 104, 97, 103, 98, 102, 99], 3, 0.02) == 0
     assert rules.settling([100, 101, 99, 100, 102], 3, 0.03) == 0  # all within the precision
-    assert rules.window_stop([100, 101], 2, 5, None) == "fixed"
-    assert rules.window_stop([100, 130], 2, 5, 0.02) is None  # too wide: measure another
-    assert rules.window_stop([100, 130, 100, 131, 99], 2, 5, 0.02) == "max_windows"
-    assert rules.rate_interval([100.0]) == float("inf") and rules.rate_interval([100.0, 100.0]) == 0.0
+    def one_second(*rates: float) -> tuple[list[float], list[float]]:  # windows of one second each
+        return list(rates), [1.0] * len(rates)
+
+    assert rules.window_stop(*one_second(100, 101), 2, 5, None) == "fixed"
+    assert rules.window_stop(*one_second(100, 130), 2, 5, 0.02) is None  # too wide: measure another
+    assert rules.window_stop(*one_second(100, 130, 100, 131, 99), 2, 5, 0.02) == "max_windows"
+    assert rules.rate_interval([100.0], [1.0]) == float("inf")
+    assert rules.rate_interval(*one_second(100.0, 100.0)) == 0.0
     # racing: windows 100 +- 10 % whose whole interval lies below the 150 needed stop early; near it they go on
-    noisy = [100, 110, 90, 105]
-    assert rules.window_stop(noisy, 3, 8, 0.01, needed=150) == "below_band"
-    assert rules.window_stop(noisy, 3, 8, 0.01, needed=110) is None
-    assert rules.window_stop(noisy, 3, 8, None, needed=150) == "fixed"  # no precision asked: fixed windows
+    noisy = one_second(100, 110, 90, 105)
+    assert rules.window_stop(*noisy, 3, 8, 0.01, needed=150) == "below_band"
+    assert rules.window_stop(*noisy, 3, 8, 0.01, needed=110) is None
+    assert rules.window_stop(*noisy, 3, 8, None, needed=150) == "fixed"  # no precision asked: fixed windows
+
+
+def test_a_trial_rate_weighs_every_second_once():
+    """Windows close at the end of a loader round: a fast round joins the next in one long window, a slow one stays
+    alone. Rounds of 16 batches, one fast (1.5 s) for every three slow (3 s): the median of the window rates reads
+    the slow rounds' rate, the ratio of sums is the run's; the interval of equal windows is the t-interval of their
+    mean."""
+    from tunekit import rules
+
+    samples, seconds = [], []
+    for _ in range(4):
+        samples += [32.0, 16.0, 16.0]  # a fast round merged with the next slow one, then two slow ones alone
+        seconds += [4.5, 3.0, 3.0]
+    truth = sum(samples) / sum(seconds)
+    assert rules.window_rate(samples, seconds) == pytest.approx(truth)
+    rates = [s / t for s, t in zip(samples, seconds, strict=True)]
+    assert statistics.median(rates) < truth * 0.95  # what the median of windows read
+    equal = [10.0, 12.0, 11.0, 9.0]
+    mean = statistics.fmean(equal)
+    t_interval = 3.182 * statistics.stdev(equal) / 2 / mean
+    assert rules.rate_interval(equal, [1.0] * 4) == pytest.approx(t_interval)

@@ -158,7 +158,8 @@ def test_two_nodes_of_one_rank_on_localhost(tmp_path: Path):
 
 
 def _rank_result(rank: int, node: int, rate: float, node_peak: int) -> dict:
-    return {"samples_per_s_windows": [rate, rate], "samples_per_s": rate, "measured_samples": rate * 2,
+    return {"samples_per_s_windows": [rate, rate], "seconds_windows": [1.0, 1.0], "samples_per_s": rate,
+            "measured_samples": rate * 2,
             "params": {"num_workers": 2}, "host": f"h/{node}", "local_rank": 0, "cpu_count": 4,
             "cpu_util_cores": 1.0, "worker_cpu_s": 1.0, "measured_s": 2.0, "step_time_s": 0.1 + rank / 100,
             "data_wait_frac": 0.1 * rank, "gpu_busy_frac": None, "system_cpu_pct": 50.0, "items_per_batch_mean": 8,

@@ -24,7 +24,7 @@ class TrialRow:
     status: str
     reason: str = ""
     rate: float = 0.0
-    """Throughput (``unit``/s), median of the windows; 0 for a trial that was not measured."""
+    """Throughput (``unit``/s) over the kept windows (rules.window_rate); 0 for a trial that was not measured."""
     noise_cv: float = 0.0
     """Coefficient of variation of the trial's window throughputs."""
     headroom: float | None = None

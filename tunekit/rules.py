@@ -16,7 +16,7 @@ Two kinds of noise appear here and nowhere else:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from statistics import median
 
 from tunekit.config import Selection
@@ -28,8 +28,8 @@ __all__ = [
     "CPU_SATURATED", "CPU_BUSY", "WORKER_WAITING", "MEMORY_WALL_MARGIN", "HOST_MEMORY_WARN", "SHM_WARN",
     "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "stops_batch_growth", "run_noise", "band", "needed", "trial_margin",
     "can_reach", "knee_stages", "of_ceiling", "SYNC_SHARE", "SCALING_HEALTHY", "scaling_efficiency",
-    "communication_bound", "rate_interval", "settling", "window_stop", "input_bound", "worker_core_share",
-    "waits_on_data", "machine_noise",
+    "communication_bound", "rate_interval", "window_rate", "settling", "window_stop", "input_bound",
+    "worker_core_share", "waits_on_data", "machine_noise",
 ]
 
 # --- selection -----------------------------------------------------------------------------------------------
@@ -98,15 +98,28 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
 """Student's t, two-sided 95 %, for 1 ... 15 degrees of freedom (1.96 beyond)."""
 
 
-def rate_interval(rates: list[float]) -> float:
-    """Relative half-width of the 95 % confidence interval of the mean of window throughputs (inf below two)."""
-    n = len(rates)
-    if n < 2:
+def window_rate(samples: Sequence[float], seconds: Sequence[float]) -> float:
+    """A trial's throughput: its windows' items over their time. The windows are contiguous and close at the end
+    of a loader round, so their lengths differ: a round that finishes early joins the next in one long, fast window
+    while slow rounds stay windows of their own, and a median of window rates leans towards the slow rounds (by up
+    to 9 % on H200 trials of 16 CPU-decoding workers). The ratio of sums weighs every second once."""
+    return sum(samples) / sum(seconds)
+
+
+def rate_interval(samples: Sequence[float], seconds: Sequence[float]) -> float:
+    """Relative half-width of the 95 % confidence interval of :func:`window_rate` (the ratio estimator's standard
+    error over the windows; for windows of equal length, the t-interval of their mean rate); inf below two
+    windows."""
+    n = len(samples)
+    if n < 2 or sum(seconds) <= 0:
         return float("inf")
-    mean = sum(rates) / n
-    sd = (sum((r - mean) ** 2 for r in rates) / (n - 1)) ** 0.5
+    rate = window_rate(samples, seconds)
+    if rate <= 0:
+        return float("inf")
+    spread = sum((s - rate * t) ** 2 for s, t in zip(samples, seconds, strict=True)) / (n - 1)
+    se = (spread / n) ** 0.5 / (sum(seconds) / n)
     t = _T975[n - 2] if n - 2 < len(_T975) else 1.96
-    return t * sd / n**0.5 / mean if mean > 0 else float("inf")
+    return t * se / rate
 
 
 def settling(rates: list[float], min_windows: int, precision: float) -> int:
@@ -135,23 +148,25 @@ def settling(rates: list[float], min_windows: int, precision: float) -> int:
     return drop
 
 
-def window_stop(rates: list[float], min_windows: int, max_windows: int, precision: float | None,
-                needed: float | None = None) -> str | None:
-    """Why a trial stops measuring after these windows, or None to measure another: ``fixed`` (no precision
-    asked, ``min_windows`` done), ``precise`` (the settled windows' interval within ``precision``), ``below_band``
-    (the settled windows' interval lies wholly below ``needed``, the rate that would bring the trial within the band
-    of the best so far: more windows cannot make it the knee), ``max_windows``."""
-    if len(rates) < min_windows:
+def window_stop(samples: Sequence[float], seconds: Sequence[float], min_windows: int, max_windows: int,
+                precision: float | None, needed: float | None = None) -> str | None:
+    """Why a trial stops measuring after these windows (items and seconds of each), or None to measure another:
+    ``fixed`` (no precision asked, ``min_windows`` done), ``precise`` (the settled windows' interval within
+    ``precision``), ``below_band`` (the settled windows' interval lies wholly below ``needed``, the rate that would
+    bring the trial within the band of the best so far: more windows cannot make it the knee), ``max_windows``."""
+    n = len(samples)
+    if n < min_windows:
         return None
     if precision is None:
         return "fixed"
-    settled = rates[settling(rates, min_windows, precision):]
-    interval = rate_interval(settled)
+    drop = settling([s / t for s, t in zip(samples, seconds, strict=True)], min_windows, precision)
+    kept, kept_s = samples[drop:], seconds[drop:]
+    interval = rate_interval(kept, kept_s)
     if interval <= precision:
         return "precise"
-    if needed is not None and sum(settled) / len(settled) * (1.0 + interval) < needed:
+    if needed is not None and window_rate(kept, kept_s) * (1.0 + interval) < needed:
         return "below_band"
-    return "max_windows" if len(rates) >= max_windows else None
+    return "max_windows" if n >= max_windows else None
 
 
 # --- diagnosis -----------------------------------------------------------------------------------------------

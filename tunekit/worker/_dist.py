@@ -216,17 +216,21 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _throughput(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The global windows (each window summed over the ranks), their median, noise and interval."""
+    """The global windows (each window summed over the ranks, which close their windows together), the global
+    throughput (rules.window_rate over them), noise and interval."""
     count = len(results[0]["samples_per_s_windows"])
     windows = [sum(r["samples_per_s_windows"][i] for r in results) for i in range(count)]
-    median = statistics.median(windows)
+    seconds = [statistics.fmean(r["seconds_windows"][i] for r in results) for i in range(count)]
+    items = [rate * s for rate, s in zip(windows, seconds, strict=True)]
+    rate = rules.window_rate(items, seconds)
     samples = sum(r["measured_samples"] for r in results)
     return {
-        "samples_per_s": median,
+        "samples_per_s": rate,
         "samples_per_s_windows": windows,
+        "seconds_windows": seconds,
         "noise_cv": _cv(windows),
-        "noise_range": (max(windows) - min(windows)) / median if median else 0.0,
-        "rate_interval": rules.rate_interval(windows),
+        "noise_range": (max(windows) - min(windows)) / rate if rate else 0.0,
+        "rate_interval": rules.rate_interval(items, seconds),
         "measured_samples": samples,
         "sample_time_s": results[0]["measured_s"] / samples if samples else None,
     }

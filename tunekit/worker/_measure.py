@@ -412,7 +412,7 @@ def _cv(values: list[float]) -> float:
 
 def _summarise(windows: list[_Window], cpus: int, workers: int) -> dict[str, Any]:
     rates = [w.samples_per_s for w in windows]
-    median = statistics.median(rates)
+    rate = rules.window_rate([w.samples for w in windows], [w.wall_s for w in windows])
     cv = _cv(rates)
     wall = sum(w.wall_s for w in windows)
     steps = sum(w.steps for w in windows)
@@ -421,11 +421,12 @@ def _summarise(windows: list[_Window], cpus: int, workers: int) -> dict[str, Any
     worker_cpu_s = sum(w.cpu.workers_s for w in windows)
     busy = None if windows[0].busy_s is None else sum(w.busy_s or 0.0 for w in windows) / wall
     return {
-        "samples_per_s": median,
+        "samples_per_s": rate,
         "samples_per_s_windows": rates,
+        "seconds_windows": [w.wall_s for w in windows],
         "steps_windows": [w.steps for w in windows],
         "noise_cv": cv,
-        "noise_range": (max(rates) - min(rates)) / median if median else 0.0,
+        "noise_range": (max(rates) - min(rates)) / rate if rate else 0.0,
         "step_time_s": wall / steps,
         "sample_time_s": wall / samples,
         "measured_s": wall,
@@ -561,16 +562,16 @@ def _windows(loop: _Loop, cfg: Config, device: torch.device, accum: int, round_b
     windows: list[_Window] = []
     while True:
         windows.append(_run_window(loop, device, t.window_s, accum, round_batches, cpu))
-        reason = rules.window_stop([w.samples_per_s for w in windows], t.measure_windows, t.max_windows, t.precision,
-                                   needed)
+        reason = rules.window_stop([w.samples for w in windows], [w.wall_s for w in windows], t.measure_windows,
+                                   t.max_windows, t.precision, needed)
         if not loop.agree(reason is None):
             break
     rates = [w.samples_per_s for w in windows]
     drop = loop.agree_max(rules.settling(rates, t.measure_windows, t.precision) if t.precision is not None else 0)
-    settled = [w.samples_per_s for w in windows[drop:]]
-    return windows[drop:], {"stop_reason": reason, "windows_measured": len(windows),
-                            "settling_windows": rates[:drop], "settling_s": sum(w.wall_s for w in windows[:drop]),
-                            "rate_interval": rules.rate_interval(settled)}
+    kept = windows[drop:]
+    return kept, {"stop_reason": reason, "windows_measured": len(windows),
+                  "settling_windows": rates[:drop], "settling_s": sum(w.wall_s for w in windows[:drop]),
+                  "rate_interval": rules.rate_interval([w.samples for w in kept], [w.wall_s for w in kept])}
 
 
 def _check_rank_shards(ranks: _dist.Ranks, batches: _Batches) -> None:

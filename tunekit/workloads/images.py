@@ -90,8 +90,8 @@ class GpuDecode:
     """Decoding and augmentation on the GPU. The loader workers only read each JPEG's bytes; the batch goes to the
     step as one tensor of encoded images (:meth:`collate_fn`), is decoded on the device in one batched
     ``torchvision.io.decode_jpeg`` call, and gets the same augmentation as on the CPU (random resized crop,
-    horizontal flip, normalisation), inside the training step. A dataset with this decode carries ``collate_fn`` and ``batch_to_device``, which the trial uses
-    in place of its own.
+    horizontal flip, normalisation), inside the training step. A dataset with this decode carries ``collate_fn``
+    and ``batch_to_device``, which the trial uses in place of its own.
 
     The augmentation is batched (:func:`augment_batch`): transforms v2 draws one crop per call, so a crop per image
     means a call per image, which cost 126 ms for a batch of 512 on an H200 (more than ResNet-50's training step);

@@ -51,7 +51,7 @@ def draw_workers(plot: WorkersPlot, path: Path) -> None:
         ax.plot(plot.knee.workers, plot.knee.samples_per_s, marker="o", markersize=14, markerfacecolor="none",
                 markeredgecolor="red", markeredgewidth=2, linestyle="none", label=plot.knee_label, zorder=6)
     ax.set_xlabel(plot.axis)
-    ax.set_ylabel(f"{plot.unit}/s (median of windows; bars: window range)")
+    ax.set_ylabel(f"{plot.unit}/s (bars: window range)")
     ax.set_ylim(bottom=0)
     ax.set_xlim(left=-0.5)
     # outside the axes: inside, it covered the few-worker points that matter most
