@@ -113,3 +113,40 @@ def once_per_process_model(step_wait_s: float = 0.005):
         raise RuntimeError(f"a model was already built in this process (pid {_BUILDS[0]})")
     _BUILDS.append(os.getpid())
     return sleepy_model(step_wait_s=step_wait_s)
+
+
+class _MovedAhead(torch.utils.data.Dataset):
+    """A dataset that moves its batches itself, one batch ahead (as ``decode: gpu-overlap`` does on a GPU): its
+    move negates the inputs and checks that it runs in the trial's ahead thread, so a batch the step sees unmoved,
+    or moved in the step's own thread, fails the trial."""
+
+    batch_to_device_ahead = True
+
+    def __init__(self, shape=(3, 8, 8)):
+        self.shape = tuple(shape)
+
+    def __len__(self):
+        return 10_000
+
+    def __getitem__(self, index):
+        return torch.ones(self.shape), index % 10
+
+    @staticmethod
+    def batch_to_device(batch, ctx, non_blocking):
+        import threading
+
+        if threading.current_thread().name != "tunekit-ahead":
+            raise RuntimeError(f"moved in thread {threading.current_thread().name}")
+        inputs, labels = batch
+        return -inputs.to(ctx.device), labels.to(ctx.device)
+
+
+def moved_ahead_dataset():
+    return _MovedAhead()
+
+
+def moved_ahead_step(model, batch, ctx):
+    inputs, labels = batch
+    if not bool((inputs < 0).all()):
+        raise RuntimeError("the step got a batch that was not moved")
+    return torch.nn.functional.cross_entropy(model(inputs), labels)

@@ -294,3 +294,45 @@ def test_the_fork_server_refuses_once_an_import_initialised_cuda(tmp_path: Path)
     assert "initialised CUDA" in refused["fork_server_refused"]
     after = run_trial(_spec(plain, number=2, batch_size=8), tmp_path / "c", 60)
     assert after["status"] == "ok" and after["started_by"] == "interpreter", after
+
+
+def test_a_dataset_moving_its_batches_ahead_is_moved_beside_the_step(tmp_path: Path):
+    """A dataset with batch_to_device_ahead (decode: gpu-overlap on a GPU) has each batch moved in the trial's ahead
+    thread, before the step takes it; the trial counts the loader's items and records input on the device."""
+    cfg = sleepy_config(**{"workload.dataset": "tests._workloads:moved_ahead_dataset", "workload.dataset_args": {},
+                           "workload.step": "tests._workloads:moved_ahead_step", "trial.window_s": 0.3})
+    m = run_trial(_spec(cfg, number=0, num_workers=2, prefetch_factor=2, batch_size=8), tmp_path / "t", 60)
+    assert m["status"] == "ok", m
+    assert m["input_on_device"] is True and m["measured_samples"] == 8 * m["measured_steps"]
+
+
+def test_the_ahead_thread_keeps_order_and_hands_on_its_failure():
+    """_Ahead moves batches in order in a thread of its own, passes an exception on to the step that fetches next,
+    and close() ends the thread."""
+    import threading
+
+    from tunekit.worker._measure import _Ahead
+
+    class Ctx:
+        device = torch.device("cpu")
+
+    source = iter([torch.tensor([1]), torch.tensor([2]), torch.tensor([3])])
+
+    def batches():
+        item = next(source, None)
+        if item is None:
+            raise ValueError("the loader failed")
+        return item
+
+    threads = set()
+
+    def move(batch, ctx, non_blocking):
+        threads.add(threading.current_thread().name)
+        return batch * 10
+
+    ahead = _Ahead(batches, move, Ctx(), non_blocking=False)
+    assert [ahead().item() for _ in range(3)] == [10, 20, 30]
+    with pytest.raises(ValueError, match="the loader failed"):
+        ahead()
+    ahead.close()
+    assert not ahead.thread.is_alive() and threads == {"tunekit-ahead"}

@@ -592,15 +592,17 @@ def _check_extra(cfg: Config, source: str, errors: list[str]) -> None:
 
 
 def _check_gpu_decode(cfg: Config, source: str, errors: list[str]) -> None:
-    """The built-in image pipelines decode on the GPU with ``decode: gpu``: not on a CPU device."""
+    """The built-in image pipelines decode on the GPU with ``decode: gpu`` or ``gpu-overlap``: not on a CPU
+    device."""
     if cfg.device != "cpu" or not cfg.workload.dataset.startswith("tunekit.workloads.images:"):
         return
     key = "workload.dataset_args.decode"
-    listed = (cfg.search.extra.get(key) or {}).get("values") or []
-    if cfg.workload.dataset_args.get("decode") == "gpu" or "gpu" in listed:
-        where = f"search.extra.{key}" if "gpu" in listed else "workload.dataset_args.decode"
-        errors.append(f"{source}: {where}: gpu decodes on the CUDA device, but device is cpu; choose cpu, or run on a "
-                      "GPU (device: auto or cuda)")
+    listed = [v for v in (cfg.search.extra.get(key) or {}).get("values") or [] if str(v).startswith("gpu")]
+    own = str(cfg.workload.dataset_args.get("decode", "cpu"))
+    if own.startswith("gpu") or listed:
+        where, value = (f"search.extra.{key}", listed[0]) if listed else ("workload.dataset_args.decode", own)
+        errors.append(f"{source}: {where}: {value} decodes on the CUDA device, but device is cpu; choose cpu, or run "
+                      "on a GPU (device: auto or cuda)")
 
 
 IMPORT_PATH_KEYS = tuple(f.name for f in dataclasses.fields(Workload) if f.metadata.get("check", {}).get("import_path"))

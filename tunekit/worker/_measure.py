@@ -15,7 +15,9 @@ import contextlib
 import copy
 import os
 import platform
+import queue
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -73,6 +75,8 @@ class _Loop:
     """Items a fetched batch holds, in the workload's unit."""
     micro: int = 0
     """Micro-batches trained so far; the optimizer steps every grad_accum of them."""
+    close: Callable[[], None] = lambda: None
+    """Stops what the fetch runs beside the step (the one-batch-ahead move), before the loader stops."""
     loss: Any = None
     """The last micro-batch's loss, still on the device: checked at window edges only (no sync per step)."""
     agree: Callable[[bool], bool] = bool
@@ -196,6 +200,68 @@ def _tensors(batch: Any) -> list[torch.Tensor]:
     return []
 
 
+class _Ahead:
+    """A dataset's own ``batch_to_device`` run one batch ahead (a dataset with ``batch_to_device_ahead``, e.g.
+    ``decode: gpu-overlap``): a thread takes the loader's batches and moves them, on a CUDA stream of its own, while
+    the step trains the batch before; the step waits only when the next batch is not ready (data wait). A moved
+    batch reaches the training stream after the side stream's work on it (an event), and its tensors are marked in
+    use there, so the side stream's allocations are not reused while the step still reads them."""
+
+    def __init__(self, batches: _Batches, move: Callable[..., Any], ctx: Any, non_blocking: bool):
+        self.batches, self.move, self.ctx, self.non_blocking = batches, move, ctx, non_blocking
+        self.device: torch.device = ctx.device
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.ready: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="tunekit-ahead", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            with contextlib.ExitStack() as stack:
+                if self.stream is not None:  # the current device and stream are the thread's own
+                    stack.enter_context(torch.cuda.device(self.device))
+                    stack.enter_context(torch.cuda.stream(self.stream))
+                while not self.stopping.is_set():
+                    moved = self.move(self.batches(), self.ctx, non_blocking=self.non_blocking)
+                    done = None
+                    if self.stream is not None:
+                        done = torch.cuda.Event()
+                        done.record(self.stream)
+                    self._put((moved, done))
+        except BaseException as exc:  # noqa: BLE001 - the step raises it
+            self._put(exc)
+
+    def _put(self, item: Any) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.ready.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __call__(self) -> Any:
+        item = self.ready.get()
+        if isinstance(item, BaseException):
+            raise item
+        moved, done = item
+        if done is not None:
+            training = torch.cuda.current_stream(self.device)
+            training.wait_event(done)
+            for t in _tensors(moved):
+                if t.device.type == "cuda":
+                    t.record_stream(training)
+        return moved
+
+    def close(self) -> None:
+        """Stop taking batches; the thread ends once the batch in hand is moved (it is a daemon: a loader that
+        never returns does not hold the trial)."""
+        self.stopping.set()
+        with contextlib.suppress(queue.Empty):
+            self.ready.get_nowait()
+        self.thread.join(timeout=_JOIN_S)
+
+
 def _counter(cfg: Config, batch_size: int) -> Callable[[Any], float]:
     if cfg.workload.count is None:
         return lambda batch: batch_size
@@ -209,17 +275,26 @@ def _train_loop(built: Built, spec: TrialSpec, cfg: Config, batches: _Batches) -
     # a dataset may bring its own way onto the device (a built-in image pipeline with decode: gpu decodes and
     # augments there): part of the training step, and done once for the staged batch of the compute ceiling
     move = getattr(built.dataset, "batch_to_device", None) or to_device
+    # ... or one batch ahead, beside the step (rather than inside it)
+    ahead = spec.mode == "train" and bool(getattr(built.dataset, "batch_to_device_ahead", False))
     if spec.mode == "compute":  # one batch staged on the device: counted once, on the host
         first = batches()
         items = count(first)
         staged = move(first, ctx, non_blocking=False)
         _sync(ctx.device)
         loop = _Loop(fetch=lambda: staged, work=lambda b: None, count=lambda b: items)
+    elif ahead:
+        # the dataset's count reads the batch as the loader made it: count it before the move, in the thread
+        prefetch = _Ahead(batches, lambda b, c, non_blocking: (move(b, c, non_blocking=non_blocking), count(b)),
+                          ctx, knobs.non_blocking)
+        loop = _Loop(fetch=prefetch, work=lambda b: None, count=lambda b: b[1], close=prefetch.close)
     else:
         loop = _Loop(fetch=batches, work=lambda b: None, count=count)
 
     def train(batch: Any) -> None:
-        if spec.mode != "compute":
+        if ahead:
+            batch = batch[0]
+        elif spec.mode != "compute":
             batch = move(batch, ctx, non_blocking=knobs.non_blocking)
         ctx.micro_step = loop.micro
         # DDP: a micro-batch that does not end the accumulation skips the gradient all-reduce (forward included,
@@ -527,6 +602,7 @@ def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measu
     self_sharded = ranks is not None and (iterable or bool(cfg.workload.sampler or cfg.workload.loader))
     batches = _Batches(setup.loader, workers if iterable and workers >= 2 and spec.mode != "compute" else 0,
                        check_ranks=self_sharded)
+    loop: _Loop | None = None
     try:
         loop = _train_loop(setup.built, spec, cfg, batches)
         if ranks is not None:
@@ -549,6 +625,8 @@ def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measu
         return _Measured(warm, windows, warmup_peak, memory, batches.epochs_ended, batches.warnings, share, stop)
     finally:
         # Stop the loader workers now: the closures in `loop` (and a traceback) would keep them alive.
+        if loop is not None:
+            loop.close()
         batches.shutdown()
 
 

@@ -82,8 +82,9 @@ class _Params:
         return f"{self.width}x{self.height}-q{self.quality}-s{self.seed}-n{self.num_images}-v{self.version}"
 
 
-DECODE = ("cpu", "gpu")
-"""Where a built-in image pipeline decodes and augments: in the loader workers, or on the training GPU."""
+DECODE = ("cpu", "gpu", "gpu-overlap")
+"""Where a built-in image pipeline decodes and augments: in the loader workers; on the training GPU inside the step;
+or on the training GPU one batch ahead, on a stream of its own, while the step trains the batch before."""
 
 
 class GpuDecode:
@@ -99,6 +100,14 @@ class GpuDecode:
 
     def __init__(self, crop: int):
         self.crop = crop
+
+    def attach(self, dataset: object, ahead: bool) -> None:
+        """Give ``dataset`` this decode's ``collate_fn`` and ``batch_to_device``; with ``ahead``
+        (``decode: gpu-overlap``) also ``batch_to_device_ahead``, which asks the trial to run the move one batch
+        ahead, on a CUDA stream of its own, beside the step that trains the batch before."""
+        dataset.collate_fn = self.collate_fn  # type: ignore[attr-defined]
+        dataset.batch_to_device = self.batch_to_device  # type: ignore[attr-defined]
+        dataset.batch_to_device_ahead = ahead  # type: ignore[attr-defined]
 
     @staticmethod
     def collate_fn(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -222,16 +231,15 @@ class SyntheticJpegDataset(Dataset):
         self.crop = crop
         self.decode = decode
         self.transform = train_transform(crop)
-        if decode == "gpu":
-            gpu = GpuDecode(crop)
-            self.collate_fn, self.batch_to_device = gpu.collate_fn, gpu.batch_to_device
+        if decode != "cpu":
+            GpuDecode(crop).attach(self, ahead=decode == "gpu-overlap")
 
     def __len__(self) -> int:
         return self.num_images
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         index = normalise_index(index, self.num_images)
-        if self.decode == "gpu":  # the bytes only: decoding and augmentation happen on the device
+        if self.decode != "cpu":  # the bytes only: decoding and augmentation happen on the device
             return read_bytes(_image_path(self.root, index)), index % self.num_classes
         with Image.open(_image_path(self.root, index)) as image:
             rgb = image.convert("RGB")
@@ -273,7 +281,8 @@ def synthetic_jpeg(
         seed: Non-negative seed; different seeds give different images.
         cache_dir: Root of the on-disk cache; see above for the default.
         decode: ``cpu``: the loader workers decode and augment; ``gpu``: they only read the bytes, and the batch is
-            decoded and augmented on the training GPU (:class:`GpuDecode`).
+            decoded and augmented on the training GPU inside the step (:class:`GpuDecode`); ``gpu-overlap``: the
+            same, one batch ahead on a CUDA stream of its own, beside the step.
 
     Returns:
         A map-style dataset yielding ``(float32 tensor [3, crop, crop], int label)``.
@@ -299,7 +308,8 @@ def image_folder(root: str, crop: int = 224, decode: str = "cpu") -> datasets.Im
         root: Folder holding one sub-folder of images per class.
         crop: Side of the square training crop.
         decode: ``cpu``: the loader workers decode and augment; ``gpu``: they only read each file's bytes, and the
-            batch is decoded and augmented on the training GPU (:class:`GpuDecode`; JPEG files only).
+            batch is decoded and augmented on the training GPU inside the step (:class:`GpuDecode`; JPEG files
+            only); ``gpu-overlap``: the same, one batch ahead on a CUDA stream of its own, beside the step.
 
     Returns:
         A ``torchvision.datasets.ImageFolder`` yielding ``(float32 tensor [3, crop, crop], int label)``.
@@ -314,8 +324,7 @@ def image_folder(root: str, crop: int = 224, decode: str = "cpu") -> datasets.Im
         if decode == "cpu":
             return datasets.ImageFolder(root, transform=train_transform(crop))
         folder = datasets.ImageFolder(root, loader=read_bytes, is_valid_file=_is_jpeg)
-        gpu = GpuDecode(crop)
-        folder.collate_fn, folder.batch_to_device = gpu.collate_fn, gpu.batch_to_device  # type: ignore[attr-defined]
+        GpuDecode(crop).attach(folder, ahead=decode == "gpu-overlap")
         return folder
     except FileNotFoundError as err:
         raise FileNotFoundError(f"image folder root {root!r} holds no class folders with images") from err
