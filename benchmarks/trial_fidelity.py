@@ -7,7 +7,8 @@ NVML utilization, memory, warm-up).
 
     python benchmarks/trial_fidelity.py configs/resnet.yaml --workers 0 16 --batch 256 --out results/fidelity
 
-Target: |short / long - 1| <= 3 %.
+Target: |short / long - 1| <= 3 %. The table is rewritten after each worker count; rerun with the same --out, the
+command reuses the trials it completed and measures the rest.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import yaml
 from _common import run_trial, write_csv
+
+from tunekit._files import read_json
 
 
 def _row(workers: int, short: dict, long: dict) -> dict:
@@ -43,6 +46,15 @@ def _row(workers: int, short: dict, long: dict) -> dict:
     }
 
 
+def _measured(folder: Path) -> dict | None:
+    """A completed trial this command left in ``folder`` before (rerun with the same --out, it resumes)."""
+    found = sorted(folder.glob("trials/*/measurement.json"))
+    if not found:
+        return None
+    m = read_json(found[-1])
+    return m if m.get("status") == "ok" else None
+
+
 def _fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
@@ -64,12 +76,13 @@ def main() -> None:
     for workers in args.workers:
         base = [f"num_workers={workers}", f"batch_size={args.batch}", f"pin_memory={str(workers > 0).lower()}",
                 *args.sets]
-        short, _ = run_trial(args.config, out / f"w{workers}", base, echo=True)
+        short = _measured(out / f"w{workers}") or run_trial(args.config, out / f"w{workers}", base, echo=True)[0]
         # the reference: windows --factor times longer, exactly measure_windows of them (no precision stop)
-        long, _ = run_trial(args.config, out / f"w{workers}-long",
-                            [*base, f"trial.window_s={window * args.factor}", "trial.precision=null"], echo=True)
+        long = _measured(out / f"w{workers}-long") or run_trial(
+            args.config, out / f"w{workers}-long",
+            [*base, f"trial.window_s={window * args.factor}", "trial.precision=null"], echo=True)[0]
         rows.append(_row(workers, short, long))
-    write_csv(out / "fidelity.csv", rows)
+        write_csv(out / "fidelity.csv", rows)  # row by row: a run cut by a time limit keeps what it measured
     keys = list(rows[0])
     print(" | ".join(keys))
     for row in rows:
