@@ -372,3 +372,18 @@ def test_window_noise_from_variable_batches_is_not_blamed_on_the_gpu():
     assert trial_verdicts(rows_from_measurements([*CEILINGS, text]), SELECTION)[10].name == "compute-bound"
     fixed = measurement(10, "train", "train", 1950, num_workers=8, noise_cv=0.11)
     assert trial_verdicts(rows_from_measurements([*CEILINGS, fixed]), SELECTION)[10].name == "shared-gpu"
+
+
+def test_pinning_is_judged_among_trials_of_the_same_user_knobs():
+    """A pinned trial that decodes on the GPU is no pinned twin of an unpinned one that decodes on the CPU: the
+    copy is not what differs between them. And a step that decodes on the device keeps its stream busy with that
+    work: no h2d-copy from the stream alone."""
+    gpu = {"workload.dataset_args.decode": "gpu"}
+    unpinned = measurement(10, "train", "train", 1000, num_workers=8, data_wait_frac=0.1)
+    pinned_gpu = measurement(11, "train", "train", 1800, num_workers=8, pin_memory=True, data_wait_frac=0.02,
+                             extra=gpu, input_on_device=True)
+    verdicts = trial_verdicts(rows_from_measurements([*CEILINGS, unpinned, pinned_gpu]), SELECTION)
+    assert verdicts[10].name != "h2d-copy"
+    busy_gpu = measurement(12, "train", "train", 1460, num_workers=8, data_wait_frac=0.04, gpu_busy_frac=0.995,
+                           extra=gpu, input_on_device=True)
+    assert trial_verdicts(rows_from_measurements([*CEILINGS, busy_gpu]), SELECTION)[12].name == "gpu-preprocessing"

@@ -336,3 +336,33 @@ def test_the_ahead_thread_keeps_order_and_hands_on_its_failure():
         ahead()
     ahead.close()
     assert not ahead.thread.is_alive() and threads == {"tunekit-ahead"}
+
+
+def test_the_step_waiting_on_the_ahead_move_is_not_data_wait():
+    """While the ahead thread moves (decodes) a batch, a step that waits for it waits on the device-side work, not
+    on the loader: _Ahead counts that apart (device_wait_s), and a wait while the thread waits on the loader stays
+    data wait."""
+    from tunekit.worker._measure import _Ahead
+
+    class Ctx:
+        device = torch.device("cpu")
+
+    def slow_move(batch, ctx, non_blocking):
+        time.sleep(0.1)
+        return batch
+
+    ahead = _Ahead(lambda: torch.zeros(1), slow_move, Ctx(), non_blocking=False)
+    for _ in range(3):
+        ahead()
+    ahead.close()
+    assert ahead.device_wait_s > 0.1  # the first fetch alone waited a whole move
+
+    def slow_loader():
+        time.sleep(0.1)
+        return torch.zeros(1)
+
+    ahead = _Ahead(slow_loader, lambda b, c, non_blocking: b, Ctx(), non_blocking=False)
+    for _ in range(3):
+        ahead()
+    ahead.close()
+    assert ahead.device_wait_s < 0.15  # of about 0.3 s waited, on the loader

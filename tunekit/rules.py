@@ -103,7 +103,8 @@ def window_rate(samples: Sequence[float], seconds: Sequence[float]) -> float:
     of a loader round, so their lengths differ: a round that finishes early joins the next in one long, fast window
     while slow rounds stay windows of their own, and a median of window rates leans towards the slow rounds (by up
     to 9 % on H200 trials of 16 CPU-decoding workers). The ratio of sums weighs every second once."""
-    return sum(samples) / sum(seconds)
+    total = sum(seconds)
+    return sum(samples) / total if total > 0 else 0.0
 
 
 def rate_interval(samples: Sequence[float], seconds: Sequence[float]) -> float:
@@ -159,7 +160,7 @@ def window_stop(samples: Sequence[float], seconds: Sequence[float], min_windows:
         return None
     if precision is None:
         return "fixed"
-    drop = settling([s / t for s, t in zip(samples, seconds, strict=True)], min_windows, precision)
+    drop = settling([s / t if t > 0 else 0.0 for s, t in zip(samples, seconds, strict=True)], min_windows, precision)
     kept, kept_s = samples[drop:], seconds[drop:]
     interval = rate_interval(kept, kept_s)
     if interval <= precision:

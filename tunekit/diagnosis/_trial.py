@@ -46,7 +46,7 @@ class Trials:
         k = row.knobs
         peers = [o for o in self.rows if o.ok and o.mode == row.mode and o.knobs.num_workers <= k.num_workers
                  and o.knobs.ranks == k.ranks and o.knobs.batch_size == k.batch_size and o.knobs.compile == k.compile
-                 and o.knobs.grad_accum == k.grad_accum]
+                 and o.knobs.grad_accum == k.grad_accum and o.knobs.extra == k.extra]
         pinned = [o for o in peers if o.knobs.pin_memory]
         unpinned = [o for o in peers if not o.knobs.pin_memory]  # holds this trial itself
         if not pinned:
@@ -57,7 +57,7 @@ class Trials:
     def loader_plateau(self, row: TrialRow) -> tuple[TrialRow, TrialRow] | None:
         """The loader ceilings at this trial's worker count and the next smaller one measured (same batch), when
         the larger count is not faster beyond their margin: more workers stopped helping."""
-        ceilings = sorted((r for r in self.rows if r.ok and r.mode == "loader"
+        ceilings = sorted((r for r in self.rows if r.ok and r.mode == "loader" and r.knobs.extra == row.knobs.extra
                            and r.knobs.batch_size == row.knobs.batch_size and 0 < r.knobs.num_workers
                            and r.knobs.num_workers <= row.knobs.num_workers), key=lambda r: r.knobs.num_workers)
         if len(ceilings) < 2 or ceilings[-1].knobs.num_workers != row.knobs.num_workers:
@@ -117,8 +117,9 @@ def _facts(row: TrialRow, trials: Trials) -> Facts:
         wait=row.figure("data_wait_frac", 0.0) or 0.0,
         of_ceiling=share,
         busy=busy,
+        # a step that decodes on the device keeps its stream busy with that work, not with pageable copies
         stream_full=(not k.pin_memory and busy is not None and busy >= rules.STREAM_FULL
-                     and rules.input_bound(row, ceiling)),
+                     and rules.input_bound(row, ceiling) and not row.measurement.get("input_on_device")),
         cpu_busy=row.figure("cpu_util_frac"),
         system_busy=None if row.figure("system_cpu_pct") is None else (row.figure("system_cpu_pct") or 0.0) / 100,
         worker_share=rules.worker_core_share(row),
@@ -245,6 +246,10 @@ def _gpu_preprocessing(row: TrialRow, f: Facts, trials: Trials) -> Evidence | No
         return None
     ev: Evidence = {"of compute ceiling": f.of_ceiling,
                     "step time beyond the model's on a ready batch": 1.0 - f.of_ceiling, "data wait": f.wait}
+    ahead = row.figure("device_input_wait_frac")
+    if ahead is not None and row.measurement.get("input_ahead"):
+        ev["input work"] = "one batch ahead, beside the step"
+        ev["wait on the device-side input work"] = ahead
     if f.busy is not None:
         ev["GPU busy (events)"] = f.busy
     return ev

@@ -23,10 +23,11 @@ FIXES: dict[str, str] = {
                            "micro-batches, raise DDP's bucket_cap_mb, and check the GPU interconnect (nvidia-smi topo "
                            "-m: NVLink rather than PCIe through a shared switch, links at their full width)",
     "gpu-preprocessing": "decoding and augmentation inside the training step are the bound (the loop does not "
-                         "wait for data, yet the step is slower than the model's own on a ready batch): overlap "
-                         "them with the previous step (decode the next batch on a side CUDA stream, as NVIDIA "
-                         "DALI's pipelines do; decode: gpu-overlap in tunekit's image pipelines), decode at a lower "
-                         "resolution, or give part of the work back to the loader workers",
+                         "wait for data, yet the step is slower than the model's own on a ready batch): when they "
+                         "run inside the step, overlap them with the previous step (decode the next batch on a side "
+                         "CUDA stream, as NVIDIA DALI's pipelines do; decode: gpu-overlap in tunekit's image "
+                         "pipelines); when they already run ahead, they share the GPU with training: decode at a "
+                         "lower resolution, or give part of the work back to the loader workers",
     "overhead-bound": "launches and fixed per-step costs dominate: use a larger batch, CUDA graphs via "
                       "torch.compile(mode='reduce-overhead'), or kernel fusion via torch.compile",
     "memory-wall": "cap the batch below the OOM boundary and reach the effective batch with gradient accumulation "

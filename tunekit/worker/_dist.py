@@ -220,8 +220,9 @@ def _throughput(results: list[dict[str, Any]]) -> dict[str, Any]:
     throughput (rules.window_rate over them), noise and interval."""
     count = len(results[0]["samples_per_s_windows"])
     windows = [sum(r["samples_per_s_windows"][i] for r in results) for i in range(count)]
-    seconds = [statistics.fmean(r["seconds_windows"][i] for r in results) for i in range(count)]
-    items = [rate * s for rate, s in zip(windows, seconds, strict=True)]
+    # a global window holds every rank's items and lasts as long as its slowest rank's
+    items = [sum(r["samples_per_s_windows"][i] * r["seconds_windows"][i] for r in results) for i in range(count)]
+    seconds = [max(r["seconds_windows"][i] for r in results) for i in range(count)]
     rate = rules.window_rate(items, seconds)
     samples = sum(r["measured_samples"] for r in results)
     return {

@@ -92,10 +92,11 @@ def _cuda_poisoned() -> bool:
 
 def _unsafe() -> str | None:
     """Why a child forked now would not be a clean trial, or None."""
+    if threading.active_count() > 1:  # a fork copies the lock states of threads it does not copy (checked first:
+        # the CUDA check forks)
+        return "a module imported for the trials started a thread; a child forked after that could deadlock"
     if _cuda_poisoned():
         return "a module imported for the trials initialised CUDA; a child forked after that cannot use the GPU"
-    if threading.active_count() > 1:  # a fork copies the lock states of threads it does not copy
-        return "a module imported for the trials started a thread; a child forked after that could deadlock"
     return None
 
 

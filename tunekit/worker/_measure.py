@@ -59,6 +59,8 @@ class _Window:
     data_wait_s: float
     busy_s: float | None
     cpu: CpuUse
+    device_wait_s: float = 0.0
+    """Time the step waited for the next batch's move on the device (one batch ahead), not for the loader."""
 
     @property
     def samples_per_s(self) -> float:
@@ -77,6 +79,8 @@ class _Loop:
     """Micro-batches trained so far; the optimizer steps every grad_accum of them."""
     close: Callable[[], None] = lambda: None
     """Stops what the fetch runs beside the step (the one-batch-ahead move), before the loader stops."""
+    device_wait: Callable[[], float] = lambda: 0.0
+    """Seconds the fetches so far waited on the one-batch-ahead move rather than on the loader."""
     loss: Any = None
     """The last micro-batch's loss, still on the device: checked at window edges only (no sync per step)."""
     agree: Callable[[bool], bool] = bool
@@ -121,11 +125,15 @@ class _Batches:
         self._check = check_shards
         self._prints: list[bytes] = []
         self.warnings: list[str] = []
+        self.closed = False
+        """Set by :meth:`close`: a thread still fetching (the one-batch-ahead move) must not start a new epoch."""
 
     def __call__(self) -> Any:
         try:
             batch = next(self.iterator)
         except StopIteration:
+            if self.closed:
+                raise
             self.epochs_ended += 1
             self.shutdown()
             self.iterator = iter(self.loader)
@@ -144,6 +152,11 @@ class _Batches:
                 f"IterableDataset: the first batches of workers {', '.join(map(str, same))} are identical: every "
                 "worker yields the same samples (shard the stream with torch.utils.data.get_worker_info()), so "
                 "the throughput counts each sample once per worker")
+
+    def close(self) -> None:
+        """The trial is done with the loader: no new epoch starts, and the workers stop."""
+        self.closed = True
+        self.shutdown()
 
     def shutdown(self) -> None:
         """Stop the loader's workers at once. A graceful shutdown waits for every worker to finish the batch in hand
@@ -213,8 +226,29 @@ class _Ahead:
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.ready: queue.Queue[Any] = queue.Queue(maxsize=1)
         self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._loader_s = 0.0  # the thread's finished waits on the loader
+        self._loader_since: float | None = None  # when its current wait on the loader began
+        self.device_wait_s = 0.0
+        """Seconds the step's fetches waited while the thread was moving, not waiting on the loader."""
         self.thread = threading.Thread(target=self._run, name="tunekit-ahead", daemon=True)
         self.thread.start()
+
+    def _loader_waited(self) -> float:
+        """The thread's time waiting on the loader so far, the current wait included."""
+        with self._lock:
+            since = self._loader_since
+            return self._loader_s + (time.perf_counter() - since if since is not None else 0.0)
+
+    def _next_batch(self) -> Any:
+        with self._lock:
+            self._loader_since = time.perf_counter()
+        try:
+            return self.batches()
+        finally:
+            with self._lock:
+                self._loader_s += time.perf_counter() - (self._loader_since or time.perf_counter())
+                self._loader_since = None
 
     def _run(self) -> None:
         try:
@@ -223,7 +257,7 @@ class _Ahead:
                     stack.enter_context(torch.cuda.device(self.device))
                     stack.enter_context(torch.cuda.stream(self.stream))
                 while not self.stopping.is_set():
-                    moved = self.move(self.batches(), self.ctx, non_blocking=self.non_blocking)
+                    moved = self.move(self._next_batch(), self.ctx, non_blocking=self.non_blocking)
                     done = None
                     if self.stream is not None:
                         done = torch.cuda.Event()
@@ -241,7 +275,12 @@ class _Ahead:
                 continue
 
     def __call__(self) -> Any:
+        # what the step waits for is the loader only while the thread waits on it; the rest is the move (decoding
+        # on the GPU), which must not read as a starved loader
+        t0, loader0 = time.perf_counter(), self._loader_waited()
         item = self.ready.get()
+        waited = time.perf_counter() - t0
+        self.device_wait_s += max(0.0, waited - (self._loader_waited() - loader0))
         if isinstance(item, BaseException):
             raise item
         moved, done = item
@@ -257,9 +296,12 @@ class _Ahead:
         """Stop taking batches; the thread ends once the batch in hand is moved (it is a daemon: a loader that
         never returns does not hold the trial)."""
         self.stopping.set()
+        deadline = time.perf_counter() + _JOIN_S
+        while self.thread.is_alive() and time.perf_counter() < deadline:
+            with contextlib.suppress(queue.Empty):  # a moved batch in the queue would hold its device memory
+                self.ready.get(timeout=0.05)
         with contextlib.suppress(queue.Empty):
             self.ready.get_nowait()
-        self.thread.join(timeout=_JOIN_S)
 
 
 def _counter(cfg: Config, batch_size: int) -> Callable[[Any], float]:
@@ -287,7 +329,8 @@ def _train_loop(built: Built, spec: TrialSpec, cfg: Config, batches: _Batches) -
         # the dataset's count reads the batch as the loader made it: count it before the move, in the thread
         prefetch = _Ahead(batches, lambda b, c, non_blocking: (move(b, c, non_blocking=non_blocking), count(b)),
                           ctx, knobs.non_blocking)
-        loop = _Loop(fetch=prefetch, work=lambda b: None, count=lambda b: b[1], close=prefetch.close)
+        loop = _Loop(fetch=prefetch, work=lambda b: None, count=lambda b: b[1], close=prefetch.close,
+                     device_wait=lambda: prefetch.device_wait_s)
     else:
         loop = _Loop(fetch=batches, work=lambda b: None, count=count)
 
@@ -344,6 +387,7 @@ def _run_window(loop: _Loop, device: torch.device, window_s: float, accum: int, 
     _sync(device)
     t0 = time.perf_counter()
     wait = 0.0
+    device0 = loop.device_wait()
     steps = 0
     items = 0.0
     while True:
@@ -370,7 +414,8 @@ def _run_window(loop: _Loop, device: torch.device, window_s: float, accum: int, 
     used = cpu.end()
     _check_loss(loop)
     busy = sum(s.elapsed_time(e) for s, e in events) / 1000.0 if cuda else None
-    return _Window(wall, steps, items, steps * accum, wait, busy, used)
+    device_wait = loop.device_wait() - device0
+    return _Window(wall, steps, items, steps * accum, wait - device_wait, busy, used, device_wait)
 
 
 def _check_loss(loop: _Loop) -> None:
@@ -414,9 +459,9 @@ def _set_aside(loop: _Loop, fill: int) -> int:
     ready: list[float] = []  # fetches that took a waiting batch
     waited = 0  # fetches in a row that had to wait
     for _ in range(fill):
-        tw = time.perf_counter()
+        tw, device0 = time.perf_counter(), loop.device_wait()
         loop.fetch()
-        took = time.perf_counter() - tw
+        took = time.perf_counter() - tw - (loop.device_wait() - device0)  # the loader's share of the wait
         set_aside += 1
         if took > max(READY_FETCH_S, 3 * (statistics.median(ready) if ready else 0.0)):
             waited += 1
@@ -512,6 +557,7 @@ def _summarise(windows: list[_Window], cpus: int, workers: int) -> dict[str, Any
         # variable-length batches part of the window noise is the data's, not the machine's
         "items_per_batch_cv": _cv([w.samples / w.micro_batches for w in windows]),
         "data_wait_frac": sum(w.data_wait_s for w in windows) / wall,
+        "device_input_wait_frac": sum(w.device_wait_s for w in windows) / wall,
         "gpu_busy_frac": None if busy is None else min(1.0, busy),
         "cpu_util_cores": cpu_s / wall,
         "cpu_util_frac": cpu_s / wall / cpus,
@@ -627,7 +673,7 @@ def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measu
         # Stop the loader workers now: the closures in `loop` (and a traceback) would keep them alive.
         if loop is not None:
             loop.close()
-        batches.shutdown()
+        batches.close()
 
 
 def _windows(loop: _Loop, cfg: Config, device: torch.device, accum: int, round_batches: int, cpu: TreeCpu,
@@ -758,15 +804,17 @@ def _pinned_peak(device: torch.device) -> int | None:
 def _dataset_fields(built: Built, spec: TrialSpec, consumed: int) -> dict[str, Any]:
     """The dataset's length and the passes over it the trial made (None for a dataset without a length), and
     whether each measured step moved its batch with the dataset's own ``batch_to_device``."""
-    # a dataset that moves its batches itself (decode: gpu) does input work on the device inside each step
+    # a dataset that moves its batches itself (decode: gpu) does input work on the device inside each step, or one
+    # batch ahead beside it (decode: gpu-overlap)
     on_device = spec.mode == "train" and hasattr(built.dataset, "batch_to_device")
+    ahead = on_device and bool(getattr(built.dataset, "batch_to_device_ahead", False))
     try:
         length = len(built.dataset)  # type: ignore[arg-type]
     except TypeError:
-        return {"dataset_len": None, "dataset_passes": None, "input_on_device": on_device}
+        return {"dataset_len": None, "dataset_passes": None, "input_on_device": on_device, "input_ahead": ahead}
     batches = consumed if spec.mode != "compute" else 1
     return {"dataset_len": length, "dataset_passes": batches * spec.knobs.batch_size / length if length else None,
-            "input_on_device": on_device}
+            "input_on_device": on_device, "input_ahead": ahead}
 
 
 def _host_fields(monitor: Monitor) -> dict[str, Any]:
