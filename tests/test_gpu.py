@@ -94,12 +94,14 @@ def test_cuda_trials_forked_by_the_fork_server_and_its_refusal(tmp_path: Path):
     assert "initialised CUDA" in fresh["fork_server_refused"]
 
 
-def test_jpegs_decoded_and_augmented_on_the_gpu(tmp_path: Path):
-    """decode: gpu: the workers read bytes, the step decodes and augments the batch on the device; the trial
-    measures end to end, and the compute ceiling stages an already decoded batch."""
+@pytest.mark.parametrize("decode", ["gpu", "gpu-overlap"])
+def test_jpegs_decoded_and_augmented_on_the_gpu(tmp_path: Path, decode: str):
+    """decode: gpu: the workers read bytes, the step decodes and augments the batch on the device (gpu-overlap:
+    one batch ahead, on a stream of its own); the trial measures end to end and trains (a finite loss), and the
+    compute ceiling stages an already decoded batch."""
     cfg = _cnn_config()
     cfg["workload"]["dataset"] = "tunekit.workloads.images:synthetic_jpeg"
-    cfg["workload"]["dataset_args"] = {"num_images": 256, "crop": 64, "width": 160, "height": 120, "decode": "gpu",
+    cfg["workload"]["dataset_args"] = {"num_images": 256, "crop": 64, "width": 160, "height": 120, "decode": decode,
                                        "num_classes": 10, "cache_dir": str(tmp_path / "cache")}
     resolved = config.from_dict(cfg).to_dict()
     for number, (mode, workers) in enumerate([("train", 2), ("compute", 0)]):
@@ -109,3 +111,5 @@ def test_jpegs_decoded_and_augmented_on_the_gpu(tmp_path: Path):
         assert m["status"] == "ok", m
         assert m["samples_per_s"] > 0 and 0 < m["gpu_busy_frac"] <= 1
         assert m["input_on_device"] is (mode == "train")  # what the gpu-preprocessing verdict reads
+        assert m["input_ahead"] is (mode == "train" and decode == "gpu-overlap")
+        assert 0 <= m["device_input_wait_frac"] <= 1
