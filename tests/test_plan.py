@@ -292,7 +292,7 @@ def test_loader_bisection_finds_the_fewest_workers_that_reach_the_compute_ceilin
     assert all("are 4 (trial" in r.skip for r in reqs)
 
 
-def test_a_trial_needs_the_band_of_the_best_so_far_and_ceilings_need_nothing():
+def test_a_trial_needs_the_band_of_the_best_so_far_and_a_loader_ceiling_the_compute_ceiling():
     cfg = _cfg(**{"search.batch_size": [8]})
     rows = rows_from_measurements([_m(0, "compute", "compute", 400), _m(1, "end_to_end", "train", 80),
                                    _m(2, "end_to_end", "train", 300, num_workers=8)])
@@ -300,7 +300,10 @@ def test_a_trial_needs_the_band_of_the_best_so_far_and_ceilings_need_nothing():
     e2e = plan.Request("end_to_end", "train", Knobs(num_workers=2, prefetch_factor=2, batch_size=8))
     assert plan.needed_rate(cfg, rows, e2e) == pytest.approx(300 * (1 - 0.03))  # quiet trials: the tolerance
     assert plan.needed_rate(cfg, rows[:1], e2e) is None  # no end-to-end trial yet
-    assert plan.needed_rate(cfg, rows, plan.Request("loader", "loader", e2e.knobs)) is None
+    # a loader ceiling is asked only whether it reaches the compute ceiling (400) within the tolerance
+    assert plan.needed_rate(cfg, rows, plan.Request("loader", "loader", e2e.knobs)) == pytest.approx(400 * 0.97)
+    assert plan.needed_rate(cfg, rows[1:], plan.Request("loader", "loader", e2e.knobs)) is None  # no ceiling yet
+    assert plan.needed_rate(cfg, rows, plan.Request("compute", "compute", e2e.knobs)) is None
     assert plan.needed_rate(cfg, rows, plan.Request("end_to_end", "train", Knobs(batch_size=8))) is None  # defaults
     assert plan.needed_rate(cfg, rows, plan.Request("scaling", "train", e2e.knobs)) is None
 

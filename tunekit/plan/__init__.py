@@ -15,7 +15,7 @@ from tunekit import rules
 from tunekit.config import Config
 from tunekit.plan._grid import grid_requests
 from tunekit.plan._request import Request, pending
-from tunekit.plan._staged import estimate_staged, staged_requests
+from tunekit.plan._staged import estimate_staged, reach_rate, staged_requests
 from tunekit.records import TrialRow
 
 __all__ = ["Request", "next_requests", "estimate_total", "needed_rate"]
@@ -36,15 +36,21 @@ def estimate_total(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bo
     return max(estimate_staged(cfg, rows, cuda), len(rows))
 
 
-RACED_STAGES = ("end_to_end", "prefetch", "batch", "compile", "grid")
+RACED_STAGES = ("end_to_end", "prefetch", "batch", "compile", "extra", "grid")
 """Knee stages whose trials may stop measuring once they are clearly out of the band (accumulation trials are
 judged among themselves, against the target effective batch)."""
 
 
 def needed_rate(cfg: Config, rows: list[TrialRow], req: Request) -> float | None:
-    """The throughput ``req`` must reach to come within the band of the best fitting knee-stage trial so far (None
-    for ceilings, the scaling trial, the PyTorch-defaults baseline, or while there is no such trial): a trial whose
-    measurement lies clearly below it cannot be the knee, so it need not measure on (``rules.window_stop``)."""
+    """The throughput ``req`` must reach to matter, or None: for a knee-stage trial, the band of the best fitting
+    knee-stage trial so far; for a loader ceiling, the rate at which it reaches the compute ceiling at its batch
+    (all the plan asks of it). A trial whose measurement lies clearly below it need not measure on
+    (``rules.window_stop``). None for the compute ceilings, the scaling trial, the PyTorch-defaults baseline, or
+    while there is nothing to compare with."""
+    if req.stage == "loader" and req.mode == "loader":
+        compute = next((r for r in rows if r.ok and r.mode == "compute"
+                        and r.knobs.batch_size == req.knobs.batch_size), None)
+        return reach_rate(compute, cfg.selection) if compute is not None else None
     if req.stage not in RACED_STAGES or req.knobs.loader_defaults:
         return None
     fitting = [r for r in rows if r.ok and r.stage in rules.KNEE_STAGES and rules.fits(r, cfg.selection)

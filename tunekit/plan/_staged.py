@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 from tunekit import rules
 from tunekit.analysis import choose_batch, select_knee
-from tunekit.config import Config, extra_knobs
+from tunekit.config import Config, Selection, extra_knobs
 from tunekit.contract import Knobs
 from tunekit.plan._request import Request, base_knobs, pending, pins
 from tunekit.records import TrialRow
@@ -109,9 +109,14 @@ def _compute_at(s: _Sweep, batch: int) -> TrialRow | None:
     return next((r for r in s.done("compute") if r.ok and r.knobs.batch_size == batch), None)
 
 
+def reach_rate(compute: TrialRow, selection: Selection) -> float:
+    """The rate at which a one-rank loader ceiling reaches the one-GPU compute ceiling: within the tolerance."""
+    return compute.rate * (1.0 - selection.tolerance)
+
+
 def _reaches(s: _Sweep, loader: TrialRow, compute: TrialRow) -> bool:
     """Whether a one-rank loader ceiling reaches the one-GPU compute ceiling within the tolerance."""
-    return loader.ok and loader.rate >= compute.rate * (1.0 - s.selection.tolerance)
+    return loader.ok and loader.rate >= reach_rate(compute, s.selection)
 
 
 def _end_to_end(s: _Sweep) -> list[Request] | None:
