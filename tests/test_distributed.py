@@ -13,7 +13,7 @@ from tunekit import config
 from tunekit.contract import Knobs, TrialSpec
 from tunekit.errors import ConfigError
 from tunekit.launcher import run_trial, worker_command
-from tunekit.plan import next_requests
+from tunekit.plan import estimate_total, next_requests
 from tunekit.records import rows_from_measurements
 
 # each rank: 8 samples per 50 ms step (160/s), two workers deliver 1000/s: the model is the bound, so two ranks
@@ -117,6 +117,20 @@ def test_plan_runs_the_job_on_every_rank_then_the_knee_on_one_gpu():
     assert [(r.stage, r.knobs.ranks, r.knobs.num_workers) for r in scaling] == [("scaling", 1, 2)]
     rows += rows_from_measurements([measurement(5, "scaling", "train", 380, batch_size=8, num_workers=2)])
     assert next_requests(cfg, rows, strategy="staged", cuda=False) == []
+
+
+def test_a_grid_under_launch_ends_with_its_knee_on_one_gpu():
+    cfg = config.from_dict(sleepy_config(**{"launch.nproc_per_node": 2, "search.batch_size": [8],
+                                            "search.num_workers": [0, 2]}))
+    grid = next_requests(cfg, [], strategy="grid", cuda=False)
+    assert {r.knobs.ranks for r in grid} == {2} and estimate_total(cfg, [], strategy="grid", cuda=False) == 3
+    rows = rows_from_measurements([measurement(i, "grid", "train", rate, batch_size=8, ranks=2,
+                                               num_workers=r.knobs.num_workers, prefetch_factor=r.knobs.prefetch_factor)
+                                   for i, (r, rate) in enumerate(zip(grid, (300, 700), strict=True))])
+    scaling = next_requests(cfg, rows, strategy="grid", cuda=False)
+    assert [(r.stage, r.knobs.ranks, r.knobs.num_workers) for r in scaling] == [("scaling", 1, 2)]
+    rows += rows_from_measurements([measurement(2, "scaling", "train", 380, batch_size=8, num_workers=2)])
+    assert next_requests(cfg, rows, strategy="grid", cuda=False) == []
 
 
 def _free_port() -> int:

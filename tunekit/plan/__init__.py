@@ -15,7 +15,7 @@ from tunekit import rules
 from tunekit.config import Config
 from tunekit.plan._grid import grid_requests
 from tunekit.plan._request import Request, pending
-from tunekit.plan._staged import estimate_staged, reach_rate, staged_requests
+from tunekit.plan._staged import estimate_staged, reach_rate, scaling_requests, staged_requests
 from tunekit.records import TrialRow
 
 __all__ = ["Request", "next_requests", "estimate_total", "needed_rate"]
@@ -24,15 +24,15 @@ __all__ = ["Request", "next_requests", "estimate_total", "needed_rate"]
 def next_requests(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> list[Request]:
     """The trials to run next (of one stage; the first may depend on the last result, so run it and ask again),
     given every finished trial; empty when the sweep is done."""
-    if strategy == "grid":
-        return pending(grid_requests(cfg, cuda), rows)
+    if strategy == "grid":  # every combination, then (under launch) the knee's per-rank config on one GPU
+        return pending(grid_requests(cfg, cuda), rows) or scaling_requests(cfg, rows, cuda)
     return staged_requests(cfg, rows, cuda)
 
 
 def estimate_total(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> int:
     """Trials the sweep will likely run in all (finished ones included), for the progress bar."""
     if strategy == "grid":
-        return len(grid_requests(cfg, cuda))
+        return len(grid_requests(cfg, cuda)) + (1 if cfg.launch.world > 1 else 0)
     return max(estimate_staged(cfg, rows, cuda), len(rows))
 
 

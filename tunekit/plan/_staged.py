@@ -379,6 +379,11 @@ def _scaling(s: _Sweep) -> list[Request] | None:
     return pending([Request("scaling", "train", Knobs(**{**knee.knobs.to_dict(), "ranks": 1}))], s.rows)
 
 
+def scaling_requests(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
+    """The scaling trial of a sweep under ``launch`` once its knee stages are done (a grid's too)."""
+    return _scaling(_Sweep(cfg, rows, cuda)) or []
+
+
 STAGES: tuple[tuple[str, Stage], ...] = (
     ("compute", _compute), ("loader", _loader), ("end_to_end", _end_to_end), ("prefetch", _prefetch),
     ("batch", _smaller_batches), ("compile", _compile), ("extra", _extra), ("accumulation", _accumulation),
