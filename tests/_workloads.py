@@ -150,3 +150,23 @@ def moved_ahead_step(model, batch, ctx):
     if not bool((inputs < 0).all()):
         raise RuntimeError("the step got a batch that was not moved")
     return torch.nn.functional.cross_entropy(model(inputs), labels)
+
+
+class _ThreadsSeen(torch.utils.data.Dataset):
+    """Samples that fail in a loader worker whose intra-op thread count is not ``expect`` (search.worker_threads
+    must reach the workers)."""
+
+    def __init__(self, expect: int):
+        self.expect = expect
+
+    def __len__(self):
+        return 10_000
+
+    def __getitem__(self, index):
+        if torch.utils.data.get_worker_info() is not None and torch.get_num_threads() != self.expect:
+            raise RuntimeError(f"worker runs {torch.get_num_threads()} threads, expected {self.expect}")
+        return torch.ones(3, 8, 8), index % 10
+
+
+def threads_seen_dataset(expect: int = 1):
+    return _ThreadsSeen(expect)

@@ -193,3 +193,16 @@ def test_gpu_decode_on_a_cpu_device_is_a_config_error(write_config):
     (line,) = _problems(write_config, sleepy_config(**images, **{"search.extra": {
         "workload.dataset_args.decode": {"values": ["cpu", "gpu"], "changes_result": False}}}))
     assert "search.extra.workload.dataset_args.decode: gpu decodes on the CUDA device" in line
+    (line,) = _problems(write_config, sleepy_config(**{**images, "workload.dataset_args": {}}, **{"search.extra": {
+        "workload.dataset_args.decode": {"values": ["cpu", "gpu-overlap"], "changes_result": False}}}))
+    assert "search.extra.workload.dataset_args.decode: gpu-overlap decodes on the CUDA device" in line
+
+
+def test_worker_threads_need_tunekit_to_build_the_loader(write_config):
+    (line,) = _problems(write_config, sleepy_config(**{"workload.loader": "tests._workloads:own_loader",
+                                                       "search.worker_threads": [2]}))
+    assert line.endswith("search.worker_threads: workload.loader builds the whole DataLoader, so tunekit cannot set "
+                         "its workers' threads; set them in its worker_init_fn, or search them without "
+                         "workload.loader")
+    assert any("search.worker_threads" in p for p in _problems(write_config, sleepy_config(
+        **{"search.worker_threads": [0]})))

@@ -330,6 +330,12 @@ def test_user_knobs_run_at_an_input_bound_knee_and_are_skipped_at_a_compute_boun
                       "search.compile": ["none"], "search.prefetch_factor": [2], "search.threads": [2]})
     (req,) = plan.next_requests(threads, starved, strategy="staged", cuda=False)
     assert (req.stage, req.knobs.threads, req.knobs.num_workers, req.skip) == ("extra", 2, 8, None)
+    workers = _cfg(**{"search.num_workers": [0, 8], "search.batch_size": [8], "search.pin_memory": [False],
+                      "search.compile": ["none"], "search.prefetch_factor": [2], "search.worker_threads": [2]})
+    (req,) = plan.next_requests(workers, starved, strategy="staged", cuda=False)
+    assert (req.stage, req.knobs.worker_threads, req.knobs.num_workers, req.skip) == ("extra", 2, 8, None)
+    grid = plan.next_requests(workers, [], strategy="grid", cuda=False)  # worker threads only where workers run
+    assert sorted((r.knobs.num_workers, r.knobs.worker_threads or 0) for r in grid) == [(0, 0), (8, 0), (8, 2)]
 
 
 def test_a_count_without_its_own_loader_ceiling_is_bounded_by_the_next_count_measured_above():

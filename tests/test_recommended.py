@@ -149,6 +149,46 @@ def test_the_mappings_import_neither_transformers_nor_lightning():
     assert "import transformers" not in source and "import lightning" not in source
 
 
+def test_worker_threads_reach_the_workers_of_a_loader_built_from_the_recommendation(tmp_path: Path):
+    """recommended.yaml's dataloader.worker_threads: dataloader_kwargs() gives a worker_init_fn that sets them in
+    each worker and then calls the user's own; a bad count names its key."""
+    from torch.utils.data import DataLoader
+
+    from tunekit.contract import Knobs
+    from tunekit.errors import ConfigError
+
+    path = tmp_path / "recommended.yaml"
+    knobs = Knobs(num_workers=2, prefetch_factor=2, batch_size=4, worker_threads=3).to_dict()
+    path.write_text(yaml.safe_dump(recommendation_dict(knobs, {})))
+    rec = tunekit.load_recommended(path)
+    assert rec.worker_threads == 3
+    loader = DataLoader(_ThreadCounts(), **rec.dataloader_kwargs(worker_init_fn=_mark_worker))
+    assert next(iter(loader)).tolist() == [3 * 1000 + 7] * 4  # 3 threads, then the user's init ran
+    data = yaml.safe_load(path.read_text())
+    data["dataloader"]["worker_threads"] = 0
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"dataloader\.worker_threads = 0 \(an integer >= 1\)"):
+        tunekit.load_recommended(path)
+
+
+_MARK = {"value": 0}
+
+
+def _mark_worker(worker_id: int) -> None:
+    """A user's own worker_init_fn: marks the worker it ran in."""
+    _MARK["value"] = 7
+
+
+class _ThreadCounts(torch.utils.data.Dataset):
+    """Each sample: the worker's intra-op threads x 1000 + the user's init mark."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        return torch.get_num_threads() * 1000 + _MARK["value"]
+
+
 def test_threads_and_your_knobs_round_trip_and_a_bad_thread_count_names_its_key(tmp_path: Path):
     from tunekit.contract import Knobs
     from tunekit.errors import ConfigError
@@ -159,6 +199,7 @@ def test_threads_and_your_knobs_round_trip_and_a_bad_thread_count_names_its_key(
     path.write_text(yaml.safe_dump(recommendation_dict(knobs, {})))
     rec = tunekit.load_recommended(path)
     assert rec.threads == 4 and rec.config == {"workload.dataset_args.decode": "gpu"}
+    assert rec.worker_threads is None and "worker_init_fn" not in rec.dataloader_kwargs()
     data = yaml.safe_load(path.read_text())
     data["training"]["threads"] = 0
     path.write_text(yaml.safe_dump(data))

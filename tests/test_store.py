@@ -30,7 +30,8 @@ def test_trials_record_exact_knobs_and_measurements(tmp_path: Path):
     cfg = config.from_dict(sleepy_config())
     runs = store.open_run(tmp_path, cfg, resume=True, strategy="staged")
     trial, number = runs.start(cfg, "end_to_end", "train", KNOBS)
-    assert trial.params == {**KNOBS, "threads": None} and number == 0  # every knob, the unsearched at default
+    # every knob, the unsearched at default
+    assert trial.params == {**KNOBS, "threads": None, "worker_threads": None} and number == 0
     runs.finish(trial, "train", _ok(number, "end_to_end", "train", 123.0))
     failed = {**KNOBS, "num_workers": 0, "prefetch_factor": None}
     _record(runs, cfg, "end_to_end", "train", {"status": "oom", "reason": "CUDA out of memory", "params": failed,
@@ -98,7 +99,7 @@ def test_recovery_closes_stale_running_and_waiting_trials(tmp_path: Path):
     assert states == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.FAIL]
     fresh, number = runs.start(cfg, "loader", "loader", KNOBS)
     # not the stale enqueued batch 999, nor a used number
-    assert fresh.params == {**KNOBS, "threads": None} and number == 2
+    assert fresh.params == {**KNOBS, "threads": None, "worker_threads": None} and number == 2
     assert runs.rows() == []  # interrupted trials are not finished: they will run again
 
 

@@ -366,3 +366,15 @@ def test_the_step_waiting_on_the_ahead_move_is_not_data_wait():
         ahead()
     ahead.close()
     assert ahead.device_wait_s < 0.15  # of about 0.3 s waited, on the loader
+
+
+def test_worker_threads_are_set_in_every_loader_worker(tmp_path: Path):
+    """The worker_threads knob reaches each loader worker before the workload's own worker_init_fn; without it the
+    workers keep PyTorch's one thread (the dataset fails a trial whose workers run another count)."""
+    cfg = sleepy_config(**{"workload.dataset": "tests._workloads:threads_seen_dataset", "trial.window_s": 0.3})
+    for number, (threads, expect) in enumerate([(2, 2), (None, 1)]):
+        cfg["workload"]["dataset_args"] = {"expect": expect}
+        m = run_trial(_spec(cfg, number=number, num_workers=2, prefetch_factor=2, batch_size=8,
+                            worker_threads=threads), tmp_path / str(number), 60)
+        assert m["status"] == "ok", m
+        assert m["params"]["worker_threads"] == threads

@@ -124,6 +124,9 @@ class Search:
     threads: list[int] | None = field(default=None, metadata=_meta(min=1))
     """Intra-op thread counts of the training process (``torch.set_num_threads``) to try at the knee besides
     PyTorch's default (one per core), which competes with the loader workers for the cores; null tries none."""
+    worker_threads: list[int] | None = field(default=None, metadata=_meta(min=1))
+    """Intra-op thread counts of each loader worker to try at the knee besides PyTorch's one (workers whose
+    transforms run torch ops can use more); null tries none. Not with ``workload.loader``."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Knobs of your own: a ``workload.`` key (dotted, e.g. ``workload.dataset_args.crop``) to
     ``{values: [...], changes_result: true|false}``. The config's own value at that key (else the first listed) is
@@ -496,6 +499,10 @@ def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
     if wl.loader and beside:
         errors.append(f"{source}: workload.{beside[0]}: workload.loader builds the whole DataLoader; set "
                       f"{', '.join(beside)} inside it, not beside it")
+    if wl.loader and search.worker_threads:
+        errors.append(f"{source}: search.worker_threads: workload.loader builds the whole DataLoader, so tunekit "
+                      "cannot set its workers' threads; set them in its worker_init_fn, or search them without "
+                      "workload.loader")
     if wl.step_updates and not wl.step:
         errors.append(f"{source}: workload.step_updates: true needs workload.step, the step that updates")
     if cfg.trial.max_windows < cfg.trial.measure_windows:

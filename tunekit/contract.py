@@ -39,7 +39,10 @@ class Knobs:
     are per rank. 1 is a single process without torch.distributed."""
     threads: int | None = None
     """Intra-op threads of the training process (``torch.set_num_threads``); None leaves PyTorch's default (one
-    per core). Loader workers run one thread each, as PyTorch sets them."""
+    per core)."""
+    worker_threads: int | None = None
+    """Intra-op threads of each loader worker (``torch.set_num_threads`` in the worker, before the workload's own
+    ``worker_init_fn``); None leaves PyTorch's one thread per worker."""
     extra: tuple[tuple[str, Any], ...] = ()
     """The user-defined knobs (``search.extra``) set to other values than their baseline, as sorted
     ``(config key, value)`` pairs; () runs every one at its baseline."""
@@ -47,6 +50,8 @@ class Knobs:
     def __post_init__(self) -> None:
         if self.num_workers == 0 and self.prefetch_factor is not None:
             object.__setattr__(self, "prefetch_factor", None)
+        if self.num_workers == 0 and self.worker_threads is not None:  # no workers to set them in
+            object.__setattr__(self, "worker_threads", None)
         pairs = self.extra.items() if isinstance(self.extra, dict) else self.extra  # JSON gives lists of lists
         object.__setattr__(self, "extra", tuple(sorted((str(k), v) for k, v in pairs)))
 
@@ -77,6 +82,8 @@ class Knobs:
             parts.append(f"compile {self.compile}")
         if self.threads is not None:
             parts.append(f"{self.threads} torch threads")
+        if self.worker_threads is not None:
+            parts.append(f"{self.worker_threads} threads per worker")
         parts.extend(f"{key.removeprefix('workload.')}={value}" for key, value in self.extra)
         return ", ".join(parts)
 

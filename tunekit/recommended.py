@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,22 @@ import yaml
 
 from tunekit.errors import ConfigError
 
-__all__ = ["Recommended", "load_recommended", "recommendation_dict"]
+__all__ = ["Recommended", "load_recommended", "recommendation_dict", "worker_threads_init"]
+
+
+def _set_worker_threads(threads: int, then: Callable[[int], Any] | None, worker_id: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    if then is not None:
+        then(worker_id)
+
+
+def worker_threads_init(threads: int | None, then: Callable[[int], Any] | None = None) -> Callable[[int], Any] | None:
+    """A DataLoader ``worker_init_fn`` that sets each worker's intra-op threads (``torch.set_num_threads``) and then
+    calls ``then`` (your own ``worker_init_fn``, if any); ``then`` itself when ``threads`` is None. Picklable, so it
+    works with every multiprocessing context."""
+    return then if threads is None else functools.partial(_set_worker_threads, threads, then)
 
 
 @dataclass(frozen=True)
@@ -39,17 +56,25 @@ class Recommended:
     threads: int | None = None
     """Intra-op threads for the training process (``torch.set_num_threads(rec.threads)``); None: PyTorch's
     default."""
+    worker_threads: int | None = None
+    """Intra-op threads of each loader worker (set by :meth:`dataloader_kwargs`'s ``worker_init_fn``); None:
+    PyTorch's one."""
     config: dict[str, Any] = field(default_factory=dict)
     """User-defined knobs (search.extra) the recommendation sets away from their baseline: config key to value
     (e.g. ``workload.dataset_args.decode: gpu``), to set in your own job the same way."""
 
-    def dataloader_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``torch.utils.data.DataLoader`` (prefetch/persistence only with workers)."""
+    def dataloader_kwargs(self, worker_init_fn: Callable[[int], Any] | None = None) -> dict[str, Any]:
+        """Keyword arguments for ``torch.utils.data.DataLoader`` (prefetch/persistence only with workers). With
+        ``worker_threads`` recommended, a ``worker_init_fn`` that sets them, then calls yours (pass it here rather
+        than beside these kwargs)."""
         kwargs: dict[str, Any] = {"batch_size": self.batch_size, "num_workers": self.num_workers,
                                   "pin_memory": self.pin_memory}
         if self.num_workers > 0:
             kwargs["prefetch_factor"] = self.prefetch_factor
             kwargs["persistent_workers"] = self.persistent_workers
+        init = worker_threads_init(self.worker_threads if self.num_workers > 0 else None, worker_init_fn)
+        if init is not None:
+            kwargs["worker_init_fn"] = init
         return kwargs
 
     @property
@@ -133,6 +158,7 @@ def recommendation_dict(knobs: dict[str, Any], evidence: dict[str, Any]) -> dict
             "prefetch_factor": knobs.get("prefetch_factor") if workers > 0 else None,
             "pin_memory": bool(knobs["pin_memory"]),
             "persistent_workers": workers > 0,
+            **({"worker_threads": int(knobs["worker_threads"])} if knobs.get("worker_threads") and workers else {}),
         },
         "training": {
             "non_blocking": bool(knobs["pin_memory"]),
@@ -169,6 +195,8 @@ def load_recommended(path: str | os.PathLike[str]) -> Recommended:
             compile=str(tr.get("compile", "none")), evidence=dict(data.get("evidence") or {}),
             ranks=_count(tr, "ranks", 1, "training") if "ranks" in tr else 1, config=dict(data.get("config") or {}),
             threads=_count(tr, "threads", 1, "training") if tr.get("threads") is not None else None,
+            worker_threads=(_count(dl, "worker_threads", 1, "dataloader") if dl.get("worker_threads") is not None
+                            else None),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError([f"{label}: not a tunekit recommendation: missing or bad key {exc}"]) from None

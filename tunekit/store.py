@@ -104,6 +104,7 @@ def _choices(cfg: Config) -> dict[str, tuple[Any, ...]]:
         "compile": COMPILE_MODES,
         "ranks": tuple(sorted({1, cfg.launch.world})),
         "threads": (None, *(s.threads or [])),
+        "worker_threads": (None, *(s.worker_threads or [])),
         **{_EXTRA_PARAM + k.key: k.values for k in extra_knobs(cfg)},
     }
 

@@ -21,8 +21,9 @@ def grid_requests(cfg: Config, cuda: bool) -> list[Request]:
     out: list[Request] = []
     for w, pin, (batch, accum), comp, threads, extra in itertools.product(
             s.num_workers, pins(cfg, cuda), shapes, s.compile, [None, *(s.threads or [])], settings):
-        for pf in s.prefetch_factor if w > 0 else [None]:
+        for pf, wt in itertools.product(s.prefetch_factor if w > 0 else [None],
+                                        [None, *(s.worker_threads or [])] if w > 0 else [None]):
             knobs = Knobs(num_workers=w, prefetch_factor=pf, pin_memory=pin, batch_size=batch, grad_accum=accum,
-                          compile=comp, ranks=cfg.launch.world, threads=threads, extra=extra)
+                          compile=comp, ranks=cfg.launch.world, threads=threads, worker_threads=wt, extra=extra)
             out.append(Request("grid", "train", knobs))
     return out

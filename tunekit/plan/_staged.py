@@ -311,13 +311,14 @@ def _compile(s: _Sweep) -> list[Request] | None:
 
 
 def _extra(s: _Sweep) -> list[Request] | None:
-    """The user-defined knobs (search.extra) and the thread counts (search.threads) at the knee, one at a time,
+    """The user-defined knobs (search.extra) and the thread counts (search.threads, search.worker_threads, the
+    latter only with workers) at the knee, one at a time,
     each value other than its baseline, when
     the knee is input-bound (skipped with the evidence otherwise: a knob of the pipeline cannot speed up a model
     that is the bound). Then, when a value that keeps the training result beats the knee, its config with fewer
     workers, descending, until one falls out of the band (a faster pipeline may need fewer of them)."""
     knobs = extra_knobs(s.cfg)
-    if not knobs and not s.search.threads:  # null or not searched
+    if not knobs and not s.search.threads and not s.search.worker_threads:  # null or not searched
         return []
     knee = s.knee("extra")
     if knee is None:
@@ -326,6 +327,8 @@ def _extra(s: _Sweep) -> list[Request] | None:
              for k in knobs for v in k.values if v != dict(knee.knobs.extra).get(k.key, k.baseline)]
     tries += [Request("extra", "train", Knobs(**{**knee.knobs.to_dict(), "threads": t}))
               for t in s.search.threads or [] if t != knee.knobs.threads]
+    tries += [Request("extra", "train", Knobs(**{**knee.knobs.to_dict(), "worker_threads": t}))
+              for t in s.search.worker_threads or [] if t != knee.knobs.worker_threads and knee.knobs.num_workers]
     left = pending(tries, s.rows)
     ceiling = _compute_at(s, knee.knobs.batch_size)
     if left and not rules.input_bound(knee, ceiling):
@@ -413,7 +416,8 @@ def estimate_staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> int:
     n_loader = 1 + max(0, counts - 1).bit_length()  # the most workers, then a bisection at worst
     n_e2e = 1 + min(3, len(s.num_workers)) * len(pins(cfg, cuda))  # the defaults; the start, one up, one down
     total = n_compute + n_loader + n_e2e + (len(s.prefetch_factor) - 1) + (len(s.compile) - 1)
-    total += sum(len(k.values) - 1 for k in extra_knobs(cfg)) + len(s.threads or [])  # one each, at the knee
+    total += (sum(len(k.values) - 1 for k in extra_knobs(cfg)) + len(s.threads or [])
+              + len(s.worker_threads or []))  # one each, at the knee
     total += 1 if cfg.launch.world > 1 else 0  # the knee on one GPU: the scaling efficiency
     if s.target_effective_batch:
         total += sum(1 for b in s.batch_size if s.target_effective_batch % b == 0)

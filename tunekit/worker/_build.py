@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler
 
 from tunekit.config import Config
 from tunekit.contract import Knobs
+from tunekit.recommended import worker_threads_init
 from tunekit.workloads import resolve
 
 __all__ = ["Built", "StepContext", "LoaderError", "build", "make_loader", "pick_device", "to_device", "loader_kwargs"]
@@ -147,9 +148,10 @@ def make_loader(dataset: Dataset, knobs: Knobs, device: torch.device, cfg: Confi
     else:
         sampler = RandomSampler(dataset, num_samples=_SAMPLES_PER_EPOCH, generator=torch.Generator().manual_seed(0))
     kwargs.pop("persistent_workers", None)  # the trial's loader lives as long as the trial: one epoch
+    init = worker_threads_init(knobs.worker_threads, resolve(wl.worker_init_fn) if wl.worker_init_fn else None)
     return DataLoader(dataset, sampler=sampler, drop_last=True,
                       collate_fn=resolve(wl.collate_fn) if wl.collate_fn else getattr(dataset, "collate_fn", None),
-                      worker_init_fn=resolve(wl.worker_init_fn) if wl.worker_init_fn else None, **kwargs)
+                      worker_init_fn=init, **kwargs)
 
 
 def _check_factory(loader: Any, kwargs: dict[str, Any]) -> None:
