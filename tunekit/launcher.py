@@ -145,7 +145,7 @@ class _ForkServer:
     environment and working folder, started at the first trial that can use it, ended with this process."""
 
     def __init__(self, env: dict[str, str]):
-        self.key = (tuple(sorted(env.items())), os.getcwd())
+        self.key = _server_key(env)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tunekit.worker", "--fork-server", str(theirs.fileno())],
@@ -243,6 +243,11 @@ _FORK_REPLY_S = 120.0
 _SERVERS: dict[str, _ForkServer] = {}
 
 
+def _server_key(env: dict[str, str]) -> tuple[Any, ...]:
+    """What a fork server is started for: the trials' environment and working folder."""
+    return (tuple(sorted(env.items())), os.getcwd())
+
+
 def _forkable(spec: TrialSpec) -> bool:
     """A single-process trial with ``trial.fork_server`` on."""
     return spec.knobs.ranks == 1 and bool((spec.config.get("trial") or {}).get("fork_server", True))
@@ -255,9 +260,8 @@ def _fork_trial(spec: TrialSpec, argv: list[str], env: dict[str, str], trial_env
     interpreter."""
     if not _forkable(spec):
         return None
-    key = (tuple(sorted(env.items())), os.getcwd())
     server = _SERVERS.get("server")
-    if server is not None and server.key != key:
+    if server is not None and server.key != _server_key(env):
         server.close()
         server = None
     if server is None:

@@ -11,11 +11,10 @@ runs every valid combination. docs/plan.md gives the reasons for each stage.
 
 from __future__ import annotations
 
-from tunekit import rules
 from tunekit.config import Config
 from tunekit.plan._grid import grid_requests
 from tunekit.plan._request import Request, pending
-from tunekit.plan._staged import estimate_staged, reach_rate, scaling_requests, staged_requests
+from tunekit.plan._staged import band_target, estimate_staged, reach_rate, scaling_requests, staged_requests
 from tunekit.records import TrialRow
 
 __all__ = ["Request", "next_requests", "estimate_total", "needed_rate"]
@@ -53,8 +52,4 @@ def needed_rate(cfg: Config, rows: list[TrialRow], req: Request) -> float | None
         return reach_rate(compute, cfg.selection) if compute is not None else None
     if req.stage not in RACED_STAGES or req.knobs.loader_defaults:
         return None
-    fitting = [r for r in rows if r.ok and r.stage in rules.KNEE_STAGES and rules.fits(r, cfg.selection)
-               and not rules.changes_result(r)]  # the knee's candidates only (analysis.select)
-    if not fitting:
-        return None
-    return rules.needed(max(fitting, key=lambda r: r.rate), rules.band(fitting, cfg.selection))
+    return band_target(rows, cfg.selection)

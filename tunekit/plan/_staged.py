@@ -109,6 +109,16 @@ def _compute_at(s: _Sweep, batch: int) -> TrialRow | None:
     return next((r for r in s.done("compute") if r.ok and r.knobs.batch_size == batch), None)
 
 
+def band_target(rows: list[TrialRow], selection: Selection) -> float | None:
+    """The rate a config must reach to come within the band of the best knee candidate so far (completed
+    knee-stage trials that fit and keep the training result, as analysis.select takes them); None without one."""
+    fitting = [r for r in rows if r.ok and r.stage in rules.KNEE_STAGES and rules.fits(r, selection)
+               and not rules.changes_result(r)]
+    if not fitting:
+        return None
+    return rules.needed(max(fitting, key=lambda r: r.rate), rules.band(fitting, selection))
+
+
 def reach_rate(compute: TrialRow, selection: Selection) -> float:
     """The rate at which a one-rank loader ceiling reaches the one-GPU compute ceiling: within the tolerance."""
     return compute.rate * (1.0 - selection.tolerance)
@@ -349,9 +359,7 @@ def _fewer_workers(s: _Sweep, knee: TrialRow, tried: list[TrialRow | None]) -> l
     if not faster:
         return []
     top = max(faster, key=lambda r: r.rate)
-    fitting = [r for r in s.done(*rules.knee_stages()) if r.ok and rules.fits(r, s.selection)
-               and not rules.changes_result(r)]
-    target = rules.needed(max(fitting, key=lambda r: r.rate), rules.band(fitting, s.selection))
+    target = band_target(s.rows, s.selection) or 0.0  # the trials in ``faster`` are candidates: never None
     for w in sorted((c for c in s.search.num_workers if c < top.knobs.num_workers), reverse=True):
         req = Request("extra", "train", Knobs(**{**top.knobs.to_dict(), "num_workers": w}))
         row = s.find(req)

@@ -74,6 +74,7 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
     ref = choice.knee or choice.best or next((r for r in rows if r.ok), None)
     m = ref.measurement if ref else {}
     per_trial = trial_verdicts(rows, cfg.selection)
+    knobs = tuple(extra_knobs(cfg))
     return RunSummary(
         name=cfg.name, strategy=strategy, choice=choice,
         defaults=defaults_trial(rows, choice.knee) if choice.knee else None, rows=tuple(rows),
@@ -82,9 +83,9 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
         min_headroom=cfg.selection.min_headroom, unit=cfg.workload.unit, stop_reason=stop_reason,
         verdicts=tuple(run_verdicts(rows, choice.knee, per_trial, cfg.selection, env)),
         trial_verdicts=per_trial, per_hour=cfg.cost.per_hour, warnings=tuple(warnings),
-        scaling=_scaling(rows, choice.knee), extra_knobs=tuple(extra_knobs(cfg)),
+        scaling=_scaling(rows, choice.knee), extra_knobs=knobs,
         knee_before_extra=select_knee([r for r in rows if r.stage in rules.knee_stages("extra")],
-                                      cfg.selection).knee if extra_knobs(cfg) else None,
+                                      cfg.selection).knee if knobs else None,
     )
 
 

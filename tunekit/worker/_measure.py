@@ -241,13 +241,14 @@ class _Ahead:
             return self._loader_s + (time.perf_counter() - since if since is not None else 0.0)
 
     def _next_batch(self) -> Any:
+        since = time.perf_counter()
         with self._lock:
-            self._loader_since = time.perf_counter()
+            self._loader_since = since
         try:
             return self.batches()
         finally:
             with self._lock:
-                self._loader_s += time.perf_counter() - (self._loader_since or time.perf_counter())
+                self._loader_s += time.perf_counter() - since
                 self._loader_since = None
 
     def _run(self) -> None:
