@@ -355,3 +355,31 @@ def test_a_failed_loader_at_the_most_workers_hands_the_bisection_to_the_next_cou
                                    _m(1, "loader", "loader", None, status="oom", num_workers=8)])
     (req,) = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
     assert (req.stage, req.knobs.num_workers, req.skip) == ("loader", 4, None)
+
+
+def test_fewer_workers_after_a_user_knob_are_found_by_bisection():
+    """A user knob lifts the bound at 16 workers; the walk to fewer workers bisects the smaller counts (0, 2, 4, 8,
+    12) for the fewest within the band: 4, then 2, then 0 (out of the band) — three trials where a walk down one
+    count at a time takes five — and stops at 2."""
+    extra = {"workload.dataset_args.sample_wait_s": {"values": [0.005, 0.001], "changes_result": False}}
+    cfg = _cfg(**{"search.num_workers": [0, 2, 4, 8, 12, 16], "search.batch_size": [8], "search.pin_memory": [False],
+                  "search.compile": ["none"], "search.prefetch_factor": [2], "search.extra": extra})
+    fast = {"workload.dataset_args.sample_wait_s": 0.001}
+    ms = [_m(0, "compute", "compute", 1000), _m(1, "loader", "loader", 500, num_workers=16),
+          _m(2, "end_to_end", "train", 50), _m(3, "end_to_end", "train", 480, num_workers=16, data_wait_frac=0.4),
+          _m(4, "end_to_end", "train", 350, num_workers=12, data_wait_frac=0.5),
+          _m(5, "extra", "train", 900, num_workers=16, extra=fast)]
+    rates = {4: 890, 2: 880, 0: 600, 8: 905, 12: 900}
+    asked = []
+    while reqs := plan.next_requests(cfg, rows_from_measurements(ms), strategy="staged", cuda=False):
+        k = reqs[0].knobs
+        if reqs[0].skip:  # the end-to-end counts below 12, out of the band: recorded as the driver records them
+            ms.append({**_m(len(ms), reqs[0].stage, reqs[0].mode, None, **k.to_dict()), "status": "skipped"})
+            continue
+        assert reqs[0].stage == "extra" and dict(k.extra) == fast
+        asked.append(k.num_workers)
+        ms.append(_m(len(ms), "extra", "train", rates[k.num_workers], num_workers=k.num_workers, extra=fast))
+    assert asked == [4, 2, 0]
+    from tunekit.analysis import select_knee
+    knee = select_knee(rows_from_measurements(ms), cfg.selection).knee
+    assert (knee.knobs.num_workers, dict(knee.knobs.extra)) == (2, fast)

@@ -44,3 +44,21 @@ def test_a_knee_moved_to_a_smaller_batch_keeps_the_defaults_baseline_and_no_over
     assert s.speedup_vs_defaults == 450 / 80
     assert "PyTorch defaults (0 workers, no pinning, batch 64): 80.0 samples/s" in "\n".join(_recommendation(s))
     assert "overhead-bound" not in [v.name for v in s.verdicts]
+
+
+def test_the_defaults_baseline_is_the_jobs_own_pipeline_not_a_user_knobs_zero_worker_trial():
+    """The fewer-workers walk after a user knob ends at 0 workers with that knob set, at the knee's batch: that is
+    another pipeline, so the speed-up is still counted from the defaults trial of the job's own pipeline."""
+    extra = {"workload.dataset_args.sample_wait_s": {"values": [0.005, 0.001], "changes_result": False}}
+    cfg = config.from_dict(sleepy_config(**{"search.batch_size": [32, 64], "search.num_workers": [0, 8],
+                                            "search.extra": extra}))
+    fast = {"workload.dataset_args.sample_wait_s": 0.001}
+    rows = rows_from_measurements([
+        _m(0, "compute", "compute", 600, batch_size=32), _m(1, "compute", "compute", 1000, batch_size=64),
+        _m(2, "end_to_end", "train", 80, batch_size=64), _m(3, "end_to_end", "train", 400, num_workers=8, batch_size=64),
+        _m(4, "batch", "train", 420, num_workers=8, batch_size=32),
+        _m(5, "extra", "train", 580, num_workers=8, batch_size=32, extra=fast),
+        _m(6, "extra", "train", 570, batch_size=32, extra=fast)])
+    s = summarize(cfg, rows, strategy="staged")
+    assert s.choice.knee.number == 6 and s.defaults.number == 2
+    assert s.speedup_vs_defaults == 570 / 80

@@ -103,11 +103,14 @@ def single_gpu_twin(rows: list[TrialRow], row: TrialRow) -> TrialRow | None:
 
 
 def defaults_trial(rows: list[TrialRow], knee: TrialRow | None) -> TrialRow | None:
-    """The completed PyTorch-defaults trial (0 workers, no pinning, eager): at the knee's batch and accumulation
-    when there is one, else the end-to-end one (the batch stage can move the knee off the swept batch)."""
+    """The completed PyTorch-defaults trial (0 workers, no pinning, eager, the job's own pipeline and thread
+    counts: a 0-worker trial of a user knob's other value is another pipeline, not the baseline): at the knee's
+    batch and accumulation when there is one, else the end-to-end one (the batch stage can move the knee off the
+    swept batch)."""
     ranks = knee.knobs.ranks if knee is not None else max((r.knobs.ranks for r in rows), default=1)
     found = [r for r in rows if r.ok and r.mode == "train" and r.knobs.loader_defaults and r.knobs.compile == "none"
-             and r.knobs.ranks == ranks]
+             and r.knobs.ranks == ranks and not r.knobs.extra and r.knobs.threads is None
+             and r.knobs.worker_threads is None]
     if knee is not None:
         same = [r for r in found if (r.knobs.batch_size, r.knobs.grad_accum)
                 == (knee.knobs.batch_size, knee.knobs.grad_accum)]
