@@ -55,7 +55,8 @@ def test_the_defaults_baseline_is_the_jobs_own_pipeline_not_a_user_knobs_zero_wo
     fast = {"workload.dataset_args.sample_wait_s": 0.001}
     rows = rows_from_measurements([
         _m(0, "compute", "compute", 600, batch_size=32), _m(1, "compute", "compute", 1000, batch_size=64),
-        _m(2, "end_to_end", "train", 80, batch_size=64), _m(3, "end_to_end", "train", 400, num_workers=8, batch_size=64),
+        _m(2, "end_to_end", "train", 80, batch_size=64),
+        _m(3, "end_to_end", "train", 400, num_workers=8, batch_size=64),
         _m(4, "batch", "train", 420, num_workers=8, batch_size=32),
         _m(5, "extra", "train", 580, num_workers=8, batch_size=32, extra=fast),
         _m(6, "extra", "train", 570, batch_size=32, extra=fast)])
