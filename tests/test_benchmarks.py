@@ -75,3 +75,14 @@ def test_the_ddp_side_by_side_names_a_config_measured_twice_under_two_names():
     rows = sbs._table(configs, measured)
     assert [r["same_as"] for r in rows] == [None, "tunekit", None]
     assert rows[1]["vs_tunekit"] == 5045.0 / 4803.0
+
+
+def test_fidelity_compares_the_long_run_with_the_short_trials_on_either_side_of_it():
+    """A host that slows steadily over the three runs (110, then 100, then 90 samples/s) moves the short trials
+    around the long one: their mean over it is 1.0, and the drift column shows the host's move."""
+    row = _load("trial_fidelity")._row
+    ok = {"status": "ok"}
+    r = row(16, {**ok, "samples_per_s": 110.0}, {**ok, "samples_per_s": 100.0}, {**ok, "samples_per_s": 90.0})
+    assert r["ratio"] == 1.0 and round(r["drift"], 3) == -0.182 and r["status"] == "ok/ok/ok"
+    failed = row(0, {**ok, "samples_per_s": 110.0}, {"status": "timeout"}, {**ok, "samples_per_s": 90.0})
+    assert failed["ratio"] is None and failed["drift"] is None
