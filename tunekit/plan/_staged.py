@@ -427,8 +427,11 @@ def estimate_staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> int:
     n_loader = 1 + max(0, counts - 1).bit_length()  # the most workers, then a bisection at worst
     n_e2e = 1 + min(3, len(s.num_workers)) * len(pins(cfg, cuda))  # the defaults; the start, one up, one down
     total = n_compute + n_loader + n_e2e + (len(s.prefetch_factor) - 1) + (len(s.compile) - 1)
-    total += (sum(len(k.values) - 1 for k in extra_knobs(cfg)) + len(s.threads or [])
+    knobs = extra_knobs(cfg)
+    total += (sum(len(k.values) - 1 for k in knobs) + len(s.threads or [])
               + len(s.worker_threads or []))  # one each, at the knee
+    if any(not k.changes_result for k in knobs):
+        total += counts.bit_length()  # the bisection of the smaller worker counts after a faster value
     total += 1 if cfg.launch.world > 1 else 0  # the knee on one GPU: the scaling efficiency
     if s.target_effective_batch:
         total += sum(1 for b in s.batch_size if s.target_effective_batch % b == 0)
