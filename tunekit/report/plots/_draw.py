@@ -27,7 +27,7 @@ def _save(fig: Any, path: Path) -> None:
 
     fig.tight_layout()
     with atomic_path(path) as tmp:  # a killed run never leaves a half-written PNG
-        fig.savefig(tmp)
+        fig.savefig(tmp, bbox_inches="tight")  # legends placed outside the axes included
     plt.close(fig)
 
 
@@ -54,8 +54,9 @@ def draw_workers(plot: WorkersPlot, path: Path) -> None:
     ax.set_ylabel(f"{plot.unit}/s (bars: window range)")
     ax.set_ylim(bottom=0)
     ax.set_xlim(left=-0.5)
-    # outside the axes: inside, it covered the few-worker points that matter most
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    # below the axes: inside, it covered the few-worker points that matter most; beside them, the long labels of
+    # user knobs squeezed the axes to a third of the figure
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2 if len(plot.series) > 3 else 1)
     _save(fig, path)
 
 
