@@ -106,13 +106,13 @@ def test_plan_runs_the_job_on_every_rank_then_the_knee_on_one_gpu():
                                    measurement(1, "loader", "loader", 200, batch_size=8),
                                    measurement(2, "loader", "loader", 400, batch_size=8, num_workers=2)])
     first = next_requests(cfg, rows, strategy="staged", cuda=False)
-    assert first[0].stage == "end_to_end" and first[0].knobs.ranks == 2 and first[0].knobs.loader_defaults
-    rows += rows_from_measurements([measurement(3, "end_to_end", "train", 300, batch_size=8, ranks=2,
-                                                data_wait_frac=0.6)])
-    second = next_requests(cfg, rows, strategy="staged", cuda=False)
-    assert second[0].knobs.ranks == 2 and second[0].knobs.num_workers == 2
-    rows += rows_from_measurements([measurement(4, "end_to_end", "train", 700, batch_size=8, num_workers=2,
+    assert first[0].stage == "end_to_end" and first[0].knobs.ranks == 2 and first[0].knobs.num_workers == 2
+    rows += rows_from_measurements([measurement(3, "end_to_end", "train", 700, batch_size=8, num_workers=2,
                                                 ranks=2)])
+    second = next_requests(cfg, rows, strategy="staged", cuda=False)  # the defaults, on every rank too
+    assert second[0].knobs.ranks == 2 and second[0].knobs.loader_defaults
+    rows += rows_from_measurements([measurement(4, "end_to_end", "train", 300, batch_size=8, ranks=2,
+                                                data_wait_frac=0.6)])
     scaling = next_requests(cfg, rows, strategy="staged", cuda=False)
     assert [(r.stage, r.knobs.ranks, r.knobs.num_workers) for r in scaling] == [("scaling", 1, 2)]
     rows += rows_from_measurements([measurement(5, "scaling", "train", 380, batch_size=8, num_workers=2)])

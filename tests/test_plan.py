@@ -41,18 +41,22 @@ def test_stages_follow_in_order_and_pruning_skips_hopeless_worker_counts():
     ms += [_m(i + 1, "loader", "loader", rate, num_workers=w, pin_memory=True)
            for i, (w, rate) in enumerate([(0, 80), (2, 200), (6, 600), (8, 800)])]
     rows = rows_from_measurements(ms)
-    first = plan.next_requests(cfg, rows, strategy="staged", cuda=True)[0]
-    assert (first.stage, first.knobs.num_workers, first.knobs.pin_memory, first.skip) == ("end_to_end", 0, False, None)
-    rows += rows_from_measurements([_m(9, "end_to_end", "train", 80)])  # PyTorch's defaults come first
     start = plan.next_requests(cfg, rows, strategy="staged", cuda=True)[0]
-    # 6 workers: the fewest whose loader ceiling (600/s) reaches the compute ceiling (400/s)
-    assert (start.knobs.num_workers, start.knobs.pin_memory, start.skip) == (6, True, None)
-    rows += rows_from_measurements([_m(10, "end_to_end", "train", 400, num_workers=8, pin_memory=True)])
+    # 6 workers: the fewest whose loader ceiling (600/s) reaches the compute ceiling (400/s), pinned first
+    assert (start.stage, start.knobs.num_workers, start.knobs.pin_memory, start.skip) == ("end_to_end", 6, True, None)
+    rows += rows_from_measurements([_m(9, "end_to_end", "train", 398, num_workers=6, pin_memory=True)])
+    assert plan.next_requests(cfg, rows, strategy="staged", cuda=True)[0].knobs.num_workers == 6  # unpinned
+    rows += rows_from_measurements([_m(10, "end_to_end", "train", 396, num_workers=6)])
+    # then PyTorch's defaults, raced against the band the start gave
+    defaults = plan.next_requests(cfg, rows, strategy="staged", cuda=True)[0]
+    assert (defaults.knobs.num_workers, defaults.knobs.pin_memory, defaults.skip) == (0, False, None)
+    assert plan.needed_rate(cfg, rows, defaults) == pytest.approx(398 * 0.97)
+    rows += rows_from_measurements([_m(11, "end_to_end", "train", 80)])
+    assert plan.next_requests(cfg, rows, strategy="staged", cuda=True)[0].knobs.num_workers == 8  # to confirm
     # 2 workers: the loader alone gives 200/s, far below 97 % of 400/s -> skipped with its evidence
+    rows += rows_from_measurements([_m(12, "end_to_end", "train", 400, num_workers=8, pin_memory=True)])
     requests = plan.next_requests(cfg, rows + rows_from_measurements([
-        _m(11, "end_to_end", "train", 400, num_workers=8), _m(12, "end_to_end", "train", 398, num_workers=6,
-                                                              pin_memory=True),
-        _m(13, "end_to_end", "train", 396, num_workers=6)]), strategy="staged", cuda=True)
+        _m(13, "end_to_end", "train", 400, num_workers=8)]), strategy="staged", cuda=True)
     assert requests[0].knobs.num_workers == 2 and requests[0].skip and "200.0 samples/s" in requests[0].skip
     assert requests[0].knobs.pin_memory  # the loader ceiling was measured pinned: it bounds pinned trials only
     unpinned = _maybe_skip(plan.Request("end_to_end", "train", requests[0].knobs.__class__(
@@ -224,7 +228,7 @@ def test_plan_from_the_ceilings_runs_fewer_trials_and_keeps_the_knee():
                   "search.prefetch_factor": [2, 4]})
     rows, choice = _simulate(cfg)
     e2e = [r for r in rows if r.stage == "end_to_end"]
-    assert [r.knobs.num_workers for r in e2e if r.status == "ok"] == [0, 6, 8]
+    assert [r.knobs.num_workers for r in e2e if r.status == "ok"] == [6, 0, 8]  # the start, the defaults, one up
     skipped = {r.knobs.num_workers: r.reason for r in e2e if r.status == "skipped"}
     assert set(skipped) == {2, 12, 16} and "plateau" in skipped[12] and "loader alone" in skipped[2]
     assert choice.knee is not None and choice.knee.knobs.num_workers == 6
@@ -304,7 +308,8 @@ def test_a_trial_needs_the_band_of_the_best_so_far_and_a_loader_ceiling_the_comp
     assert plan.needed_rate(cfg, rows, plan.Request("loader", "loader", e2e.knobs)) == pytest.approx(400 * 0.97)
     assert plan.needed_rate(cfg, rows[1:], plan.Request("loader", "loader", e2e.knobs)) is None  # no ceiling yet
     assert plan.needed_rate(cfg, rows, plan.Request("compute", "compute", e2e.knobs)) is None
-    assert plan.needed_rate(cfg, rows, plan.Request("end_to_end", "train", Knobs(batch_size=8))) is None  # defaults
+    # the defaults are raced like any end-to-end trial (they run after the start of the walk for that)
+    assert plan.needed_rate(cfg, rows, plan.Request("end_to_end", "train", Knobs(batch_size=8))) == pytest.approx(291)
     assert plan.needed_rate(cfg, rows, plan.Request("scaling", "train", e2e.knobs)) is None
 
 

@@ -73,8 +73,8 @@ def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path):
     assert list(trials["stage"].unique()) == ["compute", "loader", "end_to_end"]
     assert len(trials) == 1 + 4 + 4
     e2e = trials[trials["stage"] == "end_to_end"]
-    # the defaults first; 6 workers, the fewest whose loader ceiling reaches the compute ceiling; 8 to confirm
-    assert list(e2e["num_workers"]) == [0, 6, 8, 2]
+    # 6 workers, the fewest whose loader ceiling reaches the compute ceiling; the defaults; 8 to confirm
+    assert list(e2e["num_workers"]) == [6, 0, 8, 2]
     skipped = e2e[e2e["status"] == "skipped"]
     assert list(skipped["num_workers"]) == [2]  # its loader ceiling (~200/s) cannot reach the ~400/s of 8 workers
     assert "the loader alone gives" in skipped.iloc[0]["reason"]
@@ -155,7 +155,11 @@ def test_budget_max_trials_is_honoured(write_config, tmp_path: Path):
     result = _sweep(config, tmp_path / "run")
     assert result.returncode == 1  # three trials reach no end-to-end comparison: no recommendation, said why
     assert len(study_trials(tmp_path / "run")) == 3
-    assert len(pd.read_csv(tmp_path / "run" / "trials.csv")) == 3
+    trials = pd.read_csv(tmp_path / "run" / "trials.csv")
+    assert len(trials) == 3
+    # the budget kept the last room for the report's baseline: the ceilings, then PyTorch's defaults
+    assert list(trials["stage"]) == ["compute", "loader", "end_to_end"]
+    assert (trials.iloc[-1]["num_workers"], trials.iloc[-1]["pin_memory"]) == (0, False)
     assert not (tmp_path / "run" / "recommended.yaml").exists()
     assert "No recommendation" in result.stdout
     meta = json.loads((tmp_path / "run" / "sweep.json").read_text())

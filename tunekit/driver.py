@@ -70,11 +70,12 @@ class _Budget:
         self.max_trials = max_trials
         self.durations: list[float] = []
 
-    def stop_reason(self, trials_run: int) -> str | None:
-        if trials_run >= self.max_trials:
+    def stop_reason(self, trials_run: int, reserve: int = 0) -> str | None:
+        """Why the sweep must stop before another trial, keeping room for ``reserve`` more after it; None to go on."""
+        if trials_run + reserve >= self.max_trials:
             return f"budget.max_trials = {self.max_trials} reached"
         expected = statistics.median(self.durations) if self.durations else 0.0
-        if time.monotonic() + expected > self.deadline:
+        if time.monotonic() + expected * (1 + reserve) > self.deadline:
             return (f"budget.minutes = {self.minutes:g} would be exceeded by another trial "
                     f"(~{expected:.0f} s each)")
         return None
@@ -158,16 +159,26 @@ def _run_trials(sweep: _Sweep, budget: _Budget) -> None:
             if not requests:
                 return
             req = requests[0]  # the plan may depend on this result: run one, then ask again
+            last = False
             if req.skip is None:
-                sweep.stop_reason = budget.stop_reason(sum(1 for r in sweep.rows if r.status != "skipped")) or ""
+                run = sum(1 for r in sweep.rows if r.status != "skipped")
+                # the report's baseline, owed once the batch is chosen: the budget keeps the room for it, and when
+                # only that room is left, the baseline takes it as the sweep's last trial
+                owed = plan.baseline(sweep.cfg, sweep.rows, strategy=sweep.strategy, cuda=sweep.cuda)
+                reserve = 1 if owed is not None and owed.key != req.key else 0
+                sweep.stop_reason = budget.stop_reason(run, reserve) or ""
                 if sweep.stop_reason:
-                    return
+                    if owed is None or not reserve or budget.stop_reason(run) is not None:
+                        return
+                    req, last = owed, True
             bar.starting(req)
             row = _run_one(sweep, req)
             sweep.rows.append(row)
             if req.skip is None:
                 budget.durations.append(float(row.measurement.get("launcher_wall_s") or 0.0))
             bar.finished(row, plan.estimate_total(sweep.cfg, sweep.rows, strategy=sweep.strategy, cuda=sweep.cuda))
+            if last:
+                return
 
 
 def _run_one(sweep: _Sweep, req: plan.Request) -> TrialRow:

@@ -14,10 +14,17 @@ from __future__ import annotations
 from tunekit.config import Config
 from tunekit.plan._grid import grid_requests
 from tunekit.plan._request import Request, pending
-from tunekit.plan._staged import band_target, estimate_staged, reach_rate, scaling_requests, staged_requests
+from tunekit.plan._staged import (
+    band_target,
+    baseline_request,
+    estimate_staged,
+    reach_rate,
+    scaling_requests,
+    staged_requests,
+)
 from tunekit.records import TrialRow
 
-__all__ = ["Request", "next_requests", "estimate_total", "needed_rate"]
+__all__ = ["Request", "next_requests", "estimate_total", "needed_rate", "baseline"]
 
 
 def next_requests(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> list[Request]:
@@ -26,6 +33,12 @@ def next_requests(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: boo
     if strategy == "grid":  # every combination, then (under launch) the knee's per-rank config on one GPU
         return pending(grid_requests(cfg, cuda), rows) or scaling_requests(cfg, rows, cuda)
     return staged_requests(cfg, rows, cuda)
+
+
+def baseline(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> Request | None:
+    """The PyTorch-defaults trial a staged sweep still owes its report (its batch chosen, the trial not run), or
+    None: the driver runs it when the budget ends the sweep before the plan reached it."""
+    return baseline_request(cfg, rows, cuda) if strategy == "staged" else None
 
 
 def estimate_total(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> int:
@@ -44,12 +57,13 @@ def needed_rate(cfg: Config, rows: list[TrialRow], req: Request) -> float | None
     """The throughput ``req`` must reach to matter, or None: for a knee-stage trial, the band of the best fitting
     knee-stage trial so far; for a loader ceiling, the rate at which it reaches the compute ceiling at its batch
     (all the plan asks of it). A trial whose measurement lies clearly below it need not measure on
-    (``rules.window_stop``). None for the compute ceilings, the scaling trial, the PyTorch-defaults baseline, or
-    while there is nothing to compare with."""
+    (``rules.window_stop``); the PyTorch-defaults baseline too, which runs after the start of the end-to-end walk
+    for that reason. None for the compute ceilings, the scaling trial, or while there is nothing to compare
+    with."""
     if req.stage == "loader" and req.mode == "loader":
         compute = next((r for r in rows if r.ok and r.mode == "compute"
                         and r.knobs.batch_size == req.knobs.batch_size), None)
         return reach_rate(compute, cfg.selection) if compute is not None else None
-    if req.stage not in RACED_STAGES or req.knobs.loader_defaults:
+    if req.stage not in RACED_STAGES:
         return None
     return band_target(rows, cfg.selection)

@@ -129,20 +129,30 @@ def _reaches(s: _Sweep, loader: TrialRow, compute: TrialRow) -> bool:
     return loader.ok and loader.rate >= reach_rate(compute, s.selection)
 
 
+def _defaults(s: _Sweep, batch: int) -> Request:
+    """PyTorch's DataLoader defaults at the chosen batch: every report's baseline."""
+    return Request("end_to_end", "train", Knobs(num_workers=0, batch_size=batch, pin_memory=False, ranks=s.world,
+                                                **{**s.base, "compile": "none"}))
+
+
 def _end_to_end(s: _Sweep) -> list[Request] | None:
-    """Workers x pin_memory at the chosen batch, planned from the ceilings: PyTorch's defaults first (every
-    report's baseline, never lost to a budget cut); then the fewest workers whose loader ceiling reaches the compute
-    ceiling (the most workers when none does), one count above it to confirm, further up only while that gains
-    beyond the band; then down from the start while the counts stay within the band of the best, a count whose
-    loader ceiling cannot reach the band skipped with that evidence."""
+    """Workers x pin_memory at the chosen batch, planned from the ceilings: the fewest workers whose loader ceiling
+    reaches the compute ceiling (the most workers when none does); then PyTorch's defaults (every report's
+    baseline, raced against the band the start gave: it is almost always far below it, and a 0-worker trial's
+    windows are the longest of a sweep; the driver runs it even when the budget ends the sweep first); one count
+    above the start to confirm, further up only while that gains beyond the band; then down from the start while
+    the counts stay within the band of the best, a count whose loader ceiling cannot reach the band skipped with
+    that evidence."""
     batch = s.batch
     assert batch is not None  # the loader stage stops the sweep without one
-    defaults = Request("end_to_end", "train", Knobs(num_workers=0, batch_size=batch, pin_memory=False,
-                                                    ranks=s.world, **{**s.base, "compile": "none"}))
-    if pending([defaults], s.rows):
-        return [defaults]
     counts = sorted(s.search.num_workers)
     start = _start_count(s, batch, counts)
+    first = pending(_at_count(s, batch, start), s.rows)
+    if first:
+        return [_maybe_skip(first[0], s)]
+    defaults = _defaults(s, batch)
+    if pending([defaults], s.rows):
+        return [defaults]
     below = sorted((c for c in counts if c < start), reverse=True)
     for w in _climb(s, batch, counts, start) + below:
         left = pending(_at_count(s, batch, w), s.rows)
@@ -150,6 +160,17 @@ def _end_to_end(s: _Sweep) -> list[Request] | None:
             return [_maybe_skip(left[0], s)]
         _below_band(s, batch, w, [c for c in below if c < w])
     return []
+
+
+def baseline_request(cfg: Config, rows: list[TrialRow], cuda: bool) -> Request | None:
+    """The PyTorch-defaults trial when a staged sweep has chosen its batch but not run it yet (None otherwise): the
+    driver runs it before a budget ends the sweep, so no report lacks its baseline."""
+    s = _Sweep(cfg, rows, cuda)
+    batch = s.batch if _compute(s) == [] else None  # the compute stage over: the batch is final
+    if batch is None:
+        return None
+    found = pending([_defaults(s, batch)], rows)
+    return found[0] if found else None
 
 
 def _below_band(s: _Sweep, batch: int, workers: int, fewer: list[int]) -> None:
