@@ -11,7 +11,8 @@ CSV) carries the trial's other figures too (data wait, GPU busy, NVML utilizatio
     python benchmarks/trial_fidelity.py configs/resnet.yaml --workers 0 16 --batch 256 --out results/fidelity
 
 Target: |ratio - 1| <= 3 %. The table is rewritten after each worker count; rerun with the same --out, the
-command reuses the trials it completed and measures the rest.
+command reuses the worker counts whose three trials it completed and measures the rest (all three again for a
+count cut in the middle: they must run back to back).
 """
 
 from __future__ import annotations
@@ -81,13 +82,13 @@ def main() -> None:
     for workers in args.workers:
         base = [f"num_workers={workers}", f"batch_size={args.batch}", f"pin_memory={str(workers > 0).lower()}",
                 *args.sets]
-        short = _measured(out / f"w{workers}") or run_trial(args.config, out / f"w{workers}", base, echo=True)[0]
         # the reference: windows --factor times longer, exactly measure_windows of them (no precision stop)
-        long = _measured(out / f"w{workers}-long") or run_trial(
-            args.config, out / f"w{workers}-long",
-            [*base, f"trial.window_s={window * args.factor}", "trial.precision=null"], echo=True)[0]
-        after = _measured(out / f"w{workers}-after") or run_trial(
-            args.config, out / f"w{workers}-after", base, echo=True)[0]
+        runs = {f"w{workers}": base, f"w{workers}-long": [*base, f"trial.window_s={window * args.factor}",
+                                                          "trial.precision=null"], f"w{workers}-after": base}
+        done = [_measured(out / name) for name in runs]
+        if any(m is None for m in done):  # the three back to back, or the drift between them means nothing
+            done = [run_trial(args.config, out / name, sets, echo=True)[0] for name, sets in runs.items()]
+        short, long, after = done
         rows.append(_row(workers, short, long, after))
         write_csv(out / "fidelity.csv", rows)  # row by row: a run cut by a time limit keeps what it measured
     keys = list(rows[0])

@@ -123,6 +123,41 @@ def test_budget_minutes_stops_the_sweep_early_and_still_writes_outputs(budget_ru
         assert (out / name).exists(), name
 
 
+def test_the_time_budget_ends_with_the_baseline_it_kept_room_for(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """The driver's loop on a simulated clock (trials are not launched): 20 s a trial, but the end-to-end start
+    takes 60 s, eating the room the budget kept for PyTorch's defaults. The sweep still ends with them, started
+    before the deadline, rather than with a report without its baseline."""
+    import io
+
+    from rich.console import Console
+
+    from tests.conftest import measurement
+    from tunekit import config, driver
+    from tunekit.records import TrialRow
+
+    clock = [0.0]
+    monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
+
+    def run_one(sweep: driver._Sweep, req) -> TrialRow:
+        k = req.knobs
+        took = 0.0 if req.skip else 60.0 if (req.stage, k.num_workers) == ("end_to_end", 6) else 20.0
+        clock[0] += took
+        rate = {"compute": 400.0, "loader": 100.0 * k.num_workers}.get(req.mode, 80.0 if not k.num_workers else 400.0)
+        m = measurement(len(sweep.rows), req.stage, req.mode, None if req.skip else rate,
+                        status="skipped" if req.skip else "ok", launcher_wall_s=took, **k.to_dict())
+        return TrialRow.from_measurement(m)
+
+    monkeypatch.setattr(driver, "_run_one", run_one)
+    cfg = config.from_dict(sleepy_config(**{"search.num_workers": [0, 2, 6, 8], "search.pin_memory": [False]}))
+    sweep = driver._Sweep(cfg=cfg, run_dir=tmp_path, strategy="staged", runs=None, rows=[], cuda=False,
+                          console=Console(file=io.StringIO()))
+    driver._run_trials(sweep, driver._Budget(minutes=2.5, max_trials=60))
+    run = [(r.stage, r.knobs.num_workers) for r in sweep.rows if r.status == "ok"]
+    assert run[-2:] == [("end_to_end", 6), ("end_to_end", 0)], run  # the start, then the owed baseline
+    assert "budget.minutes = 2.5 would be exceeded by another trial (~20 s each)" in sweep.stop_reason
+    assert clock[0] == 160.0  # started at 140 s, before the 150-s deadline; the median room was not left
+
+
 # --- 2. SIGTERM / Ctrl-C during a sweep, then resume -----------------------------------------------------------
 
 

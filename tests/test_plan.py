@@ -388,3 +388,15 @@ def test_fewer_workers_after_a_user_knob_are_found_by_bisection():
     from tunekit.analysis import select_knee
     knee = select_knee(rows_from_measurements(ms), cfg.selection).knee
     assert (knee.knobs.num_workers, dict(knee.knobs.extra)) == (2, fast)
+
+
+def test_the_baseline_is_owed_once_the_batch_is_final_and_only_by_staged_sweeps():
+    cfg = _cfg(**{"search.batch_size": [8, 16]})
+    half = rows_from_measurements([_m(0, "compute", "compute", 300)])  # batch 16 not measured: the batch may move
+    assert plan.baseline(cfg, half, strategy="staged", cuda=False) is None
+    done = half + rows_from_measurements([_m(1, "compute", "compute", 400, batch_size=16)])
+    owed = plan.baseline(cfg, done, strategy="staged", cuda=False)
+    assert owed is not None and owed.knobs.loader_defaults and owed.knobs.batch_size == 16
+    assert plan.baseline(cfg, done, strategy="grid", cuda=False) is None
+    ran = done + rows_from_measurements([_m(2, "end_to_end", "train", 80, batch_size=16)])
+    assert plan.baseline(cfg, ran, strategy="staged", cuda=False) is None

@@ -80,6 +80,11 @@ class _Budget:
                     f"(~{expected:.0f} s each)")
         return None
 
+    def room_for_last(self, trials_run: int) -> bool:
+        """Whether one last trial may still start: below ``max_trials`` and before the deadline (it may run past
+        it, as any trial started in time may)."""
+        return trials_run < self.max_trials and time.monotonic() < self.deadline
+
 
 def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
@@ -162,13 +167,14 @@ def _run_trials(sweep: _Sweep, budget: _Budget) -> None:
             last = False
             if req.skip is None:
                 run = sum(1 for r in sweep.rows if r.status != "skipped")
-                # the report's baseline, owed once the batch is chosen: the budget keeps the room for it, and when
-                # only that room is left, the baseline takes it as the sweep's last trial
+                # the report's baseline, owed once the batch is chosen: the budget keeps one trial's room for it;
+                # when the budget ends the sweep first, the baseline is its last trial, started while the deadline
+                # has not passed (a trial longer than the median can eat the room kept)
                 owed = plan.baseline(sweep.cfg, sweep.rows, strategy=sweep.strategy, cuda=sweep.cuda)
                 reserve = 1 if owed is not None and owed.key != req.key else 0
                 sweep.stop_reason = budget.stop_reason(run, reserve) or ""
                 if sweep.stop_reason:
-                    if owed is None or not reserve or budget.stop_reason(run) is not None:
+                    if owed is None or not budget.room_for_last(run):
                         return
                     req, last = owed, True
             bar.starting(req)

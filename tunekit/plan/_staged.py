@@ -382,7 +382,9 @@ def _fewer_workers(s: _Sweep, knee: TrialRow, tried: list[TrialRow | None]) -> l
         return []
     top = max(faster, key=lambda r: r.rate)
     target = band_target(s.rows, s.selection) or 0.0  # the trials in ``faster`` are candidates: never None
-    counts = sorted(c for c in s.search.num_workers if c < top.knobs.num_workers)
+    # worker threads exist only with workers: without any, the config would lose the knob that made it faster
+    counts = sorted(c for c in s.search.num_workers if c < top.knobs.num_workers
+                    and (c or top.knobs.worker_threads is None))
     lo, hi = 0, len(counts)  # counts[hi] (top's own count when hi == len) is within the band; below lo none is
     while lo < hi:
         mid = (lo + hi) // 2
@@ -390,7 +392,8 @@ def _fewer_workers(s: _Sweep, knee: TrialRow, tried: list[TrialRow | None]) -> l
         row = s.find(req)
         if row is None:
             return [req]
-        lo, hi = (lo, mid) if row.ok and row.rate >= target else (mid + 1, hi)
+        within = row.ok and rules.fits(row, s.selection) and row.rate >= target
+        lo, hi = (lo, mid) if within else (mid + 1, hi)
     return []
 
 
@@ -451,7 +454,7 @@ def estimate_staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> int:
     knobs = extra_knobs(cfg)
     total += (sum(len(k.values) - 1 for k in knobs) + len(s.threads or [])
               + len(s.worker_threads or []))  # one each, at the knee
-    if any(not k.changes_result for k in knobs):
+    if s.threads or s.worker_threads or any(not k.changes_result for k in knobs):
         total += counts.bit_length()  # the bisection of the smaller worker counts after a faster value
     total += 1 if cfg.launch.world > 1 else 0  # the knee on one GPU: the scaling efficiency
     if s.target_effective_batch:
