@@ -25,14 +25,19 @@ def _maybe_skip(req, rows, cfg):
     return _staged._maybe_skip(req, _staged._Sweep(cfg, rows, cuda=True))
 
 
-def test_compute_stage_stops_at_the_first_oom():
-    cfg = _cfg()
+def test_compute_stage_walks_down_from_the_largest_batch_past_ooms_until_one_falls_out_of_the_band():
+    cfg = _cfg(**{"search.batch_size": [4, 8, 16, 32]})
     first = plan.next_requests(cfg, [], strategy="staged", cuda=True)
-    assert [(r.stage, r.knobs.batch_size) for r in first] == [("compute", 8)]
-    rows = rows_from_measurements([_m(0, "compute", "compute", 100, batch_size=8),
-                                   _m(1, "compute", "compute", None, status="oom", batch_size=16)])
-    nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=True)
-    assert nxt[0].stage == "loader" and nxt[0].knobs.batch_size == 8  # never batch 32 after an OOM at 16
+    assert [(r.stage, r.knobs.batch_size) for r in first] == [("compute", 32)]
+    rows = rows_from_measurements([_m(0, "compute", "compute", None, status="oom", batch_size=32)])
+    assert plan.next_requests(cfg, rows, strategy="staged", cuda=True)[0].knobs.batch_size == 16  # past the OOM
+    rows += rows_from_measurements([_m(1, "compute", "compute", 400, batch_size=16)])
+    assert plan.next_requests(cfg, rows, strategy="staged", cuda=True)[0].knobs.batch_size == 8
+    within = rows + rows_from_measurements([_m(2, "compute", "compute", 395, batch_size=8)])  # within the band
+    assert plan.next_requests(cfg, within, strategy="staged", cuda=True)[0].knobs.batch_size == 4
+    rows += rows_from_measurements([_m(2, "compute", "compute", 300, batch_size=8)])  # out of the band: batch 4 is
+    nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=True)  # not measured, the batch is 16
+    assert nxt[0].stage == "loader" and nxt[0].knobs.batch_size == 16
 
 
 def test_stages_follow_in_order_and_pruning_skips_hopeless_worker_counts():
@@ -141,6 +146,25 @@ def test_a_data_bound_knee_tries_smaller_batches_while_they_keep_up():
                                      "status": "skipped"}])
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
     assert [(r.stage, r.knobs.batch_size, r.knobs.compile) for r in nxt] == [("compile", 16, "default")]
+
+
+def test_batches_the_compute_stage_did_not_reach_are_tried_under_the_ceiling_above_them():
+    """The compute stage stopped at batch 16 (out of the band of batch 32), so batch 8 has no ceiling of its own; it
+    needs less memory and its ceiling is no higher than batch 16's, which is the bound stage 4b judges it by."""
+    cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.prefetch_factor": [2]})
+    rows = rows_from_measurements([
+        _m(0, "compute", "compute", 1000, batch_size=32), _m(1, "compute", "compute", 700, batch_size=16)])
+    assert plan.next_requests(cfg, rows, strategy="staged", cuda=False)[0].stage == "loader"  # batch 8 never asked
+    rows += rows_from_measurements([
+        _m(2, "loader", "loader", 900, num_workers=8, batch_size=32),
+        _m(3, "end_to_end", "train", 600, num_workers=8, batch_size=32),
+        _m(4, "end_to_end", "train", 80, batch_size=32), _m(5, "batch", "train", 650, num_workers=8, batch_size=16)])
+    nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert [(r.stage, r.knobs.batch_size, r.skip) for r in nxt] == [("batch", 8, None)]
+    # as fitting for the accumulation stage's micro-batches too; a batch past the memory limit never
+    oom = rows_from_measurements([_m(0, "compute", "compute", None, status="oom", batch_size=32)]) + rows[1:2]
+    assert _staged._fitting_batches(_staged._Sweep(cfg, rows, cuda=False)) == [32, 16, 8]
+    assert _staged._fitting_batches(_staged._Sweep(cfg, oom, cuda=False)) == [16, 8]
 
 
 def test_a_smaller_batch_that_falls_behind_ends_the_batch_stage():

@@ -26,7 +26,7 @@ __all__ = [
     "KNEE_STAGES", "MIN_POINTS", "NEAR_CEILING", "OVERHEAD_RATIO", "STARVED_WAIT", "NO_WAIT", "STREAM_FULL", "NOISY_CV",
     "changes_result",
     "CPU_SATURATED", "CPU_BUSY", "WORKER_WAITING", "MEMORY_WALL_MARGIN", "HOST_MEMORY_WARN", "SHM_WARN",
-    "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "stops_batch_growth", "run_noise", "band", "needed", "trial_margin",
+    "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "past_memory_limit", "run_noise", "band", "needed", "trial_margin",
     "can_reach", "knee_stages", "of_ceiling", "SYNC_SHARE", "SCALING_HEALTHY", "scaling_efficiency",
     "communication_bound", "rate_interval", "window_rate", "settling", "window_stop", "input_bound",
     "worker_core_share", "waits_on_data", "machine_noise",
@@ -57,8 +57,9 @@ def fits(row: TrialRow, selection: Selection) -> bool:
     return row.headroom is None or row.headroom >= selection.min_headroom
 
 
-def stops_batch_growth(row: TrialRow, selection: Selection) -> bool:
-    """A batch that ran out of memory, or fit only under the headroom limit: no larger batch is tried."""
+def past_memory_limit(row: TrialRow, selection: Selection) -> bool:
+    """A batch that ran out of memory, or fit only under the headroom limit: beyond the memory boundary (the
+    compute stage goes on to smaller batches)."""
     return row.status == "oom" or (row.ok and not fits(row, selection))
 
 

@@ -38,12 +38,13 @@ def _other_processes(rows: list[TrialRow], env: dict[str, Any] | None) -> Verdic
 
 
 def _memory_boundary(rows: list[TrialRow], trials: Trials) -> Verdict | None:
-    """The batch at which the compute stage stopped: the first OOM, or the first batch over the headroom limit."""
+    """The memory boundary the compute stage found: the smallest batch that ran out of memory, else the smallest
+    that completed over the headroom limit."""
     if trials.oom_batches:
         wall = trials.oom_batches[0]
         fitting = [b for b in trials.compute if b < wall]
         return verdict("memory-wall", {"OOM at batch": wall, "largest batch that fits": max(fitting, default=None)})
-    tight = sorted((r for r in rows if r.mode == "compute" and rules.stops_batch_growth(r, trials.selection)),
+    tight = sorted((r for r in rows if r.mode == "compute" and rules.past_memory_limit(r, trials.selection)),
                    key=lambda r: r.knobs.batch_size)
     if not tight:
         return None

@@ -50,13 +50,18 @@ Stage = Callable[[_Sweep], "list[Request] | None"]
 
 
 def _compute(s: _Sweep) -> list[Request] | None:
-    """Batch sizes in ascending order, stopping at the first OOM or the first batch over the headroom limit."""
+    """Batch sizes from the largest down: past those that run out of memory or over the headroom limit, then down
+    while each stays within the band of the best that fits, stopping at the first that falls out of it (per-sample
+    throughput does not rise as the batch shrinks, and the batch chosen is the smallest within the band: the smaller
+    ones cannot be it). Those not measured are smaller than one that fits, so they fit too."""
     done = {r.knobs.batch_size: r for r in s.done("compute")}
-    for batch in s.search.batch_size:
+    for batch in sorted(s.search.batch_size, reverse=True):
         row = done.get(batch)
         if row is None:
             return [Request("compute", "compute", Knobs(num_workers=0, batch_size=batch, **s.base))]
-        if rules.stops_batch_growth(row, s.selection):
+        fitting = [r for r in done.values() if r.ok and rules.fits(r, s.selection)]
+        if row.ok and rules.fits(row, s.selection) and row.rate < rules.needed(
+                max(fitting, key=lambda r: r.rate), rules.band(fitting, s.selection)):
             return []
     return []
 
@@ -103,6 +108,19 @@ def _loader(s: _Sweep) -> list[Request] | None:
                   f"{top.number}), below the compute ceiling ({compute.rate:.1f} at batch {batch}, trial "
                   f"{compute.number}): the end-to-end walk starts at {counts[hi]} workers and measures fewer directly")
     return [req.skipped(reason) for req in pending(list(reqs.values()), s.rows)]
+
+
+def _fitting_batches(s: _Sweep, below: int | None = None) -> list[int]:
+    """The searched batch sizes that fit, largest first (those under ``below`` only): each measured one that fits
+    the headroom limit, and each the compute stage left unmeasured under the smallest of those (a smaller batch
+    needs less memory)."""
+    fitting = {r.knobs.batch_size for r in s.done("compute") if r.ok and rules.fits(r, s.selection)}
+    measured = {r.knobs.batch_size for r in s.done("compute")}
+    if not fitting:
+        return []
+    smallest = min(fitting)
+    return sorted((b for b in s.search.batch_size if (b in fitting or (b < smallest and b not in measured))
+                   and (below is None or b < below)), reverse=True)
 
 
 def _compute_at(s: _Sweep, batch: int) -> TrialRow | None:
@@ -299,7 +317,7 @@ def _smaller_batches(s: _Sweep) -> list[Request] | None:
     ceilings = {r.knobs.batch_size: r for r in s.done("compute") if r.ok and rules.fits(r, s.selection)}
     if not rules.input_bound(knee, ceilings.get(knee.knobs.batch_size)):
         return []  # the model is the bound (or unknown): a smaller batch only adds per-step overhead
-    for batch in sorted((b for b in ceilings if b < knee.knobs.batch_size), reverse=True):
+    for batch in _fitting_batches(s, below=knee.knobs.batch_size):
         req = Request("batch", "train", Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))
         # judged against this batch and the larger ones only: a smaller batch that later ran faster must not
         # make this one look as if it fell behind
@@ -310,12 +328,15 @@ def _smaller_batches(s: _Sweep) -> list[Request] | None:
         target = rules.needed(best, allowed)
         row = s.find(req)
         if row is None:
-            ceiling = ceilings[batch]
+            # the ceiling at this batch, else at the smallest measured batch above it (the compute stage stopped
+            # there): a smaller batch's ceiling is no higher
+            ceiling = min((r for b, r in ceilings.items() if b >= batch), key=lambda r: r.knobs.batch_size)
             if rules.can_reach(ceiling, target, s.selection, knee.knobs.ranks):
                 return [req]
+            at = f"batch {batch}" if ceiling.knobs.batch_size == batch else (
+                f"batch {ceiling.knobs.batch_size}, larger than {batch}")
             return [req.skipped(
-                f"the compute ceiling at batch {batch} is {ceiling.rate:.1f} {ceiling.unit}/s (trial "
-                f"{ceiling.number}), "
+                f"the compute ceiling at {at} is {ceiling.rate:.1f} {ceiling.unit}/s (trial {ceiling.number}), "
                 f"below the {target:.1f} needed to come within the band ({allowed:.1%}) of the best config so far "
                 f"({best.rate:.1f}, trial {best.number})")]
         if not row.ok or row.rate < target:
@@ -403,7 +424,7 @@ def _accumulation(s: _Sweep) -> list[Request] | None:
     knee = s.knee("accumulation")
     if not target or knee is None:
         return []
-    fit = {r.knobs.batch_size for r in s.done("compute") if r.ok and rules.fits(r, s.selection)}
+    fit = set(_fitting_batches(s))
     return pending([Request("accumulation", "train",
                             Knobs(**{**knee.knobs.to_dict(), "batch_size": b, "grad_accum": target // b}))
                     for b in s.search.batch_size if target % b == 0 and b in fit], s.rows)
@@ -445,8 +466,8 @@ def estimate_staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> int:
     """Trials a staged sweep will likely run in all: every stage at its usual size."""
     s = cfg.search
     computed = [r for r in rows if r.stage == "compute"]
-    stopped = any(rules.stops_batch_growth(r, cfg.selection) for r in computed)
-    n_compute = len(computed) if stopped else len(s.batch_size)
+    over = computed and _compute(_Sweep(cfg, rows, cuda)) == []
+    n_compute = len(computed) if over else len(s.batch_size)  # at most every batch, down from the largest
     counts = len([w for w in s.num_workers if w])
     n_loader = 1 + max(0, counts - 1).bit_length()  # the most workers, then a bisection at worst
     n_e2e = 1 + min(3, len(s.num_workers)) * len(pins(cfg, cuda))  # the defaults; the start, one up, one down
