@@ -338,6 +338,13 @@ def test_the_run_names_the_memory_boundary_of_a_batch_over_the_headroom_limit():
     found = run_verdicts(rows, rows[-1], trial_verdicts(rows, SELECTION), SELECTION)
     wall = next(v for v in found if v.name == "memory-wall")
     assert wall.evidence == {"headroom at batch 256": 0.084, "limit": 0.10, "largest batch that fits": 128}
+    # walking down from the largest batch, the stage meets an OOM above the batch over the limit: the OOM is named,
+    # and the batch that fits is still the one under the headroom limit
+    ms.insert(-1, measurement(4, "compute", "compute", None, status="oom", batch_size=512))
+    rows = rows_from_measurements(ms)
+    found = run_verdicts(rows, rows[-1], trial_verdicts(rows, SELECTION), SELECTION)
+    wall = next(v for v in found if v.name == "memory-wall")
+    assert wall.evidence == {"OOM at batch": 512, "largest batch that fits": 128}
 
 
 @pytest.mark.slow

@@ -148,23 +148,41 @@ def test_a_data_bound_knee_tries_smaller_batches_while_they_keep_up():
     assert [(r.stage, r.knobs.batch_size, r.knobs.compile) for r in nxt] == [("compile", 16, "default")]
 
 
-def test_batches_the_compute_stage_did_not_reach_are_tried_under_the_ceiling_above_them():
-    """The compute stage stopped at batch 16 (out of the band of batch 32), so batch 8 has no ceiling of its own; it
-    needs less memory and its ceiling is no higher than batch 16's, which is the bound stage 4b judges it by."""
+def test_stage_4b_measures_the_ceiling_of_a_batch_the_compute_stage_did_not_reach_before_trying_it():
+    """The compute stage stopped at batch 16 (out of the band of batch 32), so batch 8 has no ceiling: stage 4b
+    measures it first (the knee may land there, and the verdicts and later stages read its ceiling), then judges
+    batch 8 by it as usual."""
     cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.prefetch_factor": [2]})
     rows = rows_from_measurements([
         _m(0, "compute", "compute", 1000, batch_size=32), _m(1, "compute", "compute", 700, batch_size=16)])
-    assert plan.next_requests(cfg, rows, strategy="staged", cuda=False)[0].stage == "loader"  # batch 8 never asked
+    assert plan.next_requests(cfg, rows, strategy="staged", cuda=False)[0].stage == "loader"  # batch 8 not asked
     rows += rows_from_measurements([
         _m(2, "loader", "loader", 900, num_workers=8, batch_size=32),
         _m(3, "end_to_end", "train", 600, num_workers=8, batch_size=32),
         _m(4, "end_to_end", "train", 80, batch_size=32), _m(5, "batch", "train", 650, num_workers=8, batch_size=16)])
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert [(r.stage, r.mode, r.knobs.batch_size, r.knobs.num_workers) for r in nxt] == [("compute", "compute", 8, 0)]
+    rows += rows_from_measurements([_m(6, "compute", "compute", 650, batch_size=8)])
+    from tunekit.analysis import choose_batch
+    assert choose_batch([r for r in rows if r.stage == "compute"], cfg.selection) == 32  # the stages' batch stays
+    nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
     assert [(r.stage, r.knobs.batch_size, r.skip) for r in nxt] == [("batch", 8, None)]
-    # as fitting for the accumulation stage's micro-batches too; a batch past the memory limit never
     oom = rows_from_measurements([_m(0, "compute", "compute", None, status="oom", batch_size=32)]) + rows[1:2]
-    assert _staged._fitting_batches(_staged._Sweep(cfg, rows, cuda=False)) == [32, 16, 8]
+    assert _staged._fitting_batches(_staged._Sweep(cfg, rows[:2], cuda=False)) == [32, 16, 8]
     assert _staged._fitting_batches(_staged._Sweep(cfg, oom, cuda=False)) == [16, 8]
+
+
+def test_the_compute_stage_judges_each_batch_against_the_larger_ones_only():
+    """Ceilings 64: 90, 32: 100, 16: 97, 8: 60. Batch 64 is below 32's band, but it was measured first: that must not
+    end the walk at 32 once 32 is measured; the walk goes on to 16 (within the band) and stops at 8."""
+    cfg = _cfg(**{"search.batch_size": [8, 16, 32, 64]})
+    rates = {64: 90.0, 32: 100.0, 16: 97.0, 8: 60.0}
+    rows, asked = [], []
+    while (req := plan.next_requests(cfg, rows, strategy="staged", cuda=False)[0]).stage == "compute":
+        asked.append(req.knobs.batch_size)
+        rows += rows_from_measurements([_m(len(rows), "compute", "compute", rates[req.knobs.batch_size],
+                                           batch_size=req.knobs.batch_size)])
+    assert asked == [64, 32, 16, 8] and req.knobs.batch_size == 16
 
 
 def test_a_smaller_batch_that_falls_behind_ends_the_batch_stage():

@@ -42,7 +42,8 @@ def _memory_boundary(rows: list[TrialRow], trials: Trials) -> Verdict | None:
     that completed over the headroom limit."""
     if trials.oom_batches:
         wall = trials.oom_batches[0]
-        fitting = [b for b in trials.compute if b < wall]
+        # the compute stage walks down past the memory limit: a batch below the OOM may be over the headroom limit
+        fitting = [b for b, r in trials.compute.items() if b < wall and rules.fits(r, trials.selection)]
         return verdict("memory-wall", {"OOM at batch": wall, "largest batch that fits": max(fitting, default=None)})
     tight = sorted((r for r in rows if r.mode == "compute" and rules.past_memory_limit(r, trials.selection)),
                    key=lambda r: r.knobs.batch_size)

@@ -51,19 +51,25 @@ Stage = Callable[[_Sweep], "list[Request] | None"]
 
 def _compute(s: _Sweep) -> list[Request] | None:
     """Batch sizes from the largest down: past those that run out of memory or over the headroom limit, then down
-    while each stays within the band of the best that fits, stopping at the first that falls out of it (per-sample
-    throughput does not rise as the batch shrinks, and the batch chosen is the smallest within the band: the smaller
-    ones cannot be it). Those not measured are smaller than one that fits, so they fit too."""
+    while each stays within the band of the best that fits at its size or above, stopping at the first that falls
+    out of it (per-sample throughput does not rise as the batch shrinks, and the batch chosen is the smallest within
+    the band: the smaller ones cannot be it). With target_effective_batch every batch is measured: the accumulation
+    stage weighs each micro-batch against its ceiling. Stage 4b measures a smaller batch's ceiling when it needs it."""
     done = {r.knobs.batch_size: r for r in s.done("compute")}
     for batch in sorted(s.search.batch_size, reverse=True):
         row = done.get(batch)
         if row is None:
-            return [Request("compute", "compute", Knobs(num_workers=0, batch_size=batch, **s.base))]
-        fitting = [r for r in done.values() if r.ok and rules.fits(r, s.selection)]
-        if row.ok and rules.fits(row, s.selection) and row.rate < rules.needed(
-                max(fitting, key=lambda r: r.rate), rules.band(fitting, s.selection)):
+            return [_ceiling_request(s, batch)]
+        if s.search.target_effective_batch or not row.ok or not rules.fits(row, s.selection):
+            continue
+        above = [r for b, r in done.items() if b >= batch and r.ok and rules.fits(r, s.selection)]
+        if row.rate < rules.needed(max(above, key=lambda r: r.rate), rules.band(above, s.selection)):
             return []
     return []
+
+
+def _ceiling_request(s: _Sweep, batch: int) -> Request:
+    return Request("compute", "compute", Knobs(num_workers=0, batch_size=batch, **s.base))
 
 
 def _loader(s: _Sweep) -> list[Request] | None:
@@ -328,15 +334,14 @@ def _smaller_batches(s: _Sweep) -> list[Request] | None:
         target = rules.needed(best, allowed)
         row = s.find(req)
         if row is None:
-            # the ceiling at this batch, else at the smallest measured batch above it (the compute stage stopped
-            # there): a smaller batch's ceiling is no higher
-            ceiling = min((r for b, r in ceilings.items() if b >= batch), key=lambda r: r.knobs.batch_size)
+            ceiling = ceilings.get(batch)
+            if ceiling is None:  # below where the compute stage stopped: its ceiling first, for this and the verdicts
+                return [_ceiling_request(s, batch)] if s.find(_ceiling_request(s, batch)) is None else []
             if rules.can_reach(ceiling, target, s.selection, knee.knobs.ranks):
                 return [req]
-            at = f"batch {batch}" if ceiling.knobs.batch_size == batch else (
-                f"batch {ceiling.knobs.batch_size}, larger than {batch}")
             return [req.skipped(
-                f"the compute ceiling at {at} is {ceiling.rate:.1f} {ceiling.unit}/s (trial {ceiling.number}), "
+                f"the compute ceiling at batch {batch} is {ceiling.rate:.1f} {ceiling.unit}/s (trial "
+                f"{ceiling.number}), "
                 f"below the {target:.1f} needed to come within the band ({allowed:.1%}) of the best config so far "
                 f"({best.rate:.1f}, trial {best.number})")]
         if not row.ok or row.rate < target:
