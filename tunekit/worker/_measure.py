@@ -305,6 +305,11 @@ class _Ahead:
             self.ready.get_nowait()
 
 
+def _moves_ahead(built: Built, spec: TrialSpec) -> bool:
+    """Whether a training trial runs the dataset's ``batch_to_device`` one batch ahead (``batch_to_device_ahead``)."""
+    return spec.mode == "train" and bool(getattr(built.dataset, "batch_to_device_ahead", False))
+
+
 def _counter(cfg: Config, batch_size: int) -> Callable[[Any], float]:
     if cfg.workload.count is None:
         return lambda batch: batch_size
@@ -319,7 +324,7 @@ def _train_loop(built: Built, spec: TrialSpec, cfg: Config, batches: _Batches) -
     # augments there): part of the training step, and done once for the staged batch of the compute ceiling
     move = getattr(built.dataset, "batch_to_device", None) or to_device
     # ... or one batch ahead, beside the step (rather than inside it)
-    ahead = spec.mode == "train" and bool(getattr(built.dataset, "batch_to_device_ahead", False))
+    ahead = _moves_ahead(built, spec)
     if spec.mode == "compute":  # one batch staged on the device: counted once, on the host
         first = batches()
         items = count(first)
@@ -808,7 +813,7 @@ def _dataset_fields(built: Built, spec: TrialSpec, consumed: int) -> dict[str, A
     # a dataset that moves its batches itself (decode: gpu) does input work on the device inside each step, or one
     # batch ahead beside it (decode: gpu-overlap)
     on_device = spec.mode == "train" and hasattr(built.dataset, "batch_to_device")
-    ahead = on_device and bool(getattr(built.dataset, "batch_to_device_ahead", False))
+    ahead = on_device and _moves_ahead(built, spec)
     try:
         length = len(built.dataset)  # type: ignore[arg-type]
     except TypeError:
