@@ -108,6 +108,32 @@ def test_slow_first_step_and_deep_prefetch_are_not_counted(tmp_path: Path):
     assert m["first_step_s"] >= 2.0 and m["warmup_batches"] >= 1 + 16
 
 
+def test_the_loader_queues_show_the_ready_batches():
+    """Warm-up sets aside what the loader's queues hold, not what fetch times suggest (a loaded box makes a ready
+    fetch slow): after the first batch, 2 workers x prefetch 3 make 6 batches, all shown ready once made; a fetch
+    takes one; a loader of another kind shows nothing (None: the fetch times decide)."""
+    from tunekit.worker._measure import _Batches, _Loop, _set_aside
+
+    dataset = sleepy_dataset(sample_wait_s=0.1)  # 0.4 s a batch: none is made while the test takes them
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, prefetch_factor=3,
+                        sampler=RandomSampler(dataset, num_samples=1 << 20))
+    batches = _Batches(loader, 0)
+    try:
+        batches()
+        deadline = time.monotonic() + 20
+        while batches.ready() != 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert batches.ready() == 6
+        batches()
+        assert batches.ready() == 5
+        assert _set_aside(_Loop(fetch=batches, work=lambda b: None, count=len, ready=batches.ready), 6) == 5
+        assert batches.ready() == 0
+    finally:
+        batches.close()
+    plain = _Batches(iter([torch.zeros(1)] * 3), 0)
+    assert plain.ready() is None
+
+
 def test_warm_up_steps_stop_after_a_window_of_time(tmp_path: Path):
     """0.4 s steps, 10 warm-up steps asked, window_s 1: the warm-up trains steps for about a window (its first
     step, then 1-3 more), not 4 s of them; nothing was prepared ahead (0 workers), so nothing is set aside."""

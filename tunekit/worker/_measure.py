@@ -45,8 +45,9 @@ _JOIN_S = 5.0
 """Longest wait for the pin-memory thread or a killed worker to end."""
 
 READY_FETCH_S = 0.005
-"""A fetch shorter than this (and than 3x the median of the fetches that took a waiting batch) took a batch that
-was already waiting in the loader's queue: warm-up sets such batches aside until two fetches in a row wait."""
+"""For a loader whose queues cannot be read: a fetch shorter than this (and than 3x the median of the fetches that
+took a waiting batch) took a batch that was already waiting in the loader's queue; warm-up sets such batches aside
+until two fetches in a row wait."""
 
 
 @dataclass
@@ -87,6 +88,8 @@ class _Loop:
     """True on every rank when ``flag`` is True on any (a multi-rank trial); the flag itself in one process."""
     agree_max: Callable[[int], int] = int
     """The largest of the ranks' values (the value itself in one process)."""
+    ready: Callable[[], int | None] = lambda: None
+    """Batches ready to be fetched without a wait, when the loader shows them (:meth:`_Batches.ready`)."""
 
 
 class Diverged(RuntimeError):
@@ -152,6 +155,18 @@ class _Batches:
                 f"IterableDataset: the first batches of workers {', '.join(map(str, same))} are identical: every "
                 "worker yields the same samples (shard the stream with torch.utils.data.get_worker_info()), so "
                 "the throughput counts each sample once per worker")
+
+    def ready(self) -> int | None:
+        """How many batches the loader's workers have made that wait to be taken: in the result queues (the
+        workers', and the pin-memory thread's) and those that arrived out of order; None for a loader whose
+        iterator is not this torch's multi-process one (a batch in the pin-memory thread's hands is not seen)."""
+        it = self.iterator
+        try:
+            queues = {id(q): q for q in (it._worker_result_queue, it._data_queue)}.values()
+            early = sum(1 for i, info in list(it._task_info.items()) if i >= it._rcvd_idx and len(info) == 2)
+            return sum(q.qsize() for q in queues) + early
+        except (AttributeError, NotImplementedError, TypeError):
+            return None
 
     def close(self) -> None:
         """The trial is done with the loader: no new epoch starts, and the workers stop."""
@@ -293,6 +308,11 @@ class _Ahead:
                     t.record_stream(training)
         return moved
 
+    def waiting(self) -> int | None:
+        """Batches ready without a wait: the moved one in the queue, and the loader's (:meth:`_Batches.ready`)."""
+        loader = self.batches.ready()
+        return None if loader is None else loader + self.ready.qsize()
+
     def close(self) -> None:
         """Stop taking batches; the thread ends once the batch in hand is moved (it is a daemon: a loader that
         never returns does not hold the trial)."""
@@ -336,9 +356,9 @@ def _train_loop(built: Built, spec: TrialSpec, cfg: Config, batches: _Batches) -
         prefetch = _Ahead(batches, lambda b, c, non_blocking: (move(b, c, non_blocking=non_blocking), count(b)),
                           ctx, knobs.non_blocking)
         loop = _Loop(fetch=prefetch, work=lambda b: None, count=lambda b: b[1], close=prefetch.close,
-                     device_wait=lambda: prefetch.device_wait_s)
+                     device_wait=lambda: prefetch.device_wait_s, ready=prefetch.waiting)
     else:
-        loop = _Loop(fetch=batches, work=lambda b: None, count=count)
+        loop = _Loop(fetch=batches, work=lambda b: None, count=count, ready=batches.ready)
 
     def train(batch: Any) -> None:
         if ahead:
@@ -458,13 +478,21 @@ def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) ->
 
 def _set_aside(loop: _Loop, fill: int) -> int:
     """Take the batches made during start-up and the first step, which wait ready in the loader's queue (at most a
-    fill), without a step, until two fetches in a row wait for a worker; return how many. From there batches arrive
-    at the pipeline's own rate: a step on a ready batch would count throughput the pipeline cannot sustain, and
-    training on the fill (seconds of steps on big batches) is what warm-up time used to go to."""
+    fill), without a step; return how many. From there batches arrive at the pipeline's own rate: a step on a ready
+    batch would count throughput the pipeline cannot sustain, and training on the fill (seconds of steps on big
+    batches) is what warm-up time used to go to. The loader's queues say how many are ready (:meth:`_Loop.ready`);
+    a loader that does not show them is read by the fetches' times: until two in a row wait for a worker."""
     set_aside = 0
     ready: list[float] = []  # fetches that took a waiting batch
     waited = 0  # fetches in a row that had to wait
     for _ in range(fill):
+        known = loop.ready()
+        if known is not None:
+            if known == 0:
+                break
+            loop.fetch()
+            set_aside += 1
+            continue
         tw, device0 = time.perf_counter(), loop.device_wait()
         loop.fetch()
         took = time.perf_counter() - tw - (loop.device_wait() - device0)  # the loader's share of the wait
