@@ -9,8 +9,9 @@ subprocess) and prints one table per run:
 - the whole: trials per minute of trial wall time, and measurement as a share of it.
 
 "Other" is the launcher's wall time minus the parts the worker timed: interpreter exit, the loader workers'
-shutdown, process reaping. Skipped trials cost nothing and are not counted. Writes time_breakdown.csv beside each
-run's report when ``--write`` is given.
+shutdown, process reaping. Skipped trials cost nothing and are not counted. Below the table, the sweep's own wall
+time from sweep.json (each invocation of a resumed sweep, the dataset's preparation among it, and what went
+between the trials). Writes time_breakdown.csv beside each run's report when ``--write`` is given.
 """
 
 from __future__ import annotations
@@ -66,6 +67,20 @@ def _print(rows: list[dict[str, Any]]) -> None:
         print(f"| {r['stage']} | {r['trials']} | {r['wall_s']} | " + " | ".join(shares) + f" | {r['trials_per_min']} |")
 
 
+def sweep_wall(run: Path, trial_wall_s: float) -> str | None:
+    """The sweep's wall time as sweep.json records it, per invocation, and the part outside the trials."""
+    path = run / "sweep.json"
+    calls = read_json(path).get("invocations", []) if path.exists() else []
+    if not calls:
+        return None
+    wall = sum(c["wall_s"] for c in calls)
+    dataset = sum(c.get("dataset_s", 0.0) for c in calls)
+    each = " + ".join(f"{c['wall_s']:.0f}" for c in calls)
+    return (f"sweep wall time {wall:.0f} s ({wall / 60:.1f} min) in {len(calls)} invocation(s) ({each} s): "
+            f"trials {trial_wall_s:.0f} s, dataset preparation {dataset:.0f} s, the rest (planning, recording, "
+            f"the environment snapshot) {max(0.0, wall - trial_wall_s - dataset):.0f} s; outputs excluded")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", type=Path, nargs="+")
@@ -77,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{run}: no launched trials", file=sys.stderr)
             continue
         _print(rows)
+        line = sweep_wall(run, rows[-1]["wall_s"])
+        if line:
+            print(line)
         if args.write:
             write_csv(run / "time_breakdown.csv", rows)
     return 0

@@ -61,6 +61,13 @@ def test_time_breakdown_splits_each_trial_into_its_parts(tmp_path):
     assert whole["other_s"] == 13.0
     assert whole["trials_per_min"] == 3.0
     assert rows["end_to_end"]["trials"] == 2 and rows["end_to_end"]["wall_s"] == 50.0
+    sweep_wall = _load("time_breakdown").sweep_wall
+    assert sweep_wall(tmp_path, 60.0) is None  # no sweep.json: nothing to say
+    calls = [{"wall_s": 50.0, "dataset_s": 20.0, "trials": 2}, {"wall_s": 40.0, "dataset_s": 1.0, "trials": 4}]
+    (tmp_path / "sweep.json").write_text(json.dumps({"invocations": calls}))
+    line = sweep_wall(tmp_path, 60.0)
+    assert "90 s (1.5 min) in 2 invocation(s) (50 + 40 s)" in line and "dataset preparation 21 s" in line
+    assert "the rest (planning, recording, the environment snapshot) 9 s" in line
 
 
 def test_the_ddp_side_by_side_names_a_config_measured_twice_under_two_names():

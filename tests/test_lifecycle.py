@@ -242,7 +242,12 @@ def test_sigterm_mid_trial_kills_its_process_tree_then_resume_keeps_finished_tri
     assert len(keys) == len(set(keys)) == 2, keys  # both grid configs once: none lost, none repeated
     assert {t.number: t.value for t in measured if t.number in kept} == kept  # trial 0 kept as it was
     assert sorted(t.params["batch_size"] for t in measured) == [8, 32]
-    assert json.loads((out / "sweep.json").read_text())["interrupted"] is False
+    resumed_meta = json.loads((out / "sweep.json").read_text())
+    assert resumed_meta["interrupted"] is False
+    # each invocation's wall time, the cut one first (its finished trial at its end), then the one that resumed it
+    calls = resumed_meta["invocations"]
+    assert [(c["interrupted"], c["trials"]) for c in calls] == [(True, 1), (False, 2)]
+    assert all(c["wall_s"] > c["dataset_s"] >= 0 for c in calls)
     assert len(pd.read_csv(out / "trials.csv")) == 2
     assert (out / "recommended.yaml").exists()
 

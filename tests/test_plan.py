@@ -104,6 +104,22 @@ def test_single_end_to_end_config_still_gets_prefetch_and_compile_stages():
     assert [(r.stage, r.knobs.prefetch_factor) for r in nxt] == [("prefetch", 4)]
 
 
+@pytest.mark.parametrize("cpu_busy,runs", [(0.95, False), (0.5, True)])
+def test_prefetch_is_skipped_when_the_knee_keeps_the_cpus_busy(cpu_busy: float, runs: bool):
+    """A knee that waits on data 40 % of the time: deeper prefetch is tried while CPUs are free, and skipped with
+    the evidence when the trial already keeps them over CPU_SATURATED busy (the same CPU time makes the batches)."""
+    cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.batch_size": [8]})
+    rows = rows_from_measurements([_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 300, num_workers=8),
+                                   _m(2, "end_to_end", "train", 290, num_workers=8, data_wait_frac=0.4,
+                                      cpu_util_frac=cpu_busy),
+                                   _m(3, "end_to_end", "train", 80)])
+    nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert [(r.stage, r.knobs.prefetch_factor) for r in nxt] == [("prefetch", 4)]
+    assert (nxt[0].skip is None) == runs
+    if not runs:
+        assert "95% of its usable CPUs busy" in nxt[0].skip
+
+
 def test_defaults_run_even_when_zero_workers_is_not_searched():
     cfg = _cfg(**{"search.num_workers": [4, 8], "search.pin_memory": [False], "search.batch_size": [8]})
     rows = rows_from_measurements([_m(0, "compute", "compute", 400),
@@ -148,11 +164,14 @@ def test_a_data_bound_knee_tries_smaller_batches_while_they_keep_up():
     assert [(r.stage, r.knobs.batch_size, r.knobs.compile) for r in nxt] == [("compile", 16, "default")]
 
 
-def test_stage_4b_measures_the_ceiling_of_a_batch_the_compute_stage_did_not_reach_before_trying_it():
-    """The compute stage stopped at batch 16 (out of the band of batch 32), so batch 8 has no ceiling: stage 4b
-    measures it first (the knee may land there, and the verdicts and later stages read its ceiling), then judges
-    batch 8 by it as usual."""
-    cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.prefetch_factor": [2]})
+@pytest.mark.parametrize("rate8,within", [(640, True), (300, False)])
+def test_stage_4b_measures_the_ceiling_of_a_batch_the_compute_stage_did_not_reach_once_it_keeps_within_the_band(
+        rate8: float, within: bool):
+    """The compute stage stopped at batch 16 (out of the band of batch 32), so batch 8 has no ceiling: stage 4b tries
+    it end to end first (the knee runs far below any ceiling); within the band, its ceiling comes next (the knee may
+    land there, and the verdicts and later stages read it), before batch 4; out of it, no ceiling is measured."""
+    cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.prefetch_factor": [2],
+                  "search.batch_size": [4, 8, 16, 32]})
     rows = rows_from_measurements([
         _m(0, "compute", "compute", 1000, batch_size=32), _m(1, "compute", "compute", 700, batch_size=16)])
     assert plan.next_requests(cfg, rows, strategy="staged", cuda=False)[0].stage == "loader"  # batch 8 not asked
@@ -161,15 +180,22 @@ def test_stage_4b_measures_the_ceiling_of_a_batch_the_compute_stage_did_not_reac
         _m(3, "end_to_end", "train", 600, num_workers=8, batch_size=32),
         _m(4, "end_to_end", "train", 80, batch_size=32), _m(5, "batch", "train", 650, num_workers=8, batch_size=16)])
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert [(r.stage, r.mode, r.knobs.batch_size, r.knobs.num_workers, r.skip) for r in nxt] == [
+        ("batch", "train", 8, 8, None)]
+    rows += rows_from_measurements([_m(6, "batch", "train", rate8, num_workers=8, batch_size=8)])
+    nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    if not within:
+        assert [r.stage for r in nxt] == ["compile"]
+        return
     assert [(r.stage, r.mode, r.knobs.batch_size, r.knobs.num_workers) for r in nxt] == [("compute", "compute", 8, 0)]
-    rows += rows_from_measurements([_m(6, "compute", "compute", 650, batch_size=8)])
+    rows += rows_from_measurements([_m(7, "compute", "compute", 680, batch_size=8)])
     from tunekit.analysis import choose_batch
     assert choose_batch([r for r in rows if r.stage == "compute"], cfg.selection) == 32  # the stages' batch stays
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
-    assert [(r.stage, r.knobs.batch_size, r.skip) for r in nxt] == [("batch", 8, None)]
+    assert [(r.stage, r.knobs.batch_size) for r in nxt] == [("batch", 4)]
     oom = rows_from_measurements([_m(0, "compute", "compute", None, status="oom", batch_size=32)]) + rows[1:2]
-    assert _staged._fitting_batches(_staged._Sweep(cfg, rows[:2], cuda=False)) == [32, 16, 8]
-    assert _staged._fitting_batches(_staged._Sweep(cfg, oom, cuda=False)) == [16, 8]
+    assert _staged._fitting_batches(_staged._Sweep(cfg, rows[:2], cuda=False)) == [32, 16, 8, 4]
+    assert _staged._fitting_batches(_staged._Sweep(cfg, oom, cuda=False)) == [16, 8, 4]
 
 
 def test_the_compute_stage_judges_each_batch_against_the_larger_ones_only():

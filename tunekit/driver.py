@@ -114,6 +114,10 @@ class _Sweep:
     console: Any
     stop_reason: str = ""
     interrupted: bool = False
+    started: float = 0.0
+    """time.monotonic() when this invocation began (the wall time sweep.json records)."""
+    dataset_s: float = 0.0
+    """Seconds this invocation spent preparing the dataset."""
 
 
 def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: float, resume: bool,
@@ -127,6 +131,7 @@ def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: floa
 
 def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: float, resume: bool,
                   quiet: bool) -> SweepResult:
+    started = time.monotonic()
     console = make_console(quiet)
     runs = store.open_run(run_dir, cfg, resume=resume, strategy=strategy)
     recovered = runs.recover_running()
@@ -138,11 +143,15 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
     before = sweep_warnings(cfg, env)
     for line in before:
         console.print(f"[yellow]warning:[/] {line}")
-    sweep = _Sweep(cfg, run_dir, strategy, runs, runs.rows(), probe_cuda(cfg.device), console)
+    sweep = _Sweep(cfg, run_dir, strategy, runs, runs.rows(), probe_cuda(cfg.device), console, started=started)
     if sweep.rows:
         console.print(f"resuming: {len(sweep.rows)} finished trial(s) in {run_dir / store.STUDY_FILE} are kept")
     try:
-        _prepare_dataset(cfg, console)
+        t0 = time.monotonic()
+        try:
+            _prepare_dataset(cfg, console)
+        finally:
+            sweep.dataset_s = time.monotonic() - t0
         _run_trials(sweep, _Budget(budget_minutes, cfg.budget.max_trials))
         if cfg.launch.nnodes > 1 and not release_nodes(cfg.to_dict()):  # their tunekit node loops end here
             console.print("warning: the other nodes did not answer the release; their tunekit node loops stop after "
@@ -210,7 +219,10 @@ def _finish(sweep: _Sweep, env: dict[str, Any], before: list[str]) -> SweepResul
     for line in after:
         sweep.console.print(f"[yellow]warning (after the sweep):[/] {line}")
     meta = {"strategy": sweep.strategy, "stop_reason": sweep.stop_reason, "interrupted": sweep.interrupted,
-            "warnings_before": before, "warnings_after": after}
+            "warnings_before": before, "warnings_after": after,
+            "invocations": [*_invocations(sweep.run_dir), {
+                "date": env.get("date"), "wall_s": round(time.monotonic() - sweep.started, 1),
+                "dataset_s": round(sweep.dataset_s, 1), "trials": len(sweep.rows), "interrupted": sweep.interrupted}]}
     write_json_atomic(sweep.run_dir / "sweep.json", meta)
     summary = report.summarize(sweep.cfg, sweep.rows, strategy=sweep.strategy, stop_reason=sweep.stop_reason,
                                env=env, warnings=tuple(before + after))
@@ -220,6 +232,16 @@ def _finish(sweep: _Sweep, env: dict[str, Any], before: list[str]) -> SweepResul
         "trial": knee.number, "knobs": knee.knobs.to_dict(), "samples_per_s": knee.rate,
         "best_trial": summary.choice.best.number if summary.choice.best else None, "reason": summary.choice.reason})
     return SweepResult(sweep.run_dir, summary, sweep.interrupted)
+
+
+def _invocations(run_dir: Path) -> list[dict[str, Any]]:
+    """The earlier invocations a resumed sweep's sweep.json records: each one's wall time (outputs excluded), its
+    dataset preparation, and the trials recorded by its end."""
+    path = run_dir / "sweep.json"
+    try:
+        return list(read_json(path).get("invocations", [])) if path.exists() else []
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 def first_knobs(cfg: Config, **chosen: Any) -> Knobs:

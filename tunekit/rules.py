@@ -29,7 +29,7 @@ __all__ = [
     "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "past_memory_limit", "run_noise", "band", "needed", "trial_margin",
     "can_reach", "knee_stages", "of_ceiling", "SYNC_SHARE", "SCALING_HEALTHY", "scaling_efficiency",
     "communication_bound", "rate_interval", "window_rate", "settling", "window_stop", "input_bound",
-    "worker_core_share", "waits_on_data", "machine_noise",
+    "worker_core_share", "waits_on_data", "machine_noise", "keeps_cpus_busy",
 ]
 
 # --- selection -----------------------------------------------------------------------------------------------
@@ -256,6 +256,12 @@ def machine_noise(row: TrialRow) -> bool:
     to window (variable-length text counted in tokens: the noise must exceed twice the items-per-batch CV)."""
     content = row.figure("items_per_batch_cv", 0.0) or 0.0
     return row.noise_cv > NOISY_CV and row.noise_cv > 2 * content
+
+
+def keeps_cpus_busy(row: TrialRow) -> bool:
+    """Whether a trial's process tree kept over CPU_SATURATED of its usable CPUs busy: no CPU time is left for the
+    loader to go faster, whatever the knobs that only rearrange when its batches are made (prefetch)."""
+    return (row.figure("cpu_util_frac") or 0.0) > CPU_SATURATED
 
 
 def worker_core_share(row: TrialRow) -> float | None:

@@ -81,6 +81,8 @@ class Facts:
     """An unpinned step whose stream is never idle yet runs below the compute ceiling."""
     cpu_busy: float | None
     """Share of the usable CPUs the trial's process tree kept busy."""
+    trial_saturates: bool
+    """The trial's process tree kept the CPUs busy over CPU_SATURATED (rules.keeps_cpus_busy)."""
     system_busy: float | None
     """Share of the machine's CPUs busy over the windows, every process included."""
     worker_share: float | None
@@ -102,10 +104,9 @@ class Facts:
         """The CPUs are the bound: the trial keeps them busy over CPU_SATURATED; or the machine is that busy (other
         processes too) while the workers compute; or the trial keeps them over CPU_BUSY and more workers stopped
         helping."""
-        busy = self.cpu_busy or 0.0
-        return (busy > rules.CPU_SATURATED
+        return (self.trial_saturates
                 or ((self.system_busy or 0.0) > rules.CPU_SATURATED and self.workers_compute)
-                or (self.plateau is not None and busy > rules.CPU_BUSY))
+                or (self.plateau is not None and (self.cpu_busy or 0.0) > rules.CPU_BUSY))
 
 
 def _facts(row: TrialRow, trials: Trials) -> Facts:
@@ -121,6 +122,7 @@ def _facts(row: TrialRow, trials: Trials) -> Facts:
         stream_full=(not k.pin_memory and busy is not None and busy >= rules.STREAM_FULL
                      and rules.input_bound(row, ceiling) and not row.measurement.get("input_on_device")),
         cpu_busy=row.figure("cpu_util_frac"),
+        trial_saturates=rules.keeps_cpus_busy(row),
         system_busy=None if row.figure("system_cpu_pct") is None else (row.figure("system_cpu_pct") or 0.0) / 100,
         worker_share=rules.worker_core_share(row),
         cpus=int(row.measurement.get("cpu_count") or 0),
@@ -196,10 +198,10 @@ def _cpu_preprocessing(row: TrialRow, f: Facts, trials: Trials) -> Evidence | No
     if row.mode != "train" or not f.data_bound or not row.knobs.num_workers or not f.cpus_saturated:
         return None
     ev = {**_data_evidence(row, f), "workers": row.knobs.num_workers, "usable CPUs": f.cpus, "CPU busy": f.cpu_busy}
-    if (f.cpu_busy or 0.0) <= rules.CPU_SATURATED and f.workers_compute:  # the machine's load counted too
+    if not f.trial_saturates and f.workers_compute:  # the machine's load counted too
         ev["machine CPU busy"] = f.system_busy
         ev["workers' share of their cores"] = f.worker_share
-    if f.plateau is not None and (f.cpu_busy or 0.0) <= rules.CPU_SATURATED:
+    if f.plateau is not None and not f.trial_saturates:
         here, below = f.plateau
         ev["loader ceiling"] = (f"{here.rate:.1f} at {here.knobs.num_workers} workers vs {below.rate:.1f} at "
                                 f"{below.knobs.num_workers}")

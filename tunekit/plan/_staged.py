@@ -297,7 +297,8 @@ def _maybe_skip(req: Request, s: _Sweep) -> Request:
 
 def _prefetch(s: _Sweep) -> list[Request] | None:
     """The other prefetch factors at the knee (only with workers); skipped with the evidence when the knee hardly
-    waits on data (the search's smallest factor runs first: the others only put more batches in flight)."""
+    waits on data, or keeps the CPUs busy (the search's smallest factor runs first: the others only put more
+    batches in flight)."""
     knee = s.knee("prefetch")
     if knee is None:
         return None
@@ -307,16 +308,22 @@ def _prefetch(s: _Sweep) -> list[Request] | None:
     left = pending([Request("prefetch", "train", Knobs(**{**k.to_dict(), "prefetch_factor": pf}))
                     for pf in s.search.prefetch_factor if pf != k.prefetch_factor], s.rows)
     wait = knee.figure("data_wait_frac_max", knee.figure("data_wait_frac"))  # the rank that waits most
-    if left and wait is not None and wait < rules.NO_WAIT and all(
-            (r.knobs.prefetch_factor or 0) > (k.prefetch_factor or 0) for r in left):
+    deeper = all((r.knobs.prefetch_factor or 0) > (k.prefetch_factor or 0) for r in left)
+    if left and deeper and wait is not None and wait < rules.NO_WAIT:
         return [left[0].skipped(f"the knee (trial {knee.number}) waits on data {wait:.1%} of the time, under "
                                 f"{rules.NO_WAIT:.0%}: more batches in flight cannot make it faster")]
+    if left and deeper and rules.keeps_cpus_busy(knee):
+        return [left[0].skipped(
+            f"the knee (trial {knee.number}) keeps {knee.figure('cpu_util_frac'):.0%} of its usable CPUs busy, over "
+            f"{rules.CPU_SATURATED:.0%}: more batches in flight are made with the same CPU time, so they cannot "
+            "arrive faster")]
     return left
 
 
 def _smaller_batches(s: _Sweep) -> list[Request] | None:
     """Stage 4b: when the knee runs below :data:`rules.NEAR_CEILING` of its compute ceiling, its config at the next
-    smaller batch that fits, then the next, while each keeps within the band of the best."""
+    smaller batch that fits, then the next, while each keeps within the band of the best. A batch the compute stage
+    did not reach gets its ceiling once it keeps within the band, before the next smaller batch."""
     knee = s.knee("batch")
     if knee is None or s.search.target_effective_batch:
         return []  # with a target, the accumulation stage chooses the micro-batch
@@ -332,12 +339,11 @@ def _smaller_batches(s: _Sweep) -> list[Request] | None:
         best = max(trials, key=lambda r: r.rate)
         allowed = rules.band(trials, s.selection)
         target = rules.needed(best, allowed)
-        row = s.find(req)
+        row, ceiling = s.find(req), ceilings.get(batch)
         if row is None:
-            ceiling = ceilings.get(batch)
-            if ceiling is None:  # below where the compute stage stopped: its ceiling first, for this and the verdicts
-                return [_ceiling_request(s, batch)] if s.find(_ceiling_request(s, batch)) is None else []
-            if rules.can_reach(ceiling, target, s.selection, knee.knobs.ranks):
+            # a batch below where the compute stage stopped has no ceiling yet: tried end to end first (an
+            # input-bound knee runs far below any ceiling), its ceiling measured only once it keeps within the band
+            if ceiling is None or rules.can_reach(ceiling, target, s.selection, knee.knobs.ranks):
                 return [req]
             return [req.skipped(
                 f"the compute ceiling at batch {batch} is {ceiling.rate:.1f} {ceiling.unit}/s (trial "
@@ -346,6 +352,8 @@ def _smaller_batches(s: _Sweep) -> list[Request] | None:
                 f"({best.rate:.1f}, trial {best.number})")]
         if not row.ok or row.rate < target:
             return []  # this batch fell behind (or failed): a smaller one will not do better
+        if ceiling is None and s.find(_ceiling_request(s, batch)) is None:
+            return [_ceiling_request(s, batch)]  # the knee may land here: the verdicts and later stages read it
     return []
 
 
