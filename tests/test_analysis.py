@@ -111,6 +111,12 @@ def test_window_rules_leave_out_only_windows_that_are_still_settling():
     assert rules.window_stop(*noisy, 3, 8, 0.01, needed=150) == "below_band"
     assert rules.window_stop(*noisy, 3, 8, 0.01, needed=110) is None
     assert rules.window_stop(*noisy, 3, 8, None, needed=150) == "fixed"  # no precision asked: fixed windows
+    # from two windows on, before the minimum: a clear miss (198 against 2200, PyTorch's defaults against the
+    # knee) stops; a near one (two windows' t-interval is 12.7 standard errors wide) measures on
+    assert rules.window_stop(*one_second(192, 204), 3, 8, 0.03, needed=2200) == "below_band"
+    assert rules.window_stop(*one_second(192, 204), 3, 8, 0.03, needed=270) is None  # 198 + 38 %: 274
+    assert rules.window_stop(*one_second(192), 3, 8, 0.03, needed=2200) is None  # one window: no interval
+    assert rules.window_stop(*one_second(100, 100.5), 3, 8, 0.03) is None  # precise, but under the minimum
 
 
 def test_a_trial_rate_weighs_every_second_once():

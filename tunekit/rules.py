@@ -153,21 +153,25 @@ def settling(rates: list[float], min_windows: int, precision: float) -> int:
 def window_stop(samples: Sequence[float], seconds: Sequence[float], min_windows: int, max_windows: int,
                 precision: float | None, needed: float | None = None) -> str | None:
     """Why a trial stops measuring after these windows (items and seconds of each), or None to measure another:
-    ``fixed`` (no precision asked, ``min_windows`` done), ``precise`` (the settled windows' interval within
-    ``precision``), ``below_band`` (the settled windows' interval lies wholly below ``needed``, the rate that would
-    bring the trial within the band of the best so far: more windows cannot make it the knee), ``max_windows``."""
+    ``fixed`` (no precision asked, ``min_windows`` done), ``below_band`` (the settled windows' interval lies wholly
+    below ``needed``, the rate that would bring the trial within the band of the best so far: more windows cannot
+    make it the knee; judged from two windows on, the t-interval of so few being wide enough to hold only a clear
+    miss), ``precise`` (``min_windows`` done and the settled windows' interval within ``precision``),
+    ``max_windows``."""
     n = len(samples)
-    if n < min_windows:
-        return None
     if precision is None:
-        return "fixed"
+        return "fixed" if n >= min_windows else None
+    if n < 2:
+        return None
     drop = settling([s / t if t > 0 else 0.0 for s, t in zip(samples, seconds, strict=True)], min_windows, precision)
     kept, kept_s = samples[drop:], seconds[drop:]
     interval = rate_interval(kept, kept_s)
-    if interval <= precision:
-        return "precise"
     if needed is not None and window_rate(kept, kept_s) * (1.0 + interval) < needed:
         return "below_band"
+    if n < min_windows:
+        return None
+    if interval <= precision:
+        return "precise"
     return "max_windows" if n >= max_windows else None
 
 
