@@ -63,3 +63,30 @@ def test_the_defaults_baseline_is_the_jobs_own_pipeline_not_a_user_knobs_zero_wo
     s = summarize(cfg, rows, strategy="staged")
     assert s.choice.knee.number == 6 and s.defaults.number == 2
     assert s.speedup_vs_defaults == 570 / 80
+
+
+def test_the_report_sets_the_knees_costs_beside_the_best_the_knee_before_the_knobs_and_the_defaults():
+    """A user knob moved the knee from 8 workers to none: the table shows what each config used, so the saving the
+    cheaper knee buys is in figures (workers, CPU cores, host and device memory), and a byte count the allocator
+    keeps for itself (under 1 MiB) reads as no pinned memory."""
+    from tunekit.report._markdown import _costs
+
+    extra = {"workload.dataset_args.sample_wait_s": {"values": [0.005, 0.001], "changes_result": False}}
+    cfg = config.from_dict(sleepy_config(**{"search.batch_size": [32], "search.num_workers": [0, 8],
+                                            "search.extra": extra}))
+    fast = {"workload.dataset_args.sample_wait_s": 0.001}
+    gib = 2**30
+    rows = rows_from_measurements([
+        _m(0, "compute", "compute", 1000, batch_size=32),
+        _m(1, "end_to_end", "train", 80, batch_size=32, cpu_util_cores=1.0, host_mem_peak_bytes=gib),
+        _m(2, "end_to_end", "train", 400, num_workers=8, batch_size=32, cpu_util_cores=7.5,
+           host_mem_peak_bytes=3 * gib, pinned_peak_bytes=gib // 2, device_mem_peak_reserved_bytes=2 * gib),
+        _m(3, "extra", "train", 590, num_workers=8, batch_size=32, extra=fast, cpu_util_cores=2.5),
+        _m(4, "extra", "train", 580, batch_size=32, extra=fast, cpu_util_cores=1.2, pinned_peak_bytes=1)])
+    s = summarize(cfg, rows, strategy="staged")
+    assert (s.choice.knee.number, s.choice.best.number, s.knee_before_extra.number, s.defaults.number) == (4, 3, 2, 1)
+    table = _costs(s)
+    assert [line.split(" | ")[0] for line in table[2:-1]] == [
+        "| knee", "| best", "| knee before your knobs", "| PyTorch defaults"]
+    assert table[2] == "| knee | 4 | 580.0 | 0 | 1.2 | — | — | — |"
+    assert table[4] == "| knee before your knobs | 2 | 400.0 | 8 | 7.5 | 3.00 | 0.50 | 2.00 |"

@@ -39,10 +39,39 @@ def _recommendation(s: RunSummary) -> list[str]:
                 f"(trial {s.defaults.number}); the recommendation is **{s.speedup_vs_defaults:.2f}×** that.", ""]
     if k.headroom is not None:
         out += [f"Memory headroom at the knee: {k.headroom:.1%} of {k.measurement.get('headroom_basis')} memory.", ""]
+    out += _costs(s)
     per_batch = k.measurement.get("items_per_batch_mean")
     if u != "samples" and per_batch:
         out += [f"Mean {u} per batch at the knee: {per_batch:,.1f} (batch {k.knobs.batch_size}).", ""]
     return out + _ranks(s, k) + _ceilings(s.rows, k, u)
+
+
+def _costs(s: RunSummary) -> list[str]:
+    """What the knee costs beside the best config, the knee before the user's knobs and PyTorch's defaults: the
+    resources a cheaper config saves
+    (loader workers, the CPU time they burn, host and pinned memory, device memory), each as its trial measured it
+    over the windows (all ranks together)."""
+    k = s.choice.knee
+    named = [("knee", k), ("best", s.choice.best), ("knee before your knobs", s.knee_before_extra),
+             ("PyTorch defaults", s.defaults)]
+    rows = [(name, r) for name, r in named if r is not None]
+    rows = [(name, r) for i, (name, r) in enumerate(rows) if all(r is not other for _, other in rows[:i])]
+    if len(rows) < 2:
+        return []
+    gib = 2**30
+
+    def size(v: Any) -> str:
+        return "—" if not v or v < 2**20 else f"{v / gib:.2f}"  # under 1 MiB: the allocator's own, not batches
+
+    out = [f"| config | trial | {s.unit}/s | loader workers | CPU busy (cores) | host memory (GiB) | pinned memory "
+           "(GiB) | device memory reserved (GiB) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, r in rows:
+        m = r.measurement
+        pinned = m.get("pinned_peak_bytes")
+        out.append(f"| {name} | {r.number} | {r.rate:.1f} | {r.knobs.num_workers * r.knobs.ranks} | "
+                   f"{fmt(m.get('cpu_util_cores'))} | {size(m.get('host_mem_peak_bytes'))} | {size(pinned)} | "
+                   f"{size(m.get('device_mem_peak_reserved_bytes'))} |")
+    return [*out, ""]
 
 
 def _user_knobs(s: RunSummary) -> list[str]:
