@@ -5,12 +5,13 @@ The bottom of the read side: built from measurement.json dicts (contract.py), im
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tunekit.contract import Knobs
 
-__all__ = ["TrialRow", "rows_from_measurements"]
+__all__ = ["TrialRow", "rows_from_measurements", "compute_ceiling"]
 
 
 @dataclass(frozen=True)
@@ -73,3 +74,8 @@ class TrialRow:
 
 def rows_from_measurements(measurements: list[dict[str, Any]]) -> list[TrialRow]:
     return [TrialRow.from_measurement(m) for m in measurements]
+
+
+def compute_ceiling(rows: Iterable[TrialRow], batch: int) -> TrialRow | None:
+    """The completed compute ceiling (the model on a batch staged on the device) at ``batch``, or None."""
+    return next((r for r in rows if r.ok and r.mode == "compute" and r.knobs.batch_size == batch), None)

@@ -22,7 +22,7 @@ from tunekit.plan._staged import (
     scaling_requests,
     staged_requests,
 )
-from tunekit.records import TrialRow
+from tunekit.records import TrialRow, compute_ceiling
 
 __all__ = ["Request", "next_requests", "estimate_total", "needed_rate", "baseline"]
 
@@ -61,8 +61,7 @@ def needed_rate(cfg: Config, rows: list[TrialRow], req: Request) -> float | None
     for that reason. None for the compute ceilings, the scaling trial, or while there is nothing to compare
     with."""
     if req.stage == "loader" and req.mode == "loader":
-        compute = next((r for r in rows if r.ok and r.mode == "compute"
-                        and r.knobs.batch_size == req.knobs.batch_size), None)
+        compute = compute_ceiling(rows, req.knobs.batch_size)
         return reach_rate(compute, cfg.selection) if compute is not None else None
     if req.stage not in RACED_STAGES:
         return None

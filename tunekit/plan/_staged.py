@@ -8,7 +8,7 @@ from tunekit.analysis import choose_batch, select_knee
 from tunekit.config import Config, Selection, extra_knobs
 from tunekit.contract import Knobs
 from tunekit.plan._request import Request, base_knobs, pending, pins
-from tunekit.records import TrialRow
+from tunekit.records import TrialRow, compute_ceiling
 
 
 class _Sweep:
@@ -130,7 +130,7 @@ def _fitting_batches(s: _Sweep, below: int | None = None) -> list[int]:
 
 
 def _compute_at(s: _Sweep, batch: int) -> TrialRow | None:
-    return next((r for r in s.done("compute") if r.ok and r.knobs.batch_size == batch), None)
+    return compute_ceiling(s.done("compute"), batch)
 
 
 def band_target(rows: list[TrialRow], selection: Selection) -> float | None:
@@ -366,7 +366,7 @@ def _compile(s: _Sweep) -> list[Request] | None:
     k = knee.knobs
     left = pending([Request("compile", "train", Knobs(**{**k.to_dict(), "compile": c}))
                     for c in s.search.compile if c != k.compile], s.rows)
-    ceiling = next((r for r in s.done("compute") if r.ok and r.knobs.batch_size == k.batch_size), None)
+    ceiling = _compute_at(s, k.batch_size)
     share, wait = rules.of_ceiling(knee, ceiling), knee.figure("data_wait_frac", 0.0) or 0.0
     if left and rules.waits_on_data(wait, share) and share is not None:
         return [left[0].skipped(

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunekit.records import TrialRow
+from tunekit.records import TrialRow, compute_ceiling
 from tunekit.report._summary import RunSummary
 from tunekit.report._tables import fmt, rate_or_none
 from tunekit.report.plots import PlotResult
@@ -158,7 +158,8 @@ def _ranks(s: RunSummary, k: TrialRow) -> list[str]:
 
 
 def _ceilings(rows: tuple[TrialRow, ...], k: TrialRow, u: str) -> list[str]:
-    compute = [r for r in rows if r.ok and r.mode == "compute" and r.knobs.batch_size == k.knobs.batch_size]
+    ceiling = compute_ceiling(rows, k.knobs.batch_size)
+    compute = [ceiling] if ceiling is not None else []
     loader = [r for r in rows if r.ok and r.mode == "loader" and r.knobs.num_workers == k.knobs.num_workers
               and r.knobs.batch_size == k.knobs.batch_size]
     if not (compute or loader):
