@@ -93,3 +93,53 @@ def test_fidelity_compares_the_long_run_with_the_short_trials_on_either_side_of_
     assert r["ratio"] == 1.0 and round(r["drift"], 3) == -0.182 and r["status"] == "ok/ok/ok"
     failed = row(0, {**ok, "samples_per_s": 110.0}, {"status": "timeout"}, {**ok, "samples_per_s": 90.0})
     assert failed["ratio"] is None and failed["drift"] is None
+
+
+def test_the_plan_replay_answers_from_the_recorded_trials_and_cuts_a_clear_miss_where_the_rule_now_stops(tmp_path):
+    """A recorded run (written here as the plan asked, 8 windows each): the replay asks the same plan and gets
+    every answer from the record; each trial is cut where the window rule stops it now, its time losing the cut
+    windows' share of its measured seconds. A record that lacks a config stops the replay there."""
+    from tests.conftest import measurement, sleepy_config
+    from tunekit import config, plan
+    from tunekit.records import rows_from_measurements
+
+    replay = _load("replay_plan").replay
+    cfg = config.from_dict(sleepy_config(**{"search.num_workers": [0, 2, 4], "search.batch_size": [8],
+                                            "search.pin_memory": [False], "search.prefetch_factor": [2],
+                                            "search.compile": ["none"], "trial.max_windows": 8,
+                                            "trial.measure_windows": 3, "trial.precision": 0.03}))
+
+    def rate(req) -> float:
+        return 1000.0 if req.mode == "compute" else min(400.0, 100.0 * req.knobs.num_workers) or 80.0
+
+    rows = []
+    while reqs := plan.next_requests(cfg, rows, strategy="staged", cuda=False):
+        req, n = reqs[0], len(rows)
+        if req.skip:
+            m = {"number": n, "stage": req.stage, "mode": req.mode, "status": "skipped", "reason": req.skip,
+                 "params": req.knobs.to_dict()}
+        else:
+            r = rate(req)
+            m = measurement(n, req.stage, req.mode, r, **{**req.knobs.to_dict(), "extra": None},
+                            samples_per_s_windows=[r * f for f in (0.99, 1.01) * 4], measured_s=8.0, trial_s=12.0)
+        (tmp_path / "trials" / str(n)).mkdir(parents=True)
+        (tmp_path / "trials" / str(n) / "measurement.json").write_text(json.dumps(m))
+        rows += rows_from_measurements([m])
+    replayed, lines, seconds, missing = replay(tmp_path, cfg, cuda=False)
+    assert missing is None and len(replayed) == len(rows)
+    assert [(r.stage, r.knobs.num_workers, r.status) for r in replayed] == [
+        (r.stage, r.knobs.num_workers, r.status) for r in rows]
+    # a clear miss stops after 2 windows (12 s less 6/8 of the 8 measured seconds): the loader ceiling (400/s
+    # against the ~970 that reach the compute ceiling), PyTorch's defaults (80/s) and 2 workers (200/s) against
+    # the band of ~400/s; the compute ceiling and 4 workers stop at 3, precise (1 % noise: 12 s less 5/8 of 8)
+    kept = {line.split(":")[0].split(" run  ")[1].split(",")[0]: line.split(": ")[1]
+            for line in lines if " run " in line}
+    assert {k: v.split(", ", 1)[1] for k, v in kept.items()} == {
+        "compute    0 workers": "windows 3 of 8, 7.0 s", "loader     4 workers": "windows 2 of 8, 6.0 s",
+        "end_to_end 4 workers": "windows 3 of 8, 7.0 s", "end_to_end 0 workers": "windows 2 of 8, 6.0 s",
+        "end_to_end 2 workers": "windows 2 of 8, 6.0 s"}
+    assert seconds == 7.0 * 2 + 6.0 * 3
+    first = next(p for p in sorted((tmp_path / "trials").iterdir(), key=lambda p: int(p.name))
+                 if json.loads((p / "measurement.json").read_text())["status"] == "ok")
+    (first / "measurement.json").unlink()  # the record lacks the first trial the plan asks for
+    assert replay(tmp_path, cfg, cuda=False)[3] is not None

@@ -1,0 +1,118 @@
+"""Replay: what the staged plan as it is now asks of a run it did not plan, answered from that run's measurements.
+
+    python benchmarks/replay_plan.py results/h200-resnet50-overlap-2026-11-30 [--config configs/resnet.yaml]
+
+A planner change is judged on GPU runs long before it can run on a GPU again: the plan is asked for its next trial
+with the trials replayed so far; a request the recorded run measured (same mode and knobs, any stage) is answered
+with that measurement, a skip is recorded as the plan gives it, and the replay stops at the first request the run
+never measured (it says which). Each replayed trial is cut where ``rules.window_stop`` would now stop it, against
+the rate the plan now says it needs (``plan.needed_rate``): its windows (the settling ones first, as measured)
+up to the stop give its rate, and its trial time loses the cut windows' share of its measured time. The recorded
+run's dataset preparation and the planning between trials are not counted.
+
+Prints each trial (stage, knobs, rate, windows kept of measured, trial seconds), then trials run, trial seconds,
+and the knee against the recorded run's knee (recommended.yaml's knobs). Windows are taken as equally long, so a
+cut trial's rate and time are estimates; a replay is a projection, never a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tunekit import plan, rules
+from tunekit._files import read_json
+from tunekit.analysis import select_knee
+from tunekit.config import Config, from_dict
+from tunekit.records import TrialRow, rows_from_measurements
+
+
+def _recorded(run: Path) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The run's measured trials by (mode, knobs); the first of a repeated config."""
+    found: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for path in sorted((run / "trials").glob("*/measurement.json"), key=lambda p: int(p.parent.name)):
+        m = read_json(path)
+        if m.get("status") == "skipped":
+            continue
+        row = rows_from_measurements([{**m, "number": 0}])[0]
+        found.setdefault((row.mode, row.knobs), m)
+    return found
+
+
+def _cut(m: dict[str, Any], cfg: Config, needed: float | None) -> tuple[dict[str, Any], int, int]:
+    """The measurement as the trial would now end it: (measurement, windows kept, windows measured)."""
+    windows = [*(m.get("settling_windows") or []), *(m.get("samples_per_s_windows") or [])]
+    if m.get("status") != "ok" or not windows:
+        return m, len(windows), len(windows)
+    t = cfg.trial
+    for k in range(1, len(windows) + 1):
+        if rules.window_stop(windows[:k], [1.0] * k, t.measure_windows, t.max_windows, t.precision, needed):
+            break
+    else:
+        k = len(windows)
+    if k == len(windows):
+        return m, k, k
+    kept = windows[:k]
+    measured = float(m.get("measured_s") or 0.0) + float(m.get("settling_s") or 0.0)
+    trial_s = float(m.get("trial_s") or 0.0) - measured * (1 - k / len(windows))
+    cut = {**m, "samples_per_s": statistics.fmean(kept), "samples_per_s_windows": kept, "settling_windows": [],
+           "noise_cv": statistics.pstdev(kept) / statistics.fmean(kept), "trial_s": trial_s}
+    return cut, k, len(windows)
+
+
+def replay(run: Path, cfg: Config, cuda: bool = True) -> tuple[list[TrialRow], list[str], float, str | None]:
+    """(rows, one line per trial, trial seconds, the first request the run never measured or None)."""
+    recorded = _recorded(run)
+    rows: list[TrialRow] = []
+    lines: list[str] = []
+    seconds = 0.0
+    while requests := plan.next_requests(cfg, rows, strategy="staged", cuda=cuda):
+        req = requests[0]
+        n = len(rows)
+        what = f"{req.stage:<10} {req.knobs.describe()}"
+        if req.skip is not None:
+            rows += rows_from_measurements([{"number": n, "stage": req.stage, "mode": req.mode, "status": "skipped",
+                                             "reason": req.skip, "params": req.knobs.to_dict()}])
+            lines.append(f"{n:3d} skip {what}: {req.skip}")
+            continue
+        m = recorded.get((req.mode, req.knobs))
+        if m is None:
+            return rows, lines, seconds, f"{req.stage} {req.mode} {req.knobs.describe()}"
+        m, kept, measured = _cut(m, cfg, plan.needed_rate(cfg, rows, req))
+        rows += rows_from_measurements([{**m, "number": n, "stage": req.stage}])
+        seconds += float(m.get("trial_s") or 0.0)
+        rate = f"{m['samples_per_s']:.1f}" if m.get("samples_per_s") else m.get("status")
+        lines.append(f"{n:3d} run  {what}: {rate}, windows {kept} of {measured}, {float(m.get('trial_s') or 0):.1f} s")
+    return rows, lines, seconds, None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--config", type=Path, help="the config to plan with (default: the run's config.resolved.yaml)")
+    args = ap.parse_args(argv)
+    source = args.config or args.run / "config.resolved.yaml"
+    cfg = from_dict(yaml.safe_load(source.read_text()), source=str(source))
+    rows, lines, seconds, missing = replay(args.run, cfg)
+    print("\n".join(lines))
+    ran = [r for r in rows if r.status != "skipped"]
+    print(f"trials run {len(ran)} ({len(rows) - len(ran)} skipped), trial time {seconds:.0f} s")
+    if missing:
+        print(f"stopped: the plan asks for {missing}, which the run never measured", file=sys.stderr)
+        return 1
+    knee = select_knee([r for r in rows if r.stage in rules.KNEE_STAGES and not rules.changes_result(r)],
+                       cfg.selection).knee
+    recommended = args.run / "recommended.yaml"
+    before = yaml.safe_load(recommended.read_text()).get("dataloader") if recommended.exists() else None
+    print(f"knee now: {knee.knobs.describe() if knee else 'none'} (trial {knee.number if knee else '—'}); "
+          f"the run's recommendation: {before}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
