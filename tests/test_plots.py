@@ -119,7 +119,7 @@ def test_batch_data_when_every_batch_failed():
 
 def test_a_knee_at_a_smaller_batch_is_marked_on_the_swept_workers_axis():
     """The batch stage can move the knee to a smaller batch measured at one worker count only: the workers plot
-    stays at the swept batch and names the knee's batch."""
+    stays at the swept batch, names the knee's batch, and draws that batch's trial as a series of its own."""
     from tunekit.analysis import select_knee
     from tunekit.config import Selection
     from tunekit.records import rows_from_measurements
@@ -150,7 +150,11 @@ def test_a_knee_at_a_smaller_batch_is_marked_on_the_swept_workers_axis():
     knee = select_knee(rows, Selection(tolerance=0.03, min_headroom=0.1))
     plot = workers_data(rows, knee, "t")
     assert not isinstance(plot, str)
-    assert sorted(p.workers for s in plot.series for p in s.points) == [0, 8, 16]
+    swept = [s for s in plot.series if not s.other_batch]
+    assert sorted(p.workers for s in swept for p in s.points) == [0, 8, 16]
+    # the batch-256 trial is drawn too, as a series of its own named by its batch
+    assert [(s.label, [p.trial for p in s.points]) for s in plot.series if s.other_batch] == [
+        ("pin_memory=off, prefetch=2, batch 256", [3])]
     assert plot.knee_label == "knee: 16 workers, batch 256, 100.0% of best"
     assert plot.best_label == "best (batch 256)"
 

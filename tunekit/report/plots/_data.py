@@ -23,6 +23,8 @@ class Point(NamedTuple):
 class Series(NamedTuple):
     label: str
     points: tuple[Point, ...]
+    other_batch: bool = False
+    """Measured at another batch than the plot's axis batch (drawn hollow, its batch in the label)."""
 
 
 @dataclass(frozen=True)
@@ -158,18 +160,25 @@ def _swept_batch(rows: list[TrialRow], choice: Choice) -> int | None:
 
 
 def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlot | str:
+    """The axis batch is the one most worker counts ran at (:func:`_swept_batch`); the end-to-end trials at other
+    batches are drawn too, hollow and labelled with their batch (a sweep walks the workers at one batch, then
+    moves the batch and tries the user's knobs at the knee: each curve is drawn where it was measured)."""
     batch = _swept_batch(rows, choice)
     train = _train_at(rows, batch)
     if len({r.knobs.num_workers for r in train}) < 2:
         return "the run has fewer than two worker counts measured end to end"
     world = max(r.knobs.ranks for r in train)
-    groups: dict[str, list[Point]] = {}
-    for r in sorted(train, key=lambda r: (-r.knobs.ranks, r.knobs.num_workers)):
+    groups: dict[tuple[bool, str], list[Point]] = {}
+    everywhere = _train_at(rows, None)
+    for r in sorted(everywhere, key=lambda r: (r.knobs.batch_size != batch, -r.knobs.batch_size, -r.knobs.ranks,
+                                               r.knobs.num_workers)):
         pf = f"prefetch={r.knobs.prefetch_factor}" if r.knobs.num_workers else "loading in the main process"
         gpus = "" if world == 1 else f"{r.knobs.ranks} GPU{'s' if r.knobs.ranks > 1 else ''}: "
         mine = "".join(f", {k.removeprefix('workload.')}={v}" for k, v in r.knobs.extra)  # user-defined knobs set
-        groups.setdefault(f"{gpus}pin_memory={'on' if r.knobs.pin_memory else 'off'}, {pf}{mine}", []).append(
-            _point(r))
+        other = r.knobs.batch_size != batch
+        where = f", batch {r.knobs.batch_size}" if other else ""
+        groups.setdefault((other, f"{gpus}pin_memory={'on' if r.knobs.pin_memory else 'off'}, {pf}{mine}{where}"),
+                          []).append(_point(r))
     loader = tuple(sorted((_point(r) for r in rows if r.ok and r.mode == "loader"
                            and (batch is None or r.knobs.batch_size == batch)), key=lambda p: p.workers))
     compute = [r for r in rows if r.ok and r.mode == "compute" and (batch is None or r.knobs.batch_size == batch)]
@@ -183,7 +192,7 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
             label = label.replace(" workers", f" workers per rank x {choice.knee.knobs.ranks}")
     return WorkersPlot(
         unit=_unit(rows),
-        title=title, series=tuple(Series(k, tuple(v)) for k, v in groups.items()),
+        title=title, series=tuple(Series(label, tuple(v), other) for (other, label), v in groups.items()),
         knee=_point(choice.knee) if choice.knee else None, knee_label=label,
         best=_point(choice.best) if choice.best else None, loader_ceiling=loader,
         compute_ceiling=compute[0].rate * world if compute else None,

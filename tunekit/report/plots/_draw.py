@@ -38,7 +38,8 @@ def draw_workers(plot: WorkersPlot, path: Path) -> None:
         ys = [p.samples_per_s for p in series.points]
         err = [[p.samples_per_s - p.low for p in series.points], [p.high - p.samples_per_s for p in series.points]]
         # markers only: skipped or unsearched worker counts between two points are not interpolated
-        ax.errorbar(xs, ys, yerr=err, marker="o", linestyle="none", capsize=3, label=series.label)
+        hollow = {"markerfacecolor": "none"} if series.other_batch else {}
+        ax.errorbar(xs, ys, yerr=err, marker="o", linestyle="none", capsize=3, label=series.label, **hollow)
     if plot.loader_ceiling:
         ax.plot([p.workers for p in plot.loader_ceiling], [p.samples_per_s for p in plot.loader_ceiling], ":",
                 color="grey", marker=".", label=plot.loader_label)
