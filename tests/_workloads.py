@@ -38,6 +38,23 @@ class _Stream(torch.utils.data.IterableDataset):
             i += step
 
 
+class _Finite(torch.utils.data.IterableDataset):
+    """``n`` samples, sharded across the DataLoader's workers; then the stream ends."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        start, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(start, self.n, step):
+            yield torch.full((2,), float(i))
+
+
+def finite_stream(n: int = 8):
+    return _Finite(n)
+
+
 def sharded_stream():
     return _Stream(sharded=True)
 

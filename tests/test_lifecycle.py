@@ -203,12 +203,13 @@ def _assert_no_survivors(out: Path, victims: list[int]) -> None:
 
 
 def _interrupt_config(write_config, pids: Path, batches: list[int]) -> Path:
-    # 2 loader workers at 10 ms per sample: a batch of 32 takes a worker 0.32 s, so a batch-32 trial has ~2.5 s of
-    # pipeline fill, warm-up and windows (>= 5 steps each) left after its workers start serving
+    # 2 loader workers at 10 ms per sample: a batch of 32 takes a worker 0.32 s, so a batch-32 trial has ~5 s of
+    # pipeline fill, warm-up and windows (>= 1.5 s each) left after its workers start serving: the signal lands
+    # inside it even when a loaded 2-core host is slow to see the workers
     return write_config(sleepy_config(**{
         "workload.dataset_args": {"sample_wait_s": 0.01, "pid_dir": str(pids)},
         "search.num_workers": [2], "search.batch_size": batches, "search.prefetch_factor": [2],
-        "trial.window_s": 0.5,
+        "trial.window_s": 1.5,
     }))
 
 

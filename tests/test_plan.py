@@ -169,7 +169,8 @@ def test_stage_4b_measures_the_ceiling_of_a_batch_the_compute_stage_did_not_reac
         rate8: float, within: bool):
     """The compute stage stopped at batch 16 (out of the band of batch 32), so batch 8 has no ceiling: stage 4b tries
     it end to end first (the knee runs far below any ceiling); within the band, its ceiling comes next (the knee may
-    land there, and the verdicts and later stages read it), before batch 4; out of it, no ceiling is measured."""
+    land there, and the verdicts and later stages read it), before batch 4; out of it, no ceiling is measured. A
+    ceiling that then fails (out of memory) ends the stage."""
     cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.prefetch_factor": [2],
                   "search.batch_size": [4, 8, 16, 32]})
     rows = rows_from_measurements([
@@ -193,6 +194,8 @@ def test_stage_4b_measures_the_ceiling_of_a_batch_the_compute_stage_did_not_reac
     assert choose_batch([r for r in rows if r.stage == "compute"], cfg.selection) == 32  # the stages' batch stays
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
     assert [(r.stage, r.knobs.batch_size) for r in nxt] == [("batch", 4)]
+    oom8 = rows[:-1] + rows_from_measurements([_m(7, "compute", "compute", None, status="oom", batch_size=8)])
+    assert [r.stage for r in plan.next_requests(cfg, oom8, strategy="staged", cuda=False)] == ["compile"]  # ends
     oom = rows_from_measurements([_m(0, "compute", "compute", None, status="oom", batch_size=32)]) + rows[1:2]
     assert _staged._fitting_batches(_staged._Sweep(cfg, rows[:2], cuda=False)) == [32, 16, 8, 4]
     assert _staged._fitting_batches(_staged._Sweep(cfg, oom, cuda=False)) == [16, 8, 4]

@@ -114,13 +114,13 @@ def test_the_loader_queues_show_the_ready_batches():
     takes one; a loader of another kind shows nothing (None: the fetch times decide)."""
     from tunekit.worker._measure import _Batches, _Loop, _set_aside
 
-    dataset = sleepy_dataset(sample_wait_s=0.1)  # 0.4 s a batch: none is made while the test takes them
+    dataset = sleepy_dataset(sample_wait_s=0.4)  # 1.6 s a batch: none is made while the test takes them
     loader = DataLoader(dataset, batch_size=4, num_workers=2, prefetch_factor=3,
                         sampler=RandomSampler(dataset, num_samples=1 << 20))
     batches = _Batches(loader, 0)
     try:
         batches()
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
         while batches.ready() != 6 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert batches.ready() == 6
@@ -132,6 +132,35 @@ def test_the_loader_queues_show_the_ready_batches():
         batches.close()
     plain = _Batches(iter([torch.zeros(1)] * 3), 0)
     assert plain.ready() is None
+
+
+def test_the_set_aside_stops_at_an_epochs_end_and_a_persistent_loader_crosses_epochs():
+    """A stream of 4 batches over 2 workers: after the first, 3 batches and the workers' 2 end markers wait in the
+    queues, all shown as ready; the set-aside takes the 3, meets the end of the stream (the 4th fetch starts the
+    next epoch) and stops there, not running through epoch after epoch. A persistent loader (what a user's loader
+    factory gets) goes on into its next epoch with the same workers."""
+    from tests._workloads import finite_stream
+    from tunekit.worker._measure import _Batches, _Loop, _set_aside
+
+    batches = _Batches(DataLoader(finite_stream(8), batch_size=2, num_workers=2), 0)
+    try:
+        batches()
+        deadline = time.monotonic() + 30
+        while (batches.ready() or 0) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        loop = _Loop(fetch=batches, work=lambda b: None, count=len, ready=batches.ready,
+                     epochs=lambda: batches.epochs_ended)
+        assert _set_aside(loop, 8) == 4 and batches.epochs_ended == 1
+    finally:
+        batches.close()
+    loader = DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=4, num_workers=2,
+                        persistent_workers=True)
+    batches = _Batches(loader, 0)
+    try:
+        seen = [batches()[0].tolist() for _ in range(5)]
+        assert batches.epochs_ended == 2 and all(len(b) == 4 for b in seen)
+    finally:
+        batches.close()
 
 
 def test_warm_up_steps_stop_after_a_window_of_time(tmp_path: Path):

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +118,8 @@ class _Sweep:
     """time.monotonic() when this invocation began (the wall time sweep.json records)."""
     dataset_s: float = 0.0
     """Seconds this invocation spent preparing the dataset."""
+    earlier: list[dict[str, Any]] = field(default_factory=list)
+    """The invocations before this one of a resumed sweep (sweep.json's record of them)."""
 
 
 def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: float, resume: bool,
@@ -143,7 +145,8 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
     before = sweep_warnings(cfg, env)
     for line in before:
         console.print(f"[yellow]warning:[/] {line}")
-    sweep = _Sweep(cfg, run_dir, strategy, runs, runs.rows(), probe_cuda(cfg.device), console, started=started)
+    sweep = _Sweep(cfg, run_dir, strategy, runs, runs.rows(), probe_cuda(cfg.device), console, started=started,
+                   earlier=_invocations(run_dir) if resume else [])
     if sweep.rows:
         console.print(f"resuming: {len(sweep.rows)} finished trial(s) in {run_dir / store.STUDY_FILE} are kept")
     try:
@@ -220,7 +223,7 @@ def _finish(sweep: _Sweep, env: dict[str, Any], before: list[str]) -> SweepResul
         sweep.console.print(f"[yellow]warning (after the sweep):[/] {line}")
     meta = {"strategy": sweep.strategy, "stop_reason": sweep.stop_reason, "interrupted": sweep.interrupted,
             "warnings_before": before, "warnings_after": after,
-            "invocations": [*_invocations(sweep.run_dir), {
+            "invocations": [*sweep.earlier, {
                 "date": env.get("date"), "wall_s": round(time.monotonic() - sweep.started, 1),
                 "dataset_s": round(sweep.dataset_s, 1), "trials": len(sweep.rows), "interrupted": sweep.interrupted}]}
     write_json_atomic(sweep.run_dir / "sweep.json", meta)
@@ -235,8 +238,9 @@ def _finish(sweep: _Sweep, env: dict[str, Any], before: list[str]) -> SweepResul
 
 
 def _invocations(run_dir: Path) -> list[dict[str, Any]]:
-    """The earlier invocations a resumed sweep's sweep.json records: each one's wall time (outputs excluded), its
-    dataset preparation, and the trials recorded by its end."""
+    """The invocations a run folder's sweep.json records (read before a resumed sweep overwrites it; a sweep that
+    starts afresh keeps none): each one's wall time (outputs excluded), its dataset preparation, and the trials
+    recorded by its end."""
     path = run_dir / "sweep.json"
     try:
         return list(read_json(path).get("invocations", [])) if path.exists() else []

@@ -8,7 +8,7 @@ from tunekit import rules
 from tunekit.analysis import single_gpu_twin
 from tunekit.config import Selection
 from tunekit.diagnosis._verdicts import VERDICTS, Verdict, verdict
-from tunekit.records import TrialRow
+from tunekit.records import TrialRow, compute_ceiling
 
 Evidence = dict[str, Any]
 
@@ -28,7 +28,7 @@ class Trials:
     def __init__(self, rows: list[TrialRow], selection: Selection):
         self.rows = rows
         self.selection = selection
-        self.compute = {r.knobs.batch_size: r for r in rows if r.ok and r.mode == "compute"}
+        self.compute = {b: c for b in {r.knobs.batch_size for r in rows} if (c := compute_ceiling(rows, b))}
         self.oom_batches = sorted({r.knobs.batch_size for r in rows if r.status == "oom"})
         self.per_sample = {b: 1.0 / r.rate for b, r in self.compute.items() if r.rate > 0}
 

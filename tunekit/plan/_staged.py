@@ -330,7 +330,10 @@ def _smaller_batches(s: _Sweep) -> list[Request] | None:
     ceilings = {r.knobs.batch_size: r for r in s.done("compute") if r.ok and rules.fits(r, s.selection)}
     if not rules.input_bound(knee, ceilings.get(knee.knobs.batch_size)):
         return []  # the model is the bound (or unknown): a smaller batch only adds per-step overhead
-    for batch in _fitting_batches(s, below=knee.knobs.batch_size):
+    measured = {r.knobs.batch_size: r for r in s.done("compute")}
+    for batch in sorted((b for b in s.search.batch_size if b < knee.knobs.batch_size), reverse=True):
+        if batch in measured and batch not in ceilings:
+            return []  # a smaller batch whose ceiling failed or does not fit: the stage ends there
         req = Request("batch", "train", Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))
         # judged against this batch and the larger ones only: a smaller batch that later ran faster must not
         # make this one look as if it fell behind
@@ -352,8 +355,8 @@ def _smaller_batches(s: _Sweep) -> list[Request] | None:
                 f"({best.rate:.1f}, trial {best.number})")]
         if not row.ok or row.rate < target:
             return []  # this batch fell behind (or failed): a smaller one will not do better
-        if ceiling is None and s.find(_ceiling_request(s, batch)) is None:
-            return [_ceiling_request(s, batch)]  # the knee may land here: the verdicts and later stages read it
+        if ceiling is None:  # the knee may land here: the verdicts and later stages read its ceiling
+            return [_ceiling_request(s, batch)]
     return []
 
 

@@ -49,8 +49,9 @@ def _recommendation(s: RunSummary) -> list[str]:
 def _costs(s: RunSummary) -> list[str]:
     """What the knee costs beside the best config, the knee before the user's knobs and PyTorch's defaults: the
     resources a cheaper config saves
-    (loader workers, the CPU time they burn, host and pinned memory, device memory), each as its trial measured it
-    over the windows (all ranks together)."""
+    (loader workers, the CPU time they burn, host and pinned memory, device memory) as each trial measured them:
+    workers, CPU cores and host memory over all ranks; pinned and reserved device memory per GPU (the largest
+    rank), peaks over the whole trial."""
     k = s.choice.knee
     named = [("knee", k), ("best", s.choice.best), ("knee before your knobs", s.knee_before_extra),
              ("PyTorch defaults", s.defaults)]
@@ -64,7 +65,7 @@ def _costs(s: RunSummary) -> list[str]:
         return "—" if not v or v < 2**20 else f"{v / gib:.2f}"  # under 1 MiB: the allocator's own, not batches
 
     out = [f"| config | trial | {s.unit}/s | loader workers | CPU busy (cores) | host memory (GiB) | pinned memory "
-           "(GiB) | device memory reserved (GiB) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "per GPU (GiB) | device memory reserved per GPU (GiB) |", "|" + " --- |" * 8]
     for name, r in rows:
         m = r.measurement
         pinned = m.get("pinned_peak_bytes")

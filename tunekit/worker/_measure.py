@@ -90,6 +90,10 @@ class _Loop:
     """The largest of the ranks' values (the value itself in one process)."""
     ready: Callable[[], int | None] = lambda: None
     """Batches ready to be fetched without a wait, when the loader shows them (:meth:`_Batches.ready`)."""
+    epochs: Callable[[], int] = lambda: 0
+    """Epochs the loader has ended so far (:attr:`_Batches.epochs_ended`)."""
+    held: int = 0
+    """Batches the fetch can hold beyond the loader's fill: the one-batch-ahead thread's queued and in-hand ones."""
 
 
 class Diverged(RuntimeError):
@@ -138,7 +142,8 @@ class _Batches:
             if self.closed:
                 raise
             self.epochs_ended += 1
-            self.shutdown()
+            if not getattr(self.loader, "persistent_workers", False):
+                self.shutdown()  # a persistent loader's next iter() resets this iterator, workers and all
             self.iterator = iter(self.loader)
             batch = next(self.iterator)
         if len(self._prints) < self._check:
@@ -159,7 +164,8 @@ class _Batches:
     def ready(self) -> int | None:
         """How many batches the loader's workers have made that wait to be taken: in the result queues (the
         workers', and the pin-memory thread's) and those that arrived out of order; None for a loader whose
-        iterator is not this torch's multi-process one (a batch in the pin-memory thread's hands is not seen)."""
+        iterator is not this torch's multi-process one. A batch in the pin-memory thread's hands is not seen; a
+        finite stream's end markers are counted as batches (the set-aside stops at an epoch's end)."""
         it = self.iterator
         try:
             queues = {id(q): q for q in (it._worker_result_queue, it._data_queue)}.values()
@@ -356,9 +362,10 @@ def _train_loop(built: Built, spec: TrialSpec, cfg: Config, batches: _Batches) -
         prefetch = _Ahead(batches, lambda b, c, non_blocking: (move(b, c, non_blocking=non_blocking), count(b)),
                           ctx, knobs.non_blocking)
         loop = _Loop(fetch=prefetch, work=lambda b: None, count=lambda b: b[1], close=prefetch.close,
-                     device_wait=lambda: prefetch.device_wait_s, ready=prefetch.waiting)
+                     device_wait=lambda: prefetch.device_wait_s, ready=prefetch.waiting, held=2)
     else:
         loop = _Loop(fetch=batches, work=lambda b: None, count=count, ready=batches.ready)
+    loop.epochs = lambda: batches.epochs_ended
 
     def train(batch: Any) -> None:
         if ahead:
@@ -463,7 +470,8 @@ def _warm_up(loop: _Loop, spec: TrialSpec, cfg: Config, device: torch.device) ->
     loop.work(first)
     _sync(device)
     first_step_s = time.perf_counter() - t0
-    set_aside = _set_aside(loop, knobs.num_workers * (knobs.prefetch_factor or 2) if spec.mode != "compute" else 0)
+    fill = knobs.num_workers * (knobs.prefetch_factor or 2) + loop.held
+    set_aside = _set_aside(loop, fill if spec.mode != "compute" else 0)
     trained = _warm_up_steps(loop, knobs, cfg)
     _sync(device)
     return {
@@ -481,11 +489,15 @@ def _set_aside(loop: _Loop, fill: int) -> int:
     fill), without a step; return how many. From there batches arrive at the pipeline's own rate: a step on a ready
     batch would count throughput the pipeline cannot sustain, and training on the fill (seconds of steps on big
     batches) is what warm-up time used to go to. The loader's queues say how many are ready (:meth:`_Loop.ready`);
-    a loader that does not show them is read by the fetches' times: until two in a row wait for a worker."""
+    a loader that does not show them is read by the fetches' times: until two in a row wait for a worker. An epoch
+    that ends ends it too (a finite stream's end markers sit in the queues like batches)."""
     set_aside = 0
     ready: list[float] = []  # fetches that took a waiting batch
     waited = 0  # fetches in a row that had to wait
+    epoch = loop.epochs()
     for _ in range(fill):
+        if loop.epochs() != epoch:
+            break
         known = loop.ready()
         if known is not None:
             if known == 0:
