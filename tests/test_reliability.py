@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -251,3 +252,18 @@ def test_a_full_disk_is_one_line_and_the_sweep_resumes_once_space_is_freed(write
 
 def _finished(out: Path) -> list:
     return [t for t in study_trials(out) if t.state.is_finished() and "measurement" in t.user_attrs]
+
+
+def test_sweep_json_records_each_invocation_and_a_fresh_start_forgets_the_old_ones(write_config, finished: Path):
+    """A finished sweep rerun resumes (nothing left to run): its record gains a second invocation with the same
+    trials; --no-resume starts the folder afresh, and its record holds that one invocation alone."""
+    out = finished
+    first = json.loads((out / "sweep.json").read_text())["invocations"]
+    assert len(first) == 1 and first[0]["trials"] == 2 and first[0]["wall_s"] > 0
+    assert _tiny_sweep(write_config, out).returncode == 0
+    again = json.loads((out / "sweep.json").read_text())["invocations"]
+    assert again[0] == first[0] and len(again) == 2 and again[1]["trials"] == 2
+    cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid"}))
+    assert _cli("sweep", str(cfg), "--out", str(out), "--quiet", "--no-resume").returncode == 0
+    fresh = json.loads((out / "sweep.json").read_text())["invocations"]
+    assert len(fresh) == 1 and fresh[0]["trials"] == 2
