@@ -161,13 +161,19 @@ def test_the_time_budget_ends_with_the_baseline_it_kept_room_for(monkeypatch: py
 # --- 2. SIGTERM / Ctrl-C during a sweep, then resume -----------------------------------------------------------
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _signal_mid_trial(cmd: list[str], out: Path, pids: Path, trial: int, sig: signal.Signals,
                       logs: Path) -> tuple[int, list[int]]:
     """Start the sweep, wait until trial ``trial`` has its two DataLoader workers serving samples, send ``sig`` to
     the sweep process alone; return its exit code and the pids of the trial's worker and loader workers."""
     with open(logs / "stdout", "w") as so, open(logs / "stderr", "w") as se:
+        # as a terminal's foreground job: a test run started in the background inherits SIGINT ignored (the shell's
+        # rule for background jobs), and a sweep rightly keeps an inherited SIG_IGN
         proc = subprocess.Popen(cmd, stdout=so, stderr=se, stdin=subprocess.DEVNULL, cwd=REPO,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_default_sigint)
     try:
         pid_file = out / "trials" / str(trial) / "worker.pid"
         _wait_for(pid_file.exists, 120, f"trial {trial} to start", proc)
