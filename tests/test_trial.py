@@ -135,9 +135,10 @@ def test_the_loader_queues_show_the_ready_batches():
 
 
 def test_the_set_aside_stops_at_an_epochs_end_and_a_persistent_loader_crosses_epochs():
-    """A stream of 4 batches over 2 workers: after the first, 3 batches and the workers' 2 end markers wait in the
-    queues, all shown as ready; the set-aside takes the 3, meets the end of the stream (the 4th fetch starts the
-    next epoch) and stops there, not running through epoch after epoch. A persistent loader (what a user's loader
+    """A stream of 4 batches over 2 workers: after the first, 3 batches and the end marker of the worker asked for
+    a fifth wait in the queues, all shown as ready; the set-aside takes the 3 and, when the other worker's marker
+    is in too, meets the end of the stream (a 4th fetch starts the next epoch), and stops there, never running
+    through epoch after epoch. A persistent loader (what a user's loader
     factory gets) goes on into its next epoch with the same workers."""
     from tests._workloads import finite_stream
     from tunekit.worker._measure import _Batches, _Loop, _set_aside
@@ -146,11 +147,12 @@ def test_the_set_aside_stops_at_an_epochs_end_and_a_persistent_loader_crosses_ep
     try:
         batches()
         deadline = time.monotonic() + 30
-        while (batches.ready() or 0) < 5 and time.monotonic() < deadline:
+        while (batches.ready() or 0) < 4 and time.monotonic() < deadline:
             time.sleep(0.05)
         loop = _Loop(fetch=batches, work=lambda b: None, count=len, ready=batches.ready,
                      epochs=lambda: batches.epochs_ended)
-        assert _set_aside(loop, 8) == 4 and batches.epochs_ended == 1
+        # the 3 batches, and the first of the next epoch when worker 1's end marker was already in the queue
+        assert _set_aside(loop, 8) in (3, 4) and batches.epochs_ended <= 1
     finally:
         batches.close()
     loader = DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=4, num_workers=2,
