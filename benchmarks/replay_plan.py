@@ -7,8 +7,10 @@ with the trials replayed so far; a request the recorded run measured (same mode 
 with that measurement, a skip is recorded as the plan gives it, and the replay stops at the first request the run
 never measured (it says which). Each replayed trial is cut where ``rules.window_stop`` would now stop it, against
 the rate the plan now says it needs (``plan.needed_rate``): its windows (the settling ones first, as measured)
-up to the stop give its rate, and its trial time loses the cut windows' share of its measured time. The recorded
-run's dataset preparation and the planning between trials are not counted.
+up to the stop, less those the settling rule leaves out, give its rate, and its trial time loses the cut windows'
+share of its measured time. The recorded run's dataset preparation and the planning between trials are not
+counted. A multi-rank run's windows are its ranks' sums, held against the whole rate needed (the worker holds
+each rank's against its share: the same for balanced ranks).
 
 Prints each trial (stage, knobs, rate, windows kept of measured, trial seconds), then trials run, trial seconds,
 and the knee against the recorded run's knee (recommended.yaml's knobs). Windows are taken as equally long, so a
@@ -57,11 +59,13 @@ def _cut(m: dict[str, Any], cfg: Config, needed: float | None) -> tuple[dict[str
         k = len(windows)
     if k == len(windows):
         return m, k, k
-    kept = windows[:k]
+    drop = rules.settling(windows[:k], t.measure_windows, t.precision) if t.precision is not None else 0
+    kept = windows[drop:k]  # as the worker keeps them: the leading windows still settling left out
     measured = float(m.get("measured_s") or 0.0) + float(m.get("settling_s") or 0.0)
     trial_s = float(m.get("trial_s") or 0.0) - measured * (1 - k / len(windows))
-    cut = {**m, "samples_per_s": statistics.fmean(kept), "samples_per_s_windows": kept, "settling_windows": [],
-           "noise_cv": statistics.pstdev(kept) / statistics.fmean(kept), "trial_s": trial_s}
+    cut = {**m, "samples_per_s": statistics.fmean(kept), "samples_per_s_windows": kept,
+           "settling_windows": windows[:drop], "noise_cv": statistics.pstdev(kept) / statistics.fmean(kept),
+           "trial_s": trial_s}
     return cut, k, len(windows)
 
 
