@@ -42,13 +42,17 @@ CASES = {
     "shared-gpu": measurement(
         10, "train", "train", 1500, num_workers=8, noise_cv=0.2, nvml={"throttle_reasons": ["hw_slowdown"]}
     ),
+    # half the compute ceiling, hardly any data wait, the CPUs 97 % busy: the step itself is starved of CPU
+    "cpu-contention": measurement(10, "train", "train", 1000, num_workers=8, data_wait_frac=0.05,
+                                  cpu_util_frac=0.97),
 }
 
 
 FIX_WORDS = {"shared-gpu": "idle GPU", "memory-wall": "accumulation", "h2d-copy": "pin_memory=True",
              "cpu-preprocessing": "on the GPU", "data-starved": "faster storage", "overhead-bound": "larger batch",
              "compute-bound": "the model itself", "unattributed": "profile",
-             "communication-bound": "accumulate gradients", "gpu-preprocessing": "side CUDA stream"}
+             "communication-bound": "accumulate gradients", "gpu-preprocessing": "side CUDA stream",
+             "cpu-contention": "intra-op threads"}
 
 
 @pytest.mark.parametrize("name", VERDICTS)
@@ -63,6 +67,24 @@ def test_every_verdict_on_fixtures(name: str):
     assert verdict.evidence and verdict.fix
     assert verdict.sentence().startswith(f"{name}: ") and "First fix" in verdict.sentence()
     assert FIX_WORDS[name] in verdict.fix  # the fix that fits the cause, not another verdict's
+
+
+@pytest.mark.parametrize("workers_rate,expected", [(580, "cpu-contention"), (900, "data-starved")])
+def test_a_zero_worker_trial_is_data_starved_unless_the_workers_measured_were_no_faster(workers_rate: float,
+                                                                                        expected: str):
+    """Loading in the main process, the loop waits 65 % of the time: adding workers is the data verdict's fix. When
+    the run measured workers that kept the CPUs busy and were no faster (a 2-core box whose model also runs on the
+    CPU), that fix is refuted by the run itself: the CPUs are shared, and the verdict says so with that trial."""
+    zero = measurement(10, "train", "train", 600, data_wait_frac=0.65, cpu_util_frac=0.77)
+    workers = measurement(11, "train", "train", workers_rate, num_workers=4, data_wait_frac=0.08, cpu_util_frac=0.97)
+    verdicts = trial_verdicts(rows_from_measurements([*CEILINGS, zero, workers]), SELECTION)
+    assert verdicts[10].name == expected
+    if expected == "cpu-contention":
+        assert verdicts[11].name == "cpu-contention"  # the workers' own trial: slowed, not waiting on data
+        assert "4 workers, 580.0 samples/s at batch 64, CPU busy 97%: no faster" in verdicts[10].sentence()
+    # workers that left the CPUs free refute nothing: more of them may still help
+    idle = measurement(11, "train", "train", 580, num_workers=4, data_wait_frac=0.5, cpu_util_frac=0.4)
+    assert trial_verdicts(rows_from_measurements([*CEILINGS, zero, idle]), SELECTION)[10].name == "data-starved"
 
 
 def test_device_side_input_work_is_named_only_where_the_step_does_it():

@@ -54,6 +54,23 @@ class Trials:
         best, base = max(pinned, key=lambda o: o.rate), max(unpinned, key=lambda o: o.rate)
         return PinnedGain(best, base, best.rate / base.rate - 1.0) if base.rate > 0 else None
 
+    def workers_no_faster(self, row: TrialRow) -> TrialRow | None:
+        """For an end-to-end trial without loader workers: the fastest trial of the same pipeline with workers (any
+        batch), when it kept the CPUs busy (rules.keeps_cpus_busy) and was no faster beyond both trials' margin:
+        adding workers, the data verdict's fix, was measured and did not help. None otherwise."""
+        if row.mode != "train" or row.knobs.num_workers:
+            return None
+        k = row.knobs
+        with_workers = [o for o in self.rows if o.ok and o.mode == "train" and o.stage != "scaling"
+                        and o.knobs.num_workers > 0 and o.knobs.ranks == k.ranks and o.knobs.compile == k.compile
+                        and o.knobs.extra == k.extra and o.knobs.threads == k.threads]
+        if not with_workers:
+            return None
+        best = max(with_workers, key=lambda o: o.rate)
+        if not rules.keeps_cpus_busy(best):
+            return None
+        return best if best.rate <= row.rate * (1.0 + rules.trial_margin(self.selection, row, best)) else None
+
     def loader_plateau(self, row: TrialRow) -> tuple[TrialRow, TrialRow] | None:
         """The loader ceilings at this trial's worker count and the next smaller one measured (same batch), when
         the larger count is not faster beyond their margin: more workers stopped helping."""
@@ -209,7 +226,8 @@ def _cpu_preprocessing(row: TrialRow, f: Facts, trials: Trials) -> Evidence | No
 
 
 def _data_starved(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
-    if row.mode != "train" or not f.data_bound:
+    # without workers, the fix is to add some, unless the run measured that: then the CPUs are shared
+    if row.mode != "train" or not f.data_bound or trials.workers_no_faster(row) is not None:
         return None
     ev = {**_data_evidence(row, f), "workers": row.knobs.num_workers}
     if f.cpu_busy is not None:
@@ -268,6 +286,26 @@ def _overhead_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     return ev
 
 
+def _cpu_contention(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
+    """With workers: below the compute ceiling, not waiting on data, the CPUs kept busy (the step itself is slowed,
+    by launches a CPU-starved process makes late on a GPU, by its arithmetic on a CPU device). Without: waiting on
+    its own loading, while the trials with workers kept the CPUs busy and were no faster."""
+    if row.mode != "train" or row.knobs.ranks > 1:
+        return None  # several ranks below the ceiling without waiting: gradient sync is the first suspect
+    ev: Evidence = {**({"of compute ceiling": f.of_ceiling} if f.of_ceiling is not None else {}), "data wait": f.wait,
+                    "CPU busy": f.cpu_busy, "usable CPUs": f.cpus}
+    if row.knobs.num_workers:
+        if f.data_bound or not f.trial_saturates or f.of_ceiling is None or f.of_ceiling >= rules.NEAR_CEILING:
+            return None
+        return {**ev, "workers": row.knobs.num_workers}
+    peer = trials.workers_no_faster(row)
+    if peer is None or not f.data_bound:
+        return None
+    return {**ev, "workers": 0, f"with workers (best, trial {peer.number})": (
+        f"{peer.knobs.num_workers} workers, {peer.rate:.1f} {peer.unit}/s at batch {peer.knobs.batch_size}, CPU busy "
+        f"{peer.figure('cpu_util_frac'):.0%}: no faster")}
+
+
 def _compute_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     if row.mode == "compute":
         return {"data wait": f.wait}
@@ -290,7 +328,7 @@ PREDICATES: dict[str, Callable[[TrialRow, Facts, Trials], Evidence | None]] = {
     "shared-gpu": _shared_gpu, "memory-wall": _memory_wall, "h2d-copy": _h2d_copy,
     "cpu-preprocessing": _cpu_preprocessing, "data-starved": _data_starved,
     "communication-bound": _communication_bound, "gpu-preprocessing": _gpu_preprocessing,
-    "overhead-bound": _overhead_bound,
+    "cpu-contention": _cpu_contention, "overhead-bound": _overhead_bound,
     "compute-bound": _compute_bound, "unattributed": _unattributed,
 }
 assert tuple(PREDICATES) == VERDICTS

@@ -4,8 +4,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 VERDICTS: tuple[str, ...] = ("shared-gpu", "memory-wall", "h2d-copy", "cpu-preprocessing", "data-starved",
-                             "communication-bound", "gpu-preprocessing", "overhead-bound", "compute-bound",
-                             "unattributed")
+                             "communication-bound", "gpu-preprocessing", "cpu-contention", "overhead-bound",
+                             "compute-bound", "unattributed")
 """The fixed vocabulary, in precedence order: a trial's predicates are tried in this order and the first that
 holds is its verdict. h2d-copy comes before the data verdicts because a copy bound also makes the loop wait: when
 pinning measurably beats every unpinned config with as many workers or fewer, more workers are not the fix."""
@@ -28,6 +28,11 @@ FIXES: dict[str, str] = {
                          "CUDA stream, as NVIDIA DALI's pipelines do; decode: gpu-overlap in tunekit's image "
                          "pipelines); when they already run ahead, they share the GPU with training: decode at a "
                          "lower resolution, or give part of the work back to the loader workers",
+    "cpu-contention": "the loader and the training step compete for the same CPU cores: the step runs slower than "
+                      "on its own though it does not wait for data (with no workers, the workers measured were no "
+                      "faster): keep to the fewest workers that keep up, cap torch's intra-op threads "
+                      "(search.threads, search.worker_threads) so they and the workers do not oversubscribe the "
+                      "cores, move decoding off the CPU, or train on a GPU when the model runs on the CPU",
     "overhead-bound": "launches and fixed per-step costs dominate: use a larger batch, CUDA graphs via "
                       "torch.compile(mode='reduce-overhead'), or kernel fusion via torch.compile",
     "memory-wall": "cap the batch below the OOM boundary and reach the effective batch with gradient accumulation "
