@@ -461,6 +461,36 @@ def test_fewer_workers_after_a_user_knob_are_found_by_bisection():
     assert (knee.knobs.num_workers, dict(knee.knobs.extra)) == (2, fast)
 
 
+@pytest.mark.parametrize("knob_rate,rechecked", [(930, True), (700, False)])
+def test_a_knobs_knee_at_a_smaller_batch_is_tried_at_the_sweeps_batch_once_the_model_is_the_bound(
+        knob_rate: float, rechecked: bool):
+    """Stage 4b moved the knee from batch 16 to 8 while the loader held both back; a user knob then lifts the
+    input bound. At 930 samples/s the knee reaches 97 % of batch 8's ceiling (960): the model is the bound, and
+    batch 16's ceiling is higher (1000), so the knob's config is tried at 16, once. At 700 (73 %) the input
+    pipeline is still the bound and no larger batch is tried."""
+    extra = {"workload.dataset_args.sample_wait_s": {"values": [0.005, 0.001], "changes_result": False}}
+    cfg = _cfg(**{"search.num_workers": [8], "search.batch_size": [8, 16], "search.pin_memory": [False],
+                  "search.compile": ["none"], "search.prefetch_factor": [2], "search.extra": extra})
+    fast = {"workload.dataset_args.sample_wait_s": 0.001}
+    ms = [_m(0, "compute", "compute", 1000, batch_size=16), _m(1, "compute", "compute", 960),
+          _m(2, "loader", "loader", 500, num_workers=8, batch_size=16),
+          _m(3, "end_to_end", "train", 480, num_workers=8, batch_size=16, data_wait_frac=0.4),
+          _m(4, "end_to_end", "train", 50, batch_size=16), _m(5, "batch", "train", 485, num_workers=8),
+          _m(6, "extra", "train", knob_rate, num_workers=8, extra=fast)]
+    rows = rows_from_measurements(ms)
+    assert _staged._Sweep(cfg, rows, cuda=False).batch == 16
+    nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    if not rechecked:
+        assert nxt == []
+        return
+    assert [(r.stage, r.knobs.batch_size, r.knobs.num_workers, dict(r.knobs.extra)) for r in nxt] == [
+        ("extra", 16, 8, fast)]
+    rows += rows_from_measurements([_m(7, "extra", "train", 990, num_workers=8, batch_size=16, extra=fast)])
+    assert plan.next_requests(cfg, rows, strategy="staged", cuda=False) == []  # once
+    from tunekit.analysis import select_knee
+    assert select_knee(rows, cfg.selection).knee.knobs.batch_size == 16  # 990 is beyond the band of 930
+
+
 def test_the_baseline_is_owed_once_the_batch_is_final_and_only_by_staged_sweeps():
     cfg = _cfg(**{"search.batch_size": [8, 16]})
     half = rows_from_measurements([_m(0, "compute", "compute", 300)])  # batch 16 not measured: the batch may move

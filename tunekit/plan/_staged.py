@@ -383,7 +383,9 @@ def _extra(s: _Sweep) -> list[Request] | None:
     latter only with workers) at the knee, one at a time, each value other than its baseline, when the knee is
     input-bound (skipped with the evidence otherwise: a knob of the pipeline cannot speed up a model
     that is the bound). Then, when a value that keeps the training result beats the knee, its config with fewer
-    workers, the fewest within the band found by bisection (a faster pipeline may need fewer of them)."""
+    workers, the fewest within the band found by bisection (a faster pipeline may need fewer of them), and, when
+    that knee sits at a smaller batch than the sweep's and is no longer input-bound, its config at the sweep's
+    batch (:func:`_batch_after_knobs`)."""
     knobs = extra_knobs(s.cfg)
     if not knobs and not s.search.threads and not s.search.worker_threads:  # null or not searched
         return []
@@ -405,7 +407,7 @@ def _extra(s: _Sweep) -> list[Request] | None:
                                 "bound, so a knob of the pipeline cannot make it faster")]
     if left:
         return left[:1]
-    return _fewer_workers(s, knee, [s.find(r) for r in tries])
+    return _fewer_workers(s, knee, [s.find(r) for r in tries]) or _batch_after_knobs(s)
 
 
 def _fewer_workers(s: _Sweep, knee: TrialRow, tried: list[TrialRow | None]) -> list[Request]:
@@ -432,6 +434,20 @@ def _fewer_workers(s: _Sweep, knee: TrialRow, tried: list[TrialRow | None]) -> l
         within = row.ok and rules.fits(row, s.selection) and row.rate >= target
         lo, hi = (lo, mid) if within else (mid + 1, hi)
     return []
+
+
+def _batch_after_knobs(s: _Sweep) -> list[Request]:
+    """A user knob's knee at a smaller batch than the sweep's (stage 4b moved it there while the input pipeline
+    was the bound) that is no longer input-bound: its config at the sweep's batch, once. The model is the bound
+    now, and the larger batch has the higher compute ceiling that a smaller one gave up for nothing while the loader
+    held both back."""
+    knee, batch = s.knee("accumulation"), s.batch
+    if knee is None or batch is None or knee.stage != "extra" or knee.knobs.batch_size >= batch:
+        return []
+    here, there = _compute_at(s, knee.knobs.batch_size), _compute_at(s, batch)
+    if here is None or there is None or there.rate <= here.rate or rules.input_bound(knee, here):
+        return []
+    return pending([Request("extra", "train", Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))], s.rows)
 
 
 def _accumulation(s: _Sweep) -> list[Request] | None:
