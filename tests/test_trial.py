@@ -206,6 +206,24 @@ def test_the_fork_server_starts_trials_that_stay_isolated(tmp_path: Path):
     assert fresh["params"]["threads"] == 2 and fresh["torch_threads"] == 2  # the thread knob, set
 
 
+def test_a_fork_server_started_ahead_serves_the_first_trial(tmp_path: Path):
+    """The sweep starts the fork server while it prepares the dataset: the first trial is forked by that same
+    server (its imports already paid), not by one started on demand; with trial.fork_server: false none starts."""
+    from tunekit import launcher
+
+    launcher._close_servers()
+    off = sleepy_config(**{"trial.fork_server": False})
+    launcher.start_fork_server(config.from_dict(off).to_dict())
+    assert "server" not in launcher._SERVERS
+    cfg = sleepy_config(**{"trial.measure_windows": 2, "trial.window_s": 0.3})
+    launcher.start_fork_server(config.from_dict(cfg).to_dict())
+    ahead = launcher._SERVERS["server"].proc
+    assert ahead.poll() is None  # importing torch while nothing asks it for a trial yet
+    m = run_trial(_spec(cfg, number=0, batch_size=8), tmp_path / "t", 60)
+    assert m["status"] == "ok" and m["started_by"] == "fork server"
+    assert launcher._SERVERS["server"].proc is ahead and ahead.poll() is None  # the same server served it
+
+
 def test_compute_and_loader_modes(tmp_path: Path):
     cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": 0.02},
                            "workload.dataset_args": {"sample_wait_s": 0.01}})

@@ -27,7 +27,7 @@ from tunekit.config import Config, from_dict
 from tunekit.contract import Knobs, TrialSpec, skipped_measurement
 from tunekit.env import snapshot, sweep_warnings
 from tunekit.errors import UsageError
-from tunekit.launcher import child_env, kill_tree, release_nodes, run_trial, torchrun_command
+from tunekit.launcher import child_env, kill_tree, release_nodes, run_trial, start_fork_server, torchrun_command
 from tunekit.records import TrialRow
 
 __all__ = ["SweepResult", "run_sweep", "run_single", "run_node", "first_knobs", "rebuild", "probe_cuda",
@@ -151,6 +151,7 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
         console.print(f"resuming: {len(sweep.rows)} finished trial(s) in {run_dir / store.STUDY_FILE} are kept")
     try:
         t0 = time.monotonic()
+        start_fork_server(cfg.to_dict())  # its imports run beside the dataset's preparation
         try:
             _prepare_dataset(cfg, console)
         finally:

@@ -260,13 +260,27 @@ def _fork_trial(spec: TrialSpec, argv: list[str], env: dict[str, str], trial_env
     interpreter."""
     if not _forkable(spec):
         return None
+    server = _server(env)
+    return None if server.broken else server.request(argv, trial_env, _preload(spec.config))
+
+
+def _server(env: dict[str, str]) -> _ForkServer:
+    """This process's fork server for ``env``, started when there is none for it yet."""
     server = _SERVERS.get("server")
     if server is not None and server.key != _server_key(env):
         server.close()
         server = None
     if server is None:
         server = _SERVERS["server"] = _ForkServer(env)
-    return None if server.broken else server.request(argv, trial_env, _preload(spec.config))
+    return server
+
+
+def start_fork_server(config: dict[str, Any]) -> None:
+    """Start the fork server before the first trial asks for it, so that its imports (the interpreter, torch, the
+    worker's modules: seconds on a fresh machine) run beside the sweep's dataset preparation rather than inside
+    the first trial. Nothing with ``trial.fork_server: false``."""
+    if bool((config.get("trial") or {}).get("fork_server", True)):
+        _server(child_env())
 
 
 def _preload(config: dict[str, Any]) -> list[str]:
