@@ -132,6 +132,8 @@ def test_the_loader_queues_show_the_ready_batches():
         batches.close()
     plain = _Batches(iter([torch.zeros(1)] * 3), 0)
     assert plain.ready() is None
+    inline = _Batches(DataLoader(dataset, batch_size=4), 0)  # no workers: nothing is made before it is asked for
+    assert inline.ready() == 0
 
 
 def test_the_set_aside_stops_at_an_epochs_end_and_a_persistent_loader_crosses_epochs():

@@ -163,10 +163,12 @@ class _Batches:
 
     def ready(self) -> int | None:
         """How many batches the loader's workers have made that wait to be taken: in the result queues (the
-        workers', and the pin-memory thread's) and those that arrived out of order; None for a loader whose
-        iterator is not this torch's multi-process one. A batch in the pin-memory thread's hands is not seen; a
+        workers', and the pin-memory thread's) and those that arrived out of order; 0 without workers; None for a
+        loader whose iterator is not one of this torch's. A batch in the pin-memory thread's hands is not seen; a
         finite stream's end markers are counted as batches (the set-aside stops at an epoch's end)."""
         it = self.iterator
+        if getattr(it, "_num_workers", None) == 0:
+            return 0  # torch's single-process iterator makes each batch when it is asked for it
         try:
             queues = {id(q): q for q in (it._worker_result_queue, it._data_queue)}.values()
             early = sum(1 for i, info in list(it._task_info.items()) if i >= it._rcvd_idx and len(info) == 2)
