@@ -116,17 +116,16 @@ def _loader(s: _Sweep) -> list[Request] | None:
     return [req.skipped(reason) for req in pending(list(reqs.values()), s.rows)]
 
 
-def _fitting_batches(s: _Sweep, below: int | None = None) -> list[int]:
-    """The searched batch sizes that fit, largest first (those under ``below`` only): each measured one that fits
-    the headroom limit, and each the compute stage left unmeasured under the smallest of those (a smaller batch
-    needs less memory)."""
+def _fitting_batches(s: _Sweep) -> list[int]:
+    """The searched batch sizes that fit, largest first: each measured one that fits the headroom limit, and each
+    the compute stage left unmeasured under the smallest of those (a smaller batch needs less memory)."""
     fitting = {r.knobs.batch_size for r in s.done("compute") if r.ok and rules.fits(r, s.selection)}
     measured = {r.knobs.batch_size for r in s.done("compute")}
     if not fitting:
         return []
     smallest = min(fitting)
-    return sorted((b for b in s.search.batch_size if (b in fitting or (b < smallest and b not in measured))
-                   and (below is None or b < below)), reverse=True)
+    return sorted((b for b in s.search.batch_size if b in fitting or (b < smallest and b not in measured)),
+                  reverse=True)
 
 
 def _compute_at(s: _Sweep, batch: int) -> TrialRow | None:

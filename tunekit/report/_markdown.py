@@ -48,10 +48,9 @@ def _recommendation(s: RunSummary) -> list[str]:
 
 def _costs(s: RunSummary) -> list[str]:
     """What the knee costs beside the best config, the knee before the user's knobs and PyTorch's defaults: the
-    resources a cheaper config saves
-    (loader workers, the CPU time they burn, host and pinned memory, device memory) as each trial measured them:
-    workers, CPU cores and host memory over all ranks; pinned and reserved device memory per GPU (the largest
-    rank), peaks over the whole trial."""
+    resources a cheaper config saves, as each trial measured them after its warm-up. Loader workers, CPU cores
+    busy and host memory (PSS peak over the windows) count all ranks; pinned and reserved device memory are per
+    GPU (the largest rank), peaks since the end of warm-up."""
     k = s.choice.knee
     named = [("knee", k), ("best", s.choice.best), ("knee before your knobs", s.knee_before_extra),
              ("PyTorch defaults", s.defaults)]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from tunekit.analysis import Choice
-from tunekit.records import TrialRow
+from tunekit.records import TrialRow, compute_ceiling
 
 _GIB = 2**30
 
@@ -181,7 +181,9 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
                           []).append(_point(r))
     loader = tuple(sorted((_point(r) for r in rows if r.ok and r.mode == "loader"
                            and (batch is None or r.knobs.batch_size == batch)), key=lambda p: p.workers))
-    compute = [r for r in rows if r.ok and r.mode == "compute" and (batch is None or r.knobs.batch_size == batch)]
+    compute = compute_ceiling(rows, batch) if batch is not None else next(
+        (r for r in rows if r.ok and r.mode == "compute"), None)
+
     def at(row: TrialRow) -> str:
         return "" if row.knobs.batch_size == batch else f", batch {row.knobs.batch_size}"
 
@@ -195,7 +197,7 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
         title=title, series=tuple(Series(label, tuple(v), other) for (other, label), v in groups.items()),
         knee=_point(choice.knee) if choice.knee else None, knee_label=label,
         best=_point(choice.best) if choice.best else None, loader_ceiling=loader,
-        compute_ceiling=compute[0].rate * world if compute else None,
+        compute_ceiling=compute.rate * world if compute else None,
         best_label=f"best{' (' + at(choice.best)[2:] + ')' if choice.best and at(choice.best) else ''}",
         **({} if world == 1 else {"axis": "workers per rank", "loader_label": "loader alone, one rank (ceiling)",
                                   "compute_label": f"compute ceiling x {world} GPUs"}),
