@@ -120,6 +120,20 @@ class _Sweep:
     """Seconds this invocation spent preparing the dataset."""
     earlier: list[dict[str, Any]] = field(default_factory=list)
     """The invocations before this one of a resumed sweep (sweep.json's record of them)."""
+    prepared: bool = False
+
+    def prepare(self) -> None:
+        """Start the fork server and build the dataset, once, before the first trial this invocation launches (a
+        resumed sweep with nothing left to run does neither). The server's imports run beside the preparation."""
+        if self.prepared:
+            return
+        self.prepared = True
+        t0 = time.monotonic()
+        start_fork_server(self.cfg.to_dict())
+        try:
+            _prepare_dataset(self.cfg, self.console)
+        finally:
+            self.dataset_s = time.monotonic() - t0
 
 
 def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: float, resume: bool,
@@ -150,12 +164,6 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
     if sweep.rows:
         console.print(f"resuming: {len(sweep.rows)} finished trial(s) in {run_dir / store.STUDY_FILE} are kept")
     try:
-        t0 = time.monotonic()
-        start_fork_server(cfg.to_dict())  # its imports run beside the dataset's preparation
-        try:
-            _prepare_dataset(cfg, console)
-        finally:
-            sweep.dataset_s = time.monotonic() - t0
         _run_trials(sweep, _Budget(budget_minutes, cfg.budget.max_trials))
         if cfg.launch.nnodes > 1 and not release_nodes(cfg.to_dict()):  # their tunekit node loops end here
             console.print("warning: the other nodes did not answer the release; their tunekit node loops stop after "
@@ -190,6 +198,8 @@ def _run_trials(sweep: _Sweep, budget: _Budget) -> None:
                     if owed is None or not budget.room_for_last(run):
                         return
                     req, last = owed, True
+            if req.skip is None:
+                sweep.prepare()
             bar.starting(req)
             row = _run_one(sweep, req)
             sweep.rows.append(row)
