@@ -68,17 +68,26 @@ def _print(rows: list[dict[str, Any]]) -> None:
 
 
 def sweep_wall(run: Path, trial_wall_s: float) -> str | None:
-    """The sweep's wall time as sweep.json records it, per invocation, and the part outside the trials."""
+    """The sweep's wall time as sweep.json records it, per invocation, and the part outside the trials. An
+    invocation that finished no new trial and was not interrupted (a rerun of a finished sweep) is named apart."""
     path = run / "sweep.json"
     calls = read_json(path).get("invocations", []) if path.exists() else []
     if not calls:
         return None
-    wall = sum(c["wall_s"] for c in calls)
-    dataset = sum(c.get("dataset_s", 0.0) for c in calls)
-    each = " + ".join(f"{c['wall_s']:.0f}" for c in calls)
-    return (f"sweep wall time {wall:.0f} s ({wall / 60:.1f} min) in {len(calls)} invocation(s) ({each} s): "
+    ran, idle, seen = [], [], 0
+    for c in calls:
+        (ran if c.get("trials", 0) > seen or c.get("interrupted") else idle).append(c)
+        seen = max(seen, c.get("trials", 0))
+    wall = sum(c["wall_s"] for c in ran)
+    dataset = sum(c.get("dataset_s", 0.0) for c in ran)
+    each = " + ".join(f"{c['wall_s']:.0f}" for c in ran)
+    line = (f"sweep wall time {wall:.0f} s ({wall / 60:.1f} min) in {len(ran)} invocation(s) ({each} s): "
             f"trials {trial_wall_s:.0f} s, dataset preparation {dataset:.0f} s, the rest (planning, recording, "
             f"the environment snapshot) {max(0.0, wall - trial_wall_s - dataset):.0f} s; outputs excluded")
+    if idle:
+        rerun = " + ".join(f"{c['wall_s']:.0f}" for c in idle)
+        line += f"; {len(idle)} more invocation(s) found nothing left to run ({rerun} s)"
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:

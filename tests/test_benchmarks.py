@@ -68,6 +68,12 @@ def test_time_breakdown_splits_each_trial_into_its_parts(tmp_path):
     line = sweep_wall(tmp_path, 60.0)
     assert "90 s (1.5 min) in 2 invocation(s) (50 + 40 s)" in line and "dataset preparation 21 s" in line
     assert "the rest (planning, recording, the environment snapshot) 9 s" in line
+    # a rerun of the finished sweep is named apart, not added to its time
+    calls.append({"wall_s": 12.0, "dataset_s": 6.0, "trials": 4, "interrupted": False})
+    (tmp_path / "sweep.json").write_text(json.dumps({"invocations": calls}))
+    line = sweep_wall(tmp_path, 60.0)
+    assert "90 s (1.5 min) in 2 invocation(s) (50 + 40 s)" in line
+    assert line.endswith("; 1 more invocation(s) found nothing left to run (12 s)")
 
 
 def test_the_ddp_side_by_side_names_a_config_measured_twice_under_two_names():
