@@ -1,4 +1,5 @@
-"""Where a sweep's time goes: start-up, CUDA init, build, warm-up, measurement and the rest, per stage and in all.
+"""Where a sweep's time goes: start-up, CUDA init, build, loader start, warm-up, measurement, teardown and the
+rest, per stage and in all.
 
     python benchmarks/time_breakdown.py results/h200-resnet50-final-2026-11-29 [more run folders]
 
@@ -8,10 +9,14 @@ subprocess) and prints one table per run:
 - per stage: trials, wall seconds, and the share of each part;
 - the whole: trials per minute of trial wall time, and measurement as a share of it.
 
-"Other" is the launcher's wall time minus the parts the worker timed: interpreter exit, the loader workers'
-shutdown, process reaping. Skipped trials cost nothing and are not counted. Below the table, the sweep's own wall
-time from sweep.json (each invocation of a resumed sweep, the dataset's preparation among it, and what went
-between the trials). Writes time_breakdown.csv beside each run's report when ``--write`` is given.
+"Loader start" is making the DataLoader and starting its iterator (its workers) up to the warm-up, with a compute
+trial's staging of its batch; "teardown" from the last window to the end of the worker's trial (device memory
+read, the loader's workers stopped, the monitor stopped). "Other" is the launcher's wall time minus the parts the
+worker timed: interpreter exit, process reaping, and whatever the worker did not time (measurements written
+before the worker timed loader start and teardown keep those in "other"). Skipped trials cost nothing and are
+not counted. Below the table, the sweep's own wall time from sweep.json (each invocation of a resumed sweep, the
+dataset's preparation among it, and what went between the trials). Writes time_breakdown.csv beside each run's
+report when ``--write`` is given.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from _common import write_csv
 
 from tunekit._files import read_json
 
-PARTS = ("startup_s", "cuda_init_s", "build_s", "warmup_s", "measured_s")
+PARTS = ("startup_s", "cuda_init_s", "build_s", "loop_setup_s", "warmup_s", "measured_s", "teardown_s")
 
 
 def _trial_parts(m: dict[str, Any]) -> dict[str, float]:
@@ -59,8 +64,8 @@ def breakdown(run: Path) -> list[dict[str, Any]]:
 
 
 def _print(rows: list[dict[str, Any]]) -> None:
-    head = ["stage", "trials", "wall s", "start-up", "CUDA init", "build", "warm-up", "measured", "other",
-            "trials/min"]
+    head = ["stage", "trials", "wall s", "start-up", "CUDA init", "build", "loader start", "warm-up", "measured",
+            "teardown", "other", "trials/min"]
     print(f"\n{rows[0]['run']}\n| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
     for r in rows:
         shares = [f"{r[p.removesuffix('_s') + '_share'] or 0:.0%}" for p in (*PARTS, "other_s")]

@@ -61,6 +61,12 @@ def test_time_breakdown_splits_each_trial_into_its_parts(tmp_path):
     assert whole["other_s"] == 13.0
     assert whole["trials_per_min"] == 3.0
     assert rows["end_to_end"]["trials"] == 2 and rows["end_to_end"]["wall_s"] == 50.0
+    # the loader's start and the teardown, where the worker timed them, leave "other"
+    m = json.loads((tmp_path / "trials" / "2" / "measurement.json").read_text())
+    (tmp_path / "trials" / "2" / "measurement.json").write_text(json.dumps({**m, "loop_setup_s": 3.0,
+                                                                              "teardown_s": 4.0}))
+    whole = {r["stage"]: r for r in breakdown(tmp_path)}["all"]
+    assert (whole["loop_setup_s"], whole["teardown_s"], whole["other_s"]) == (3.0, 4.0, 6.0)
     sweep_wall = _load("time_breakdown").sweep_wall
     assert sweep_wall(tmp_path, 60.0) is None  # no sweep.json: nothing to say
     calls = [{"wall_s": 50.0, "dataset_s": 20.0, "trials": 2}, {"wall_s": 40.0, "dataset_s": 1.0, "trials": 4}]

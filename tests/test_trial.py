@@ -70,6 +70,10 @@ def test_tiny_trial_reports_the_contract(tmp_path: Path):
     assert 0 <= m["warmup_set_aside"] <= 2 * 2 and m["warmup_batches"] >= 1 + m["warmup_set_aside"] + 1
     assert 0 < m["headroom"] < 1 and m["headroom_basis"] == "host"
     assert m["epoch_boundary_in_trial"] is False
+    # the parts the worker times lie within its trial time, the loader's start and the teardown among them
+    parts = ("cuda_init_s", "build_s", "loop_setup_s", "warmup_s", "measured_s", "teardown_s")
+    assert all(m[p] >= 0 for p in parts) and m["teardown_s"] > 0
+    assert sum(m[p] for p in parts) <= m["trial_s"]
     assert (tmp_path / "t" / "spec.json").exists() and (tmp_path / "t" / "worker.log").exists()
 
 

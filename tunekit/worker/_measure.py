@@ -630,6 +630,8 @@ class _Setup:
     startup_s: float
     cuda_init_s: float
     ranks: _dist.Ranks | None
+    loader_s: float = 0.0
+    """Making the DataLoader (its workers start with its iterator, in the loop's set-up)."""
 
 
 def _set_up(spec: TrialSpec) -> _Setup:
@@ -654,8 +656,9 @@ def _set_up(spec: TrialSpec) -> _Setup:
         torch.set_num_threads(spec.knobs.threads)
     # The compute ceiling stages one batch on the device: no loader workers may compete with the model.
     knobs = replace(spec.knobs, num_workers=0) if spec.mode == "compute" else spec.knobs
+    t_loader = time.perf_counter()
     loader = make_loader(built.dataset, knobs, device, cfg, None if ranks is None else (ranks.rank, ranks.world))
-    return _Setup(cfg, device, built, knobs, loader, startup_s, cuda_init_s, ranks)
+    return _Setup(cfg, device, built, knobs, loader, startup_s, cuda_init_s, ranks, time.perf_counter() - t_loader)
 
 
 def _trial_config(spec: TrialSpec) -> Config:
@@ -683,10 +686,16 @@ class _Measured:
     sync_share: float | None = None
     stop: dict[str, Any] | None = None
     """Why measuring stopped, and the leading windows left out as still settling."""
+    loop_s: float = 0.0
+    """From here to the warm-up: the loader's iterator started (its workers forked) and the loop set up (a compute
+    trial stages its batch on the device)."""
+    windows_end: float = 0.0
+    """time.perf_counter() when the last window ended; the rest of the trial is teardown."""
 
 
 def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measured:
     """Warm up, then the timed windows."""
+    t_loop = time.perf_counter()
     cfg, device = setup.cfg, setup.device
     cpu = TreeCpu()
     workers = setup.loader_knobs.num_workers
@@ -701,6 +710,7 @@ def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measu
         loop = _train_loop(setup.built, spec, cfg, batches)
         if ranks is not None:
             loop.agree, loop.agree_max = ranks.any, ranks.max
+        loop_s = time.perf_counter() - t_loop
         warm = _warm_up(loop, spec, cfg, device)
         if self_sharded:
             _check_rank_shards(ranks, batches)
@@ -711,12 +721,14 @@ def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measu
         monitor.measuring = True  # no work between warm-up and the first window: the loader would refill
         needed = spec.needed / spec.knobs.ranks if spec.needed is not None else None  # each rank's share
         windows, stop = _windows(loop, cfg, device, spec.knobs.grad_accum, max(1, workers), cpu, needed)
+        windows_end = time.perf_counter()
         warm["warmup_s"] += stop["settling_s"]  # windows left out as still settling were warm-up after all
         monitor.sample_now()
         monitor.measuring = False
         memory = _device_memory(device)
         share = _sync_share(loop, setup, ranks) if ranks is not None and setup.built.ddp is not None else None
-        return _Measured(warm, windows, warmup_peak, memory, batches.epochs_ended, batches.warnings, share, stop)
+        return _Measured(warm, windows, warmup_peak, memory, batches.epochs_ended, batches.warnings, share, stop,
+                         loop_s, windows_end)
     finally:
         # Stop the loader workers now: the closures in `loop` (and a traceback) would keep them alive.
         if loop is not None:
@@ -789,7 +801,9 @@ def measure(spec: TrialSpec) -> dict[str, Any] | None:
         got = _measure_windows(spec, setup, monitor)
     finally:
         monitor.stop()
-    out = _result(spec, setup, got, monitor, time.perf_counter() - t_start)
+    t_done = time.perf_counter()
+    out = _result(spec, setup, got, monitor, t_done - t_start)
+    out["teardown_s"] = t_done - got.windows_end
     if ranks is None:
         return out
     out.update(host=_dist.host(), rank=ranks.rank, local_rank=ranks.local_rank, world=ranks.world,
@@ -820,6 +834,7 @@ def _result(spec: TrialSpec, setup: _Setup, got: _Measured, monitor: Monitor, tr
         "startup_s": setup.startup_s,
         "cuda_init_s": setup.cuda_init_s,
         "build_s": built.build_s,
+        "loop_setup_s": setup.loader_s + got.loop_s,
         "trial_s": trial_s,
         "unit": setup.cfg.workload.unit,
         "epoch_boundary_in_trial": got.epochs_ended > 0,
