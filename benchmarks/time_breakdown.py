@@ -11,12 +11,12 @@ subprocess) and prints one table per run:
 
 "Loader start" is making the DataLoader and starting its iterator (its workers) up to the warm-up, with a compute
 trial's staging of its batch; "teardown" from the last window to the end of the worker's trial (device memory
-read, the loader's workers stopped, the monitor stopped). "Other" is the launcher's wall time minus the parts the
-worker timed: interpreter exit, process reaping, and whatever the worker did not time (measurements written
-before the worker timed loader start and teardown keep those in "other"). Skipped trials cost nothing and are
-not counted. Below the table, the sweep's own wall time from sweep.json (each invocation of a resumed sweep, the
-dataset's preparation among it, and what went between the trials). Writes time_breakdown.csv beside each run's
-report when ``--write`` is given.
+read, a multi-rank DDP trial's gradient-sync probe, the loader's workers stopped, the monitor stopped). "Other" is
+the launcher's wall time minus the parts the worker timed: interpreter exit, process reaping, and whatever the
+worker did not time (measurements written before the worker timed loader start and teardown keep those in
+"other"). Skipped trials cost nothing and are not counted. Below the table, the sweep's own wall time from
+sweep.json (each invocation of a resumed sweep, the dataset's preparation among it, and what went between the
+trials). Writes time_breakdown.csv beside each run's report when ``--write`` is given.
 """
 
 from __future__ import annotations

@@ -690,7 +690,8 @@ class _Measured:
     """From here to the warm-up: the loader's iterator started (its workers forked) and the loop set up (a compute
     trial stages its batch on the device)."""
     windows_end: float = 0.0
-    """time.perf_counter() when the last window ended; the rest of the trial is teardown."""
+    """time.perf_counter() when the last window ended; the rest of the trial is teardown (with a multi-rank DDP
+    trial's gradient-sync probe, :func:`_sync_share`)."""
 
 
 def _measure_windows(spec: TrialSpec, setup: _Setup, monitor: Monitor) -> _Measured:
@@ -801,9 +802,7 @@ def measure(spec: TrialSpec) -> dict[str, Any] | None:
         got = _measure_windows(spec, setup, monitor)
     finally:
         monitor.stop()
-    t_done = time.perf_counter()
-    out = _result(spec, setup, got, monitor, t_done - t_start)
-    out["teardown_s"] = t_done - got.windows_end
+    out = _result(spec, setup, got, monitor, t_start, time.perf_counter())
     if ranks is None:
         return out
     out.update(host=_dist.host(), rank=ranks.rank, local_rank=ranks.local_rank, world=ranks.world,
@@ -814,8 +813,10 @@ def measure(spec: TrialSpec) -> dict[str, Any] | None:
     return _dist.merge(results) if ranks.rank == 0 else None
 
 
-def _result(spec: TrialSpec, setup: _Setup, got: _Measured, monitor: Monitor, trial_s: float) -> dict[str, Any]:
-    """This process's measurement.json: the windows' figures, warm-up and start-up apart, host, device, NVML."""
+def _result(spec: TrialSpec, setup: _Setup, got: _Measured, monitor: Monitor, t_start: float,
+            t_done: float) -> dict[str, Any]:
+    """This process's measurement.json: the windows' figures, warm-up and start-up apart, host, device, NVML; the
+    trial's parts from ``t_start`` (set-up) to ``t_done`` (the teardown's end)."""
     cpus, built, device = cpu_count(), setup.built, setup.device
     warm = got.warm
     result = _summarise(got.windows, cpus, setup.loader_knobs.num_workers)
@@ -835,7 +836,8 @@ def _result(spec: TrialSpec, setup: _Setup, got: _Measured, monitor: Monitor, tr
         "cuda_init_s": setup.cuda_init_s,
         "build_s": built.build_s,
         "loop_setup_s": setup.loader_s + got.loop_s,
-        "trial_s": trial_s,
+        "teardown_s": t_done - got.windows_end,
+        "trial_s": t_done - t_start,
         "unit": setup.cfg.workload.unit,
         "epoch_boundary_in_trial": got.epochs_ended > 0,
         "epochs_ended": got.epochs_ended,
