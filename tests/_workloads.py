@@ -187,3 +187,21 @@ class _ThreadsSeen(torch.utils.data.Dataset):
 
 def threads_seen_dataset(expect: int = 1):
     return _ThreadsSeen(expect)
+
+
+class _BracketedFailure(torch.utils.data.Dataset):
+    """Samples that fail in a loader worker with a message in square brackets, as gloo's errors
+    (``[/__w/pytorch/...]``) and many file errors are: the sweep must print it as text."""
+
+    def __len__(self):
+        return 10_000
+
+    def __getitem__(self, index):
+        if torch.utils.data.get_worker_info() is not None:
+            raise OSError("cannot decode [/data/img1.jpg]: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/"
+                          "tcp/pair.cc:534] Connection closed by peer [bold]")
+        return torch.ones(3, 8, 8), index % 10
+
+
+def bracketed_failure_dataset():
+    return _BracketedFailure()

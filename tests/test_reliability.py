@@ -73,6 +73,22 @@ def test_a_nan_loss_is_diverged_not_a_fast_step(tmp_path: Path):
     assert m["samples_per_s"] is None  # never a candidate for the knee
 
 
+def test_a_failure_message_in_brackets_is_printed_as_text_and_the_sweep_goes_on(write_config, tmp_path: Path):
+    cfg = write_config(sleepy_config(**{"workload.dataset": "tests._workloads:bracketed_failure_dataset",
+                                        "workload.dataset_args": {}, "search.num_workers": [0, 1], "search.batch_size": [4, 8],
+                                        "trial.window_s": 0.3, "strategy": "grid"}))
+    out = tmp_path / "run"
+    done = _cli("sweep", str(cfg), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    for name in ("report.md", "trials.csv", "sweep.json", "recommended.yaml"):
+        assert (out / name).exists(), name
+    assert "MarkupError" not in done.stderr
+    # the reason as the worker raised it, brackets and all, and the log line's [stage/mode] prefix
+    assert "[/data/img1.jpg]" in done.stderr and "[/__w/pytorch/" in done.stderr and "[bold]" in done.stderr
+    assert "[grid/train]" in done.stderr
+    assert "[/data/img1.jpg]" in (out / "report.md").read_text()
+
+
 def _tiny_sweep(write_config, out: Path, **overrides) -> subprocess.CompletedProcess[str]:
     cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid",
                                         **overrides}))

@@ -42,13 +42,23 @@ class SweepResult:
 
 
 def make_console(quiet: bool = False) -> Any:
-    """A stderr console; without a terminal (CI logs) it is wide enough for the trial table."""
+    """A stderr console; without a terminal (CI logs) it is wide enough for the trial table.
+
+    It reads no markup: what it prints holds library and user text (a gloo error's ``[/__w/pytorch/...]``, a path
+    in brackets), which must print as it is. Styles are given as styles (:func:`warn`), never inside the text."""
     from rich.console import Console
 
-    console = Console(stderr=True, quiet=quiet)
+    console = Console(stderr=True, quiet=quiet, markup=False, highlight=False)
     if not console.is_terminal:
-        console = Console(stderr=True, quiet=quiet, width=160)
+        console = Console(stderr=True, quiet=quiet, markup=False, highlight=False, width=160)
     return console
+
+
+def warn(console: Any, line: str, prefix: str = "warning:") -> None:
+    """``prefix line`` with the prefix in yellow; ``line`` is printed as text, whatever brackets it holds."""
+    from rich.text import Text
+
+    console.print(Text.assemble((prefix, "yellow"), " ", line))
 
 
 def probe_cuda(device: str) -> bool:
@@ -158,7 +168,7 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
     write_json_atomic(run_dir / "env.json", env)
     before = sweep_warnings(cfg, env)
     for line in before:
-        console.print(f"[yellow]warning:[/] {line}")
+        warn(console, line)
     sweep = _Sweep(cfg, run_dir, strategy, runs, runs.rows(), probe_cuda(cfg.device), console, started=started,
                    earlier=_invocations(run_dir) if resume else [])
     if sweep.rows:
@@ -231,7 +241,7 @@ def _finish(sweep: _Sweep, env: dict[str, Any], before: list[str]) -> SweepResul
     """Warnings after the sweep, sweep.json, the outputs, and the knee on the study."""
     after = [w for w in sweep_warnings(sweep.cfg, snapshot(), sweep.rows) if w not in before]
     for line in after:
-        sweep.console.print(f"[yellow]warning (after the sweep):[/] {line}")
+        warn(sweep.console, line, "warning (after the sweep):")
     meta = {"strategy": sweep.strategy, "stop_reason": sweep.stop_reason, "interrupted": sweep.interrupted,
             "warnings_before": before, "warnings_after": after,
             "invocations": [*sweep.earlier, {
@@ -375,7 +385,7 @@ def _prepare_dataset(cfg: Config, console: Any) -> None:
         tail = (err.strip().splitlines() or ["no output"])[-1]
         console.print(f"warning: building the dataset failed: {tail}")
         return
-    console.print(f"dataset ready: {out.strip()} samples ({time.monotonic() - t0:.1f} s)", highlight=False)
+    console.print(f"dataset ready: {out.strip()} samples ({time.monotonic() - t0:.1f} s)")
 
 
 class _Progress:
@@ -393,9 +403,11 @@ class _Progress:
         )
 
         self.progress = Progress(
-            TextColumn("[bold]{task.fields[stage]:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[current]}"),
-            TextColumn("[dim]{task.fields[last]}"), console=console, transient=False,
+            # the fields hold knob values and failure reasons: text, never markup
+            TextColumn("{task.fields[stage]:<12}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+            TextColumn("{task.fields[current]}", markup=False),
+            TextColumn("{task.fields[last]}", style="dim", markup=False), console=console, transient=False,
         )
         self.task = self.progress.add_task("sweep", total=total, completed=done, stage="", current="", last="")
 
@@ -414,6 +426,6 @@ class _Progress:
         self.progress.update(self.task, advance=1, total=total, last=last)
         result = f"{row.rate:.1f} {row.unit}/s" if row.ok else f"{row.status}: {row.reason}"
         self.progress.console.print(f"trial {row.number} [{row.stage}/{row.mode}] {row.knobs.describe()}: "
-                                    f"{result}", highlight=False)
+                                    f"{result}")
         for warning in row.measurement.get("warnings") or []:
-            self.progress.console.print(f"[yellow]warning:[/] trial {row.number}: {warning}", highlight=False)
+            warn(self.progress.console, f"trial {row.number}: {warning}")
