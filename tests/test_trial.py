@@ -115,29 +115,40 @@ def test_slow_first_step_and_deep_prefetch_are_not_counted(tmp_path: Path):
 def test_the_loader_queues_show_the_ready_batches():
     """Warm-up sets aside what the loader's queues hold, not what fetch times suggest (a loaded box makes a ready
     fetch slow): after the first batch, 2 workers x prefetch 3 make 6 batches, all shown ready once made; a fetch
-    takes one; a loader of another kind shows nothing (None: the fetch times decide)."""
-    from tunekit.worker._measure import _Batches, _Loop, _set_aside
+    takes one; a loader of another kind shows nothing (None: nothing is set aside)."""
+    from tunekit.worker._loader import LoaderBatches
 
     dataset = sleepy_dataset(sample_wait_s=0.4)  # 1.6 s a batch: none is made while the test takes them
     loader = DataLoader(dataset, batch_size=4, num_workers=2, prefetch_factor=3,
                         sampler=RandomSampler(dataset, num_samples=1 << 20))
-    batches = _Batches(loader, 0)
+    batches = LoaderBatches(loader)
     try:
-        batches()
+        next(batches)
         deadline = time.monotonic() + 30
         while batches.ready() != 6 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert batches.ready() == 6
-        batches()
+        next(batches)
         assert batches.ready() == 5
-        assert _set_aside(_Loop(fetch=batches, work=lambda b: None, count=len, ready=batches.ready), 6) == 5
+        assert _meter(batches, fill=6)._set_aside() == 5
         assert batches.ready() == 0
     finally:
         batches.close()
-    plain = _Batches(iter([torch.zeros(1)] * 3), 0)
-    assert plain.ready() is None
-    inline = _Batches(DataLoader(dataset, batch_size=4), 0)  # no workers: nothing is made before it is asked for
+    plain = LoaderBatches(iter([torch.zeros(1)] * 3))
+    assert plain.ready() is None and _meter(plain, fill=3)._set_aside() == 0
+    inline = LoaderBatches(DataLoader(dataset, batch_size=4))  # no workers: nothing is made before it is asked for
     assert inline.ready() == 0
+
+
+def _meter(batches, fill: int):
+    """A meter on ``batches`` with a set-aside of at most ``fill``."""
+    from tunekit.worker._meter import Meter, MeterSettings
+    from tunekit.worker._monitor import TreeCpu
+
+    settings = MeterSettings(window_s=0.1, measure_windows=1, max_windows=1, precision=None, warmup_steps=0,
+                             fill=fill)
+    return Meter(batches, settings, device=torch.device("cpu"), count=len, cpu=TreeCpu(), ready=batches.ready,
+                 epochs=lambda: batches.epochs_ended)
 
 
 def test_the_set_aside_stops_at_an_epochs_end_and_a_persistent_loader_crosses_epochs():
@@ -147,25 +158,23 @@ def test_the_set_aside_stops_at_an_epochs_end_and_a_persistent_loader_crosses_ep
     through epoch after epoch. A persistent loader (what a user's loader
     factory gets) goes on into its next epoch with the same workers."""
     from tests._workloads import finite_stream
-    from tunekit.worker._measure import _Batches, _Loop, _set_aside
+    from tunekit.worker._loader import LoaderBatches
 
-    batches = _Batches(DataLoader(finite_stream(8), batch_size=2, num_workers=2), 0)
+    batches = LoaderBatches(DataLoader(finite_stream(8), batch_size=2, num_workers=2))
     try:
-        batches()
+        next(batches)
         deadline = time.monotonic() + 30
         while (batches.ready() or 0) < 4 and time.monotonic() < deadline:
             time.sleep(0.05)
-        loop = _Loop(fetch=batches, work=lambda b: None, count=len, ready=batches.ready,
-                     epochs=lambda: batches.epochs_ended)
         # the 3 batches, and the first of the next epoch when worker 1's end marker was already in the queue
-        assert _set_aside(loop, 8) in (3, 4) and batches.epochs_ended <= 1
+        assert _meter(batches, fill=8)._set_aside() in (3, 4) and batches.epochs_ended <= 1
     finally:
         batches.close()
     loader = DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=4, num_workers=2,
                         persistent_workers=True)
-    batches = _Batches(loader, 0)
+    batches = LoaderBatches(loader)
     try:
-        seen = [batches()[0].tolist() for _ in range(5)]
+        seen = [next(batches)[0].tolist() for _ in range(5)]
         assert batches.epochs_ended == 2 and all(len(b) == 4 for b in seen)
     finally:
         batches.close()
@@ -388,11 +397,11 @@ def test_a_dataset_moving_its_batches_ahead_is_moved_beside_the_step(tmp_path: P
 
 
 def test_the_ahead_thread_keeps_order_and_hands_on_its_failure():
-    """_Ahead moves batches in order in a thread of its own, passes an exception on to the step that fetches next,
+    """AheadStream moves batches in order in a thread of its own, passes an exception on to the step that fetches next,
     and close() ends the thread."""
     import threading
 
-    from tunekit.worker._measure import _Ahead
+    from tunekit.worker._ahead import AheadStream
 
     class Ctx:
         device = torch.device("cpu")
@@ -411,19 +420,19 @@ def test_the_ahead_thread_keeps_order_and_hands_on_its_failure():
         threads.add(threading.current_thread().name)
         return batch * 10
 
-    ahead = _Ahead(batches, move, Ctx(), non_blocking=False)
-    assert [ahead().item() for _ in range(3)] == [10, 20, 30]
+    ahead = AheadStream(batches, move, Ctx(), non_blocking=False)
+    assert [next(ahead).item() for _ in range(3)] == [10, 20, 30]
     with pytest.raises(ValueError, match="the loader failed"):
-        ahead()
+        next(ahead)
     ahead.close()
     assert not ahead.thread.is_alive() and threads == {"tunekit-ahead"}
 
 
 def test_the_step_waiting_on_the_ahead_move_is_not_data_wait():
     """While the ahead thread moves (decodes) a batch, a step that waits for it waits on the device-side work, not
-    on the loader: _Ahead counts that apart (device_wait_s), and a wait while the thread waits on the loader stays
+    on the loader: AheadStream counts that apart (device_wait_s), and a wait while the thread waits on the loader stays
     data wait."""
-    from tunekit.worker._measure import _Ahead
+    from tunekit.worker._ahead import AheadStream
 
     class Ctx:
         device = torch.device("cpu")
@@ -432,9 +441,9 @@ def test_the_step_waiting_on_the_ahead_move_is_not_data_wait():
         time.sleep(0.1)
         return batch
 
-    ahead = _Ahead(lambda: torch.zeros(1), slow_move, Ctx(), non_blocking=False)
+    ahead = AheadStream(lambda: torch.zeros(1), slow_move, Ctx(), non_blocking=False)
     for _ in range(3):
-        ahead()
+        next(ahead)
     ahead.close()
     assert ahead.device_wait_s > 0.1  # the first fetch alone waited a whole move
 
@@ -442,9 +451,9 @@ def test_the_step_waiting_on_the_ahead_move_is_not_data_wait():
         time.sleep(0.1)
         return torch.zeros(1)
 
-    ahead = _Ahead(slow_loader, lambda b, c, non_blocking: b, Ctx(), non_blocking=False)
+    ahead = AheadStream(slow_loader, lambda b, c, non_blocking: b, Ctx(), non_blocking=False)
     for _ in range(3):
-        ahead()
+        next(ahead)
     ahead.close()
     assert ahead.device_wait_s < 0.15  # of about 0.3 s waited, on the loader
 

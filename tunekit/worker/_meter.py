@@ -1,0 +1,327 @@
+"""The meter: what one measurement is, around any stream of batches and the step that consumes them.
+
+The meter wraps an iterator of batches and hands them on (``for batch in meter: step(batch)``). Asking it for the
+next batch is the signal that the step on the one before is done: the time spent inside that request is data wait,
+and the time from a batch handed out to the next request is the step, spanned on CUDA by a pair of events (GPU
+busy). It knows nothing about how the loader or the step were built; it reads the device only to synchronise at
+window edges. What it does, in order (docs/measurement.md, "Fidelity rules"):
+
+1. The first batch and its step are timed apart (start-up, compilation).
+2. The pipeline fill is set aside: the batches the source shows ready in its queues after the first step (at most
+   ``fill``) are taken without a step. A source that shows no queues has none set aside.
+3. Warm-up steps, ending once they have taken a window's time (but at least one, three when compiling).
+4. Timed windows of whole optimizer steps and whole loader rounds, until ``rules.window_stop`` says stop (a fixed
+   count, the precision reached, or the interval wholly below the rate the trial needs); then ``rules.settling``
+   cuts the leading windows that were still settling.
+
+The ranks of a multi-rank trial take every decision together (``ranks.any``, ``ranks.max``): they reach the same
+checkpoints, since they step in lockstep.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from tunekit import rules
+from tunekit.worker._monitor import CpuUse, TreeCpu
+
+__all__ = ["Meter", "MeterSettings", "OneProcess", "Reading", "Window", "SourceEnded", "summarise", "MIN_WINDOW_STEPS"]
+
+MIN_WINDOW_STEPS = 3
+"""A window lasts at least the window time and at least this many optimizer steps: with second-long steps a
+window of two or three steps quantises throughput too coarsely to be stable."""
+
+
+class SourceEnded(RuntimeError):
+    """The batches ran out before the measurement was complete."""
+
+
+class Ranks(Protocol):
+    """How the processes of one trial decide together."""
+
+    def any(self, flag: bool) -> bool:
+        """True on every process when ``flag`` is True on any."""
+        ...
+
+    def max(self, value: int) -> int:
+        """The largest ``value`` of the processes, on every process."""
+        ...
+
+
+class OneProcess:
+    """A trial of one process decides alone."""
+
+    def any(self, flag: bool) -> bool:
+        return flag
+
+    def max(self, value: int) -> int:
+        return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeterSettings:
+    """How long to warm up and measure, and the pipeline's shape."""
+
+    window_s: float
+    """Shortest window, in seconds (also the warm-up steps' time cap)."""
+    measure_windows: int
+    """Windows to measure (without ``precision``: exactly these; with it: at least these)."""
+    max_windows: int
+    """Most windows with ``precision``."""
+    precision: float | None
+    """Target relative half-width of the rate's 95 % interval; None: a fixed count of windows."""
+    warmup_steps: int
+    """Optimizer steps of warm-up after the first (at most; they end after ``window_s``)."""
+    compiling: bool = False
+    """The step is compiled: at least 3 warm-up steps (``reduce-overhead`` records CUDA graphs on the 2nd and 3rd)."""
+    grad_accum: int = 1
+    """Micro-batches (batches handed out) per optimizer step."""
+    round_batches: int = 1
+    """A loader round (its worker count): windows end on a multiple of it."""
+    fill: int = 0
+    """Most batches the pipeline holds ready (workers × prefetch, plus what a stream ahead holds); the set-aside
+    takes no more."""
+    needed: float | None = None
+    """The rate (this process's share) the trial must reach to matter; its interval wholly below stops it."""
+
+
+@dataclass
+class Window:
+    """One timed window."""
+
+    wall_s: float
+    steps: int
+    """Optimizer steps."""
+    items: float
+    """Items (in the workload's unit) its batches held."""
+    micro_batches: int
+    data_wait_s: float
+    """Time inside the source's next(), less ``device_wait_s``."""
+    busy_s: float | None
+    """Sum of the CUDA-event spans of the steps; None off CUDA."""
+    cpu: CpuUse
+    device_wait_s: float = 0.0
+    """Time the fetches waited on a stream ahead moving the batch on the device, not on the loader."""
+
+    @property
+    def rate(self) -> float:
+        return self.items / self.wall_s
+
+
+@dataclass
+class Reading:
+    """What the meter measured: the warm-up, the kept windows and why measuring stopped."""
+
+    windows: list[Window] = field(default_factory=list)
+    first_batch_wait_s: float = 0.0
+    first_step_s: float = 0.0
+    set_aside: int = 0
+    warmup_batches: int = 0
+    """Batches the warm-up took: the set-aside ones and the trained ones, the first included."""
+    warmup_s: float = 0.0
+    """From the first request to the first window, plus the windows cut as settling."""
+    stop: dict[str, Any] = field(default_factory=dict)
+    """``stop_reason``, ``windows_measured``, ``settling_windows``, ``settling_s``, ``rate_interval``."""
+    windows_end: float = 0.0
+    """time.perf_counter() when the last window ended."""
+
+    def fields(self, cpus: int, workers: int, compiling: bool) -> dict[str, Any]:
+        """The measurement's fields the meter owns (docs/measurement.md): throughput, noise, waits, GPU busy, CPU,
+        warm-up and stop."""
+        warm = {"warmup_s": self.warmup_s, "warmup_batches": self.warmup_batches,
+                "warmup_set_aside": self.set_aside, "first_batch_wait_s": self.first_batch_wait_s,
+                "first_step_s": self.first_step_s,
+                "compile_s": self.first_step_s - self.first_batch_wait_s if compiling else 0.0}
+        return {**summarise(self.windows, cpus, workers), **warm, **self.stop}
+
+
+class Meter:
+    """Measure the step that consumes ``batches``: iterate the meter instead of the batches.
+
+    Args:
+        batches: the source of batches.
+        settings: warm-up, windows and stops.
+        device: synchronised at window edges; CUDA events span the steps on a CUDA device.
+        count: items a batch holds, in the workload's unit.
+        cpu: the process tree's CPU time, read at window edges.
+        ranks: how the trial's processes decide together.
+        ready: batches the source holds ready without a wait; None when it cannot tell.
+        epochs: epochs the source has ended (the set-aside stops at an epoch's end).
+        device_wait: seconds the source's fetches so far waited on a stream ahead's device work.
+        window_done: called after each window's closing synchronisation (a loss check may raise there).
+        measuring: called once, after the warm-up and right before the first window.
+    """
+
+    def __init__(self, batches: Iterator[Any], settings: MeterSettings, *, device: torch.device,
+                 count: Callable[[Any], float], cpu: TreeCpu, ranks: Ranks | None = None,
+                 ready: Callable[[], int | None] = lambda: None, epochs: Callable[[], int] = lambda: 0,
+                 device_wait: Callable[[], float] = lambda: 0.0, window_done: Callable[[], None] = lambda: None,
+                 measuring: Callable[[], None] = lambda: None):
+        self._batches, self.settings, self.device = batches, settings, device
+        self._count, self._cpu, self._ranks = count, cpu, ranks or OneProcess()
+        self._ready, self._epochs, self._device_wait = ready, epochs, device_wait
+        self._window_done, self._measuring = window_done, measuring
+        self.reading = Reading()
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._run()
+
+    def _next(self) -> Any:
+        try:
+            return next(self._batches)
+        except StopIteration:
+            raise SourceEnded("the batches ended before the measurement was complete") from None
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _run(self) -> Generator[Any, None, None]:
+        reading, t0 = self.reading, time.perf_counter()
+        batch = self._next()
+        reading.first_batch_wait_s = time.perf_counter() - t0
+        yield batch
+        self._sync()
+        reading.first_step_s = time.perf_counter() - t0
+        reading.set_aside = self._set_aside()
+        trained = yield from self._warm_up_steps()
+        self._sync()
+        reading.warmup_batches = reading.set_aside + trained
+        reading.warmup_s = time.perf_counter() - t0
+        self._measuring()
+        yield from self._windows()
+
+    def _set_aside(self) -> int:
+        """Take the batches made during start-up and the first step, which wait ready in the source's queues (at
+        most the fill), without a step; return how many. From there batches arrive at the pipeline's own rate: a
+        step on a ready batch would count throughput the pipeline cannot sustain. The set-aside stops at an epoch's
+        end (a finite stream's end markers sit in the queues like batches)."""
+        taken, epoch = 0, self._epochs()
+        while taken < self.settings.fill and self._epochs() == epoch and (self._ready() or 0) > 0:
+            self._next()
+            taken += 1
+        return taken
+
+    def _warm_up_steps(self) -> Generator[Any, None, int]:
+        """The warm-up steps, for at most a window's time once the fewest are done (a step of seconds has nothing
+        left to warm; what still settles shows in the first windows). The trained batches, the first included,
+        make whole optimizer steps; returns their count."""
+        s = self.settings
+        steps = max(s.warmup_steps, 3) if s.compiling else s.warmup_steps
+        fewest = min(steps, 3 if s.compiling else 1)
+        for _ in range(s.grad_accum - 1):  # the rest of the first batch's optimizer step
+            yield self._next()
+        trained, started = s.grad_accum, time.perf_counter()
+        for done in range(steps):
+            if done >= fewest and self._ranks.any(time.perf_counter() - started >= s.window_s):
+                break
+            for _ in range(s.grad_accum):
+                yield self._next()
+            trained += s.grad_accum
+        return trained
+
+    def _windows(self) -> Generator[Any, None, None]:
+        """The windows until ``rules.window_stop`` stops them, then the settling cut."""
+        s, windows = self.settings, []
+        while True:
+            windows.append((yield from self._window()))
+            reason = rules.window_stop([w.items for w in windows], [w.wall_s for w in windows], s.measure_windows,
+                                       s.max_windows, s.precision, s.needed)
+            if not self._ranks.any(reason is None):
+                break
+        self.reading.windows_end = time.perf_counter()
+        rates = [w.rate for w in windows]
+        drop = self._ranks.max(rules.settling(rates, s.measure_windows, s.precision) if s.precision is not None else 0)
+        kept = windows[drop:]
+        settling_s = sum(w.wall_s for w in windows[:drop])
+        self.reading.windows = kept
+        self.reading.warmup_s += settling_s  # windows cut as still settling were warm-up after all
+        self.reading.stop = {"stop_reason": reason, "windows_measured": len(windows),
+                             "settling_windows": rates[:drop], "settling_s": settling_s,
+                             "rate_interval": rules.rate_interval([w.items for w in kept], [w.wall_s for w in kept])}
+
+    def _window(self) -> Generator[Any, None, Window]:
+        """One window. It ends on a whole round of the loader's workers: batch j and batch j + workers come from the
+        same worker, so a window of whole rounds spans whole production periods of each, and lockstep workers
+        delivering in bursts cannot alias with the window's edges."""
+        s, cuda = self.settings, self.device.type == "cuda"
+        events: list[tuple[Any, Any]] = []
+        self._cpu.begin()
+        self._sync()
+        t0, wait, device0, steps, items = time.perf_counter(), 0.0, self._device_wait(), 0, 0.0
+        while True:
+            for _ in range(s.grad_accum):
+                asked = time.perf_counter()
+                batch = self._next()
+                wait += time.perf_counter() - asked
+                items += self._count(batch)
+                if cuda:
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    yield batch
+                    end.record()
+                    events.append((start, end))
+                else:
+                    yield batch
+            steps += 1
+            if (steps >= MIN_WINDOW_STEPS and (steps * s.grad_accum) % s.round_batches == 0
+                    and self._ranks.any(time.perf_counter() - t0 >= s.window_s)):
+                break
+        self._sync()
+        wall = time.perf_counter() - t0
+        used = self._cpu.end()
+        self._window_done()
+        busy = sum(a.elapsed_time(b) for a, b in events) / 1000.0 if cuda else None
+        device_wait = self._device_wait() - device0
+        return Window(wall, steps, items, steps * s.grad_accum, wait - device_wait, busy, used, device_wait)
+
+
+def _cv(values: list[float]) -> float:
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / mean if len(values) > 1 and mean > 0 else 0.0
+
+
+def summarise(windows: list[Window], cpus: int, workers: int) -> dict[str, Any]:
+    """The windows' figures: throughput and noise, where the loop waited, GPU busy, CPU time (docs/measurement.md)."""
+    rates = [w.rate for w in windows]
+    rate = rules.window_rate([w.items for w in windows], [w.wall_s for w in windows])
+    wall = sum(w.wall_s for w in windows)
+    steps = sum(w.steps for w in windows)
+    items = sum(w.items for w in windows)
+    cpu_s = sum(w.cpu.main_s + w.cpu.workers_s for w in windows)
+    worker_cpu_s = sum(w.cpu.workers_s for w in windows)
+    busy = None if windows[0].busy_s is None else sum(w.busy_s or 0.0 for w in windows) / wall
+    return {
+        "samples_per_s": rate,
+        "samples_per_s_windows": rates,
+        "seconds_windows": [w.wall_s for w in windows],
+        "steps_windows": [w.steps for w in windows],
+        "noise_cv": _cv(rates),
+        "noise_range": (max(rates) - min(rates)) / rate if rate else 0.0,
+        "step_time_s": wall / steps,
+        "sample_time_s": wall / items,
+        "measured_s": wall,
+        "measured_steps": steps,
+        "measured_samples": items,
+        "items_per_batch_mean": items / sum(w.micro_batches for w in windows),
+        # how much the batches' content varied from window to window (0 when every batch counts the same): with
+        # variable-length batches part of the window noise is the data's, not the machine's
+        "items_per_batch_cv": _cv([w.items / w.micro_batches for w in windows]),
+        "data_wait_frac": sum(w.data_wait_s for w in windows) / wall,
+        "device_input_wait_frac": sum(w.device_wait_s for w in windows) / wall,
+        "gpu_busy_frac": None if busy is None else min(1.0, busy),
+        "cpu_util_cores": cpu_s / wall,
+        "cpu_util_frac": cpu_s / wall / cpus,
+        "system_cpu_pct": statistics.fmean(w.cpu.system_pct for w in windows),
+        # What the loader workers did per item: CPU time against the wall time a worker spends per item it
+        # delivers. Decoding workers use most of that time; workers that wait on storage use little of it.
+        "worker_cpu_s": worker_cpu_s if workers else None,
+        "worker_cpu_per_sample_s": worker_cpu_s / items if workers else None,
+        "worker_wall_per_sample_s": workers * wall / items if workers else None,
+    }

@@ -1,0 +1,164 @@
+"""This process's measurement.json: the meter's figures with the trial's identity, set-up, host, device and NVML
+figures (docs/measurement.md)."""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+import psutil
+import torch
+
+from tunekit import __version__
+from tunekit.config import cpu_count, extra_knobs
+from tunekit.contract import TrialSpec
+from tunekit.worker._meter import Reading
+from tunekit.worker._monitor import Monitor
+from tunekit.worker._setup import Setup
+from tunekit.worker._step import moves_ahead
+
+__all__ = ["measurement", "device_memory"]
+
+
+def measurement(spec: TrialSpec, setup: Setup, reading: Reading, monitor: Monitor, *, times: dict[str, float],
+                memory: dict[str, Any], warmup_memory: dict[str, Any], epochs_ended: int, warnings: list[str],
+                sync_share: float | None) -> dict[str, Any]:
+    """The measurement of an ok trial. ``times`` holds ``loop_setup_s``, ``teardown_s`` and ``trial_s``."""
+    cpus, built = cpu_count(), setup.built
+    metered = reading.fields(cpus, setup.loader_knobs.num_workers, spec.knobs.compile != "none")
+    consumed = metered["warmup_batches"] + metered["measured_steps"] * spec.knobs.grad_accum
+    out: dict[str, Any] = {
+        "status": "ok",
+        "reason": "",
+        "number": spec.number,
+        "stage": spec.stage,
+        "mode": spec.mode,
+        "params": {**spec.knobs.to_dict(), "non_blocking": spec.knobs.non_blocking},
+        # the user-defined knobs set away from their baseline that may change what training learns
+        "changes_result": sorted(k.key for k in extra_knobs(setup.cfg)
+                                 if k.changes_result and k.key in dict(spec.knobs.extra)),
+        **metered,
+        "startup_s": setup.startup_s,
+        "cuda_init_s": setup.cuda_init_s,
+        "build_s": built.build_s,
+        **times,
+        "unit": setup.cfg.workload.unit,
+        "epoch_boundary_in_trial": epochs_ended > 0,
+        "epochs_ended": epochs_ended,
+        "warnings": warnings,
+        **_dataset_fields(setup, spec, consumed),
+        **_host_fields(monitor),
+        "cpu_count": cpus,
+        "torch_threads": torch.get_num_threads(),
+        **_device_fields(setup.device),
+        "versions": _versions(),
+    }
+    out.update(_memory_fields(memory, warmup_memory, out))
+    out.update(_nvml_fields(monitor))
+    out.update(sync_share=sync_share, pinned_peak_bytes=_pinned_peak(setup.device))
+    return out
+
+
+def device_memory(device: torch.device) -> dict[str, Any]:
+    """The caching allocator's peaks and the device's total memory; {} off CUDA."""
+    if device.type != "cuda":
+        return {}
+    free, total = torch.cuda.mem_get_info(device)
+    return {
+        "device_mem_total_bytes": total,
+        "device_mem_peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
+        "device_mem_peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
+    }
+
+
+def _cpu_name() -> str:
+    from tunekit.env import cpu_model
+
+    return f"CPU: {cpu_model() or platform.machine()}"
+
+
+def _versions() -> dict[str, Any]:
+    import torchvision
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "tunekit": __version__,
+    }
+
+
+def _pinned_peak(device: torch.device) -> int | None:
+    """Peak bytes held by the pinned-memory host allocator since warm-up (the pin-memory thread's buffers)."""
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    if device.type != "cuda" or stats is None:
+        return None
+    try:
+        return int(stats().get("allocated_bytes.peak", 0)) or None
+    except RuntimeError:
+        return None
+
+
+def _dataset_fields(setup: Setup, spec: TrialSpec, consumed: int) -> dict[str, Any]:
+    """The dataset's length and the passes over it the trial made (None for a dataset without a length), and
+    whether each measured step moved its batch with the dataset's own ``batch_to_device``."""
+    dataset = setup.built.dataset
+    # a dataset that moves its batches itself (decode: gpu) does input work on the device inside each step, or one
+    # batch ahead beside it (decode: gpu-overlap)
+    on_device = spec.mode == "train" and hasattr(dataset, "batch_to_device")
+    ahead = on_device and moves_ahead(setup.built, spec)
+    try:
+        length = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        return {"dataset_len": None, "dataset_passes": None, "input_on_device": on_device, "input_ahead": ahead}
+    batches = consumed if spec.mode != "compute" else 1
+    return {"dataset_len": length, "dataset_passes": batches * spec.knobs.batch_size / length if length else None,
+            "input_on_device": on_device, "input_ahead": ahead}
+
+
+def _host_fields(monitor: Monitor) -> dict[str, Any]:
+    return {
+        "host_mem_peak_bytes": monitor.host_pss_peak_measured or monitor.host_pss_peak,
+        "host_mem_peak_trial_bytes": monitor.host_pss_peak,
+        "host_mem_rss_sum_peak_bytes": monitor.host_rss_peak,
+        "host_mem_total_bytes": psutil.virtual_memory().total,
+        "host_processes": monitor.max_processes,
+    }
+
+
+def _device_fields(device: torch.device) -> dict[str, Any]:
+    cuda = device.type == "cuda"
+    return {
+        "device": str(device),
+        "device_uuid": str(torch.cuda.get_device_properties(device).uuid) if cuda else None,
+        "device_name": torch.cuda.get_device_name(device) if cuda else _cpu_name(),
+    }
+
+
+def _nvml_fields(monitor: Monitor) -> dict[str, Any]:
+    nvml = monitor.nvml_summary()
+    return {
+        "nvml": nvml,
+        "nvml_util_gpu_pct": nvml.get("utilization_gpu_pct", {}).get("mean") if nvml else None,
+        "nvml_mem_used_peak_bytes": nvml.get("memory_used_bytes", {}).get("max") if nvml else None,
+    }
+
+
+def _memory_fields(memory: dict[str, Any], warmup: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    if not memory:  # CPU: the memory that can run out is the host's
+        return {
+            "device_mem_total_bytes": None,
+            "device_mem_peak_allocated_bytes": None,
+            "device_mem_peak_reserved_bytes": None,
+            "device_mem_warmup_peak_reserved_bytes": None,
+            "headroom": 1.0 - out["host_mem_peak_bytes"] / out["host_mem_total_bytes"],
+            "headroom_basis": "host",
+        }
+    return {
+        **memory,
+        "device_mem_warmup_peak_reserved_bytes": warmup["device_mem_peak_reserved_bytes"],
+        "headroom": 1.0 - memory["device_mem_peak_reserved_bytes"] / memory["device_mem_total_bytes"],
+        "headroom_basis": "device",
+    }

@@ -1,0 +1,141 @@
+"""The built-in step of each trial mode, and the batches it is fed (their fetch is data wait).
+
+* ``train``: the loader's batches, moved onto the device in the step (or one batch ahead, beside it); forward and
+  backward under autocast, the optimizer step every ``grad_accum`` batches.
+* ``compute``: one batch staged on the device before warm-up, again and again; the same step without the move.
+* ``loader``: the loader's batches; the step is the host-to-device copy only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tunekit.config import Config
+from tunekit.contract import TrialSpec
+from tunekit.worker._ahead import AheadStream
+from tunekit.worker._build import Built, to_device
+from tunekit.worker._loader import LoaderBatches
+from tunekit.workloads import resolve
+
+__all__ = ["TrialStep", "trial_step", "check_loss", "moves_ahead", "Diverged"]
+
+
+class Diverged(RuntimeError):
+    """The loss went NaN or Inf: the trial's steps are not training steps, however fast they are."""
+
+
+@dataclass
+class TrialStep:
+    """A trial's batches and the step that consumes them (``for batch in meter: step.run(batch)``)."""
+
+    batches: Iterator[Any]
+    run: Callable[[Any], None]
+    count: Callable[[Any], float]
+    """Items a batch holds, in the workload's unit."""
+    ready: Callable[[], int | None]
+    """Batches ready without a wait (the loader's queues, and a stream ahead's)."""
+    queued: int = 0
+    """Batches the batches hold beyond the loader's fill (a stream ahead's)."""
+    device_wait: Callable[[], float] = lambda: 0.0
+    """Seconds the fetches so far waited on a stream ahead's device work rather than on the loader."""
+    close: Callable[[], None] = lambda: None
+    """Stops what runs beside the step (a stream ahead), before the loader stops."""
+    micro: int = 0
+    """Batches trained so far; the optimizer steps every grad_accum of them."""
+    loss: Any = None
+    """The last batch's loss, still on the device: checked at window edges only (no sync per step)."""
+
+
+def moves_ahead(built: Built, spec: TrialSpec) -> bool:
+    """Whether a training trial runs the dataset's ``batch_to_device`` one batch ahead (``batch_to_device_ahead``)."""
+    return spec.mode == "train" and bool(getattr(built.dataset, "batch_to_device_ahead", False))
+
+
+def _counter(cfg: Config, batch_size: int) -> Callable[[Any], float]:
+    if cfg.workload.count is None:
+        return lambda batch: batch_size
+    count = resolve(cfg.workload.count)
+    return lambda batch: float(count(batch))
+
+
+def trial_step(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches) -> TrialStep:
+    """The step of ``spec.mode`` on ``loader``'s batches."""
+    knobs, ctx = spec.knobs, built.ctx
+    count = _counter(cfg, knobs.batch_size)
+    # a dataset may bring its own way onto the device (a built-in image pipeline with decode: gpu decodes and
+    # augments there): part of the training step, and done once for the staged batch of the compute ceiling
+    move = getattr(built.dataset, "batch_to_device", None) or to_device
+    ahead = moves_ahead(built, spec)
+    if spec.mode == "compute":  # one batch staged on the device: counted once, on the host
+        first = next(loader)
+        items = count(first)
+        staged = move(first, ctx, non_blocking=False)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        step = TrialStep(batches=itertools.repeat(staged), run=lambda b: None, count=lambda b: items,
+                         ready=lambda: 0)
+    elif ahead:
+        # the dataset's count reads the batch as the loader made it: count it before the move, in the thread
+        stream = AheadStream(loader, lambda b, c, non_blocking: (move(b, c, non_blocking=non_blocking), count(b)),
+                             ctx, knobs.non_blocking)
+        step = TrialStep(batches=stream, run=lambda b: None, count=lambda b: b[1],
+                         ready=lambda: stream.ready(loader.ready()), queued=AheadStream.QUEUED,
+                         device_wait=lambda: stream.device_wait_s, close=stream.close)
+    else:
+        step = TrialStep(batches=loader, run=lambda b: None, count=count, ready=loader.ready)
+
+    def train(batch: Any) -> None:
+        if ahead:
+            batch = batch[0]
+        elif spec.mode != "compute":
+            batch = move(batch, ctx, non_blocking=knobs.non_blocking)
+        ctx.micro_step = step.micro
+        # DDP: a batch that does not end the accumulation skips the gradient all-reduce (forward included, as
+        # no_sync requires), so accumulation really syncs once per optimizer step
+        accumulating = built.ddp is not None and (step.micro + 1) % knobs.grad_accum != 0
+        with built.ddp.no_sync() if accumulating else contextlib.nullcontext():
+            with built.autocast():
+                loss = built.step_fn(built.model, batch, ctx)
+            step.micro += 1
+            if cfg.workload.step_updates:  # the step did backward and the optimizer step itself
+                step.loss = loss.detach() if isinstance(loss, torch.Tensor) else None
+                return
+            _update(built, step, loss / knobs.grad_accum, knobs.grad_accum)
+
+    def copy_only(batch: Any) -> None:
+        to_device(batch, ctx, non_blocking=knobs.non_blocking)
+
+    step.run = copy_only if spec.mode == "loader" else train
+    return step
+
+
+def _update(built: Built, step: TrialStep, loss: torch.Tensor, grad_accum: int) -> None:
+    """Backward, and the optimizer step when the accumulation completes (through the fp16 scaler if any)."""
+    step.loss = loss.detach()
+    scaler, optimizer = built.scaler, built.optimizer
+    if scaler is not None:
+        scaler.scale(loss).backward()
+    else:
+        loss.backward()
+    if step.micro % grad_accum == 0:
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def check_loss(step: TrialStep, any_rank: Callable[[bool], bool] = bool) -> None:
+    """Raise :class:`Diverged` when the last loss is not finite (after a window's sync: no extra sync); on every
+    rank when it is so on any (``any_rank``)."""
+    bad = step.loss is not None and not bool(torch.isfinite(step.loss).all())
+    if any_rank(bad):
+        where = f"the loss is {step.loss.float().item()}" if bad else "another rank's loss is not finite"
+        raise Diverged(f"{where} at micro-batch {step.micro} (a NaN or Inf loss: the steps do not train)")
