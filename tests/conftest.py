@@ -34,17 +34,18 @@ def measurement(number: int, stage: str, mode: str, rate: float | None, *, statu
                 num_workers: int = 0, prefetch_factor: int | None = None, pin_memory: bool = False,
                 batch_size: int = 64, grad_accum: int = 1, compile: str = "none", ranks: int = 1,
                 **extra: Any) -> dict[str, Any]:
-    """A measurement.json as a trial writes it, for analysis, plan, diagnosis and plot tests. A quiet trial by
-    default (1 % window noise, half the memory free, 30 % of 16 CPUs, no data wait); ``extra`` sets any field, but a
-    mapping under ``extra`` is the trial's user-defined knobs (``Knobs.to_dict()`` passes them so)."""
+    """A measurement.json (version 2) as the launcher writes it, for analysis, plan, diagnosis and plot tests. A
+    quiet trial by default (1 % window noise, half the memory free, 30 % of 16 CPUs, no data wait); ``extra`` sets
+    any field, but a mapping under ``extra`` is the trial's user-defined knobs (``Knobs.to_dict()`` passes them
+    so)."""
     ok = status == "ok"
     params = {"num_workers": num_workers, "prefetch_factor": (prefetch_factor or 2) if num_workers else None,
               "pin_memory": pin_memory, "batch_size": batch_size, "grad_accum": grad_accum, "compile": compile,
               "ranks": ranks, "extra": extra.pop("extra", None) or {}}
     base: dict[str, Any] = {
-        "number": number, "stage": stage, "mode": mode, "status": status, "reason": "" if ok else status,
-        "params": params, "samples_per_s": rate if ok else None, "noise_cv": 0.01, "headroom": 0.5,
-        "samples_per_s_windows": [rate * 0.98, rate, rate * 1.01] if ok and rate else None,
+        "version": 2, "number": number, "stage": stage, "mode": mode, "status": status,
+        "reason": "" if ok else status, "params": params, "rate": rate if ok else None, "noise_cv": 0.01,
+        "headroom": 0.5, "rate_windows": [rate * 0.98, rate, rate * 1.01] if ok and rate else None,
         "cpu_count": 16, "cpu_util_frac": 0.3, "data_wait_frac": 0.0, "compile_s": 0.0,
     }
     return {**base, **extra}

@@ -26,7 +26,7 @@ def test_knee_cases(name: str):
         return
     assert result.knee is not None, result.reason
     assert result.knee.knobs.num_workers == case["expect_workers"], result.reason
-    raw = {t["number"]: t["samples_per_s"] for t in case["trials"]}
+    raw = {t["number"]: t["rate"] for t in case["trials"]}
     assert result.ratio == pytest.approx(raw[result.knee.number] / raw[result.best.number])
     assert 0 < result.ratio <= 1
     if "expect_best_workers" in case:
@@ -49,16 +49,16 @@ def test_noise_widens_the_band():
 
 def test_cost_order_prefers_unpinned_and_less_prefetch():
     t = CASES["plateau"]["trials"][2]
-    variants = [{**t, "number": 10, "params": {**t["params"], "pin_memory": True}, "samples_per_s": 301},
-                {**t, "number": 11, "params": {**t["params"], "prefetch_factor": 4}, "samples_per_s": 302}, t]
+    variants = [{**t, "number": 10, "params": {**t["params"], "pin_memory": True}, "rate": 301},
+                {**t, "number": 11, "params": {**t["params"], "prefetch_factor": 4}, "rate": 302}, t]
     result = select_knee(rows_from_measurements(variants), SELECTION)
     assert result.knee.number == t["number"]
 
 
 def test_choose_batch_takes_the_smallest_within_tolerance_that_fits():
     def compute(n, batch, sps, headroom=0.5, status="ok"):
-        return {"number": n, "stage": "compute", "mode": "compute", "status": status,
-                "params": {"batch_size": batch}, "samples_per_s": sps, "noise_cv": 0.01, "headroom": headroom}
+        return {"version": 2, "number": n, "stage": "compute", "mode": "compute", "status": status,
+                "params": {"batch_size": batch}, "rate": sps, "noise_cv": 0.01, "headroom": headroom}
     rows = rows_from_measurements([compute(0, 64, 800), compute(1, 128, 990), compute(2, 256, 1000),
                                    compute(3, 512, 1100, headroom=0.05)])
     assert choose_batch(rows, SELECTION) == 128
@@ -69,7 +69,8 @@ def test_trials_frame_has_one_row_per_trial_with_knobs_and_status():
     frame = trials_frame(rows_from_measurements(CASES["one_point"]["trials"]))
     assert list(frame["number"]) == [0, 1]
     assert {"stage", "num_workers", "prefetch_factor", "pin_memory", "batch_size", "grad_accum", "compile",
-            "status", "reason", "samples_per_s"} <= set(frame.columns)
+            "status", "reason", "rate", "unit", "version"} <= set(frame.columns)
+    assert "samples_per_s" not in frame.columns
     assert frame.loc[1, "status"] == "oom" and "out of memory" in frame.loc[1, "reason"]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from tests.conftest import measurement, sleepy_config
 from tunekit import config
 from tunekit.config import Selection
-from tunekit.contract import Knobs, TrialSpec
+from tunekit.contract import Knobs, Measurement, TrialSpec
 from tunekit.diagnosis import VERDICTS, run_verdicts, trial_verdicts
 from tunekit.env import environment_warnings
 from tunekit.launcher import run_trial
@@ -192,11 +193,11 @@ def test_environment_warnings():
     assert environment_warnings({"cpu": {"affinity": 8}, "gpus": []}, max_workers=4) == []
 
 
-def _trial(tmp: Path, cfg: dict, n: int, mode: str, **knobs) -> dict:
+def _trial(tmp: Path, cfg: dict, n: int, mode: str, **knobs) -> Measurement:
     spec = TrialSpec(number=n, stage=mode, mode=mode, knobs=Knobs(**knobs), config=config.from_dict(cfg).to_dict())
     m = run_trial(spec, tmp / str(n), 60)
-    assert m["status"] == "ok", m
-    return {**m, "number": n}
+    assert m.status == "ok", m
+    return dataclasses.replace(m, number=n)
 
 
 def test_real_cpu_scenarios(tmp_path: Path):

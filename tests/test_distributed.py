@@ -30,18 +30,18 @@ def test_two_ranks_give_twice_one_rank(tmp_path: Path):
     cfg = sleepy_config(**SLEEPY)
     one = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=8), tmp_path / "one", 120)
     two = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=8, ranks=2), tmp_path / "two", 120)
-    assert one["status"] == "ok" and two["status"] == "ok", (one.get("reason"), two.get("reason"))
-    assert "ranks" not in one and two["ranks"] == 2 and two["nodes"] == 1
-    ratio = two["samples_per_s"] / one["samples_per_s"]
+    assert one.status == "ok" and two.status == "ok", (one.reason, two.reason)
+    assert one.ranks is None and two.ranks == 2 and two.nodes == 1
+    ratio = two.rate / one.rate
     assert 1.7 <= ratio <= 2.2, ratio
-    per_rank = two["per_rank"]
+    per_rank = two.per_rank or []
     assert [p["rank"] for p in per_rank] == [0, 1]
-    assert two["samples_per_s"] == pytest.approx(sum(p["samples_per_s"] for p in per_rank), rel=0.05)
-    assert two["step_time_s"] == max(p["step_time_s"] for p in per_rank)  # the slowest rank sets the pace
-    assert 0.0 <= two["sync_share"] < 1.0 and two["workers_total"] == 4
+    assert two.rate == pytest.approx(sum(p["rate"] for p in per_rank), rel=0.05)
+    assert two.step_time_s == max(p["step_time_s"] for p in per_rank)  # the slowest rank sets the pace
+    assert 0.0 <= two.sync_share < 1.0 and two.workers_total == 4
     # host memory: the node's whole tree (torchrun, both ranks, their four workers), more than one rank's own
-    assert two["host_processes"] >= 7
-    assert two["host_mem_peak_bytes"] > max(p["host_mem_peak_bytes"] for p in per_rank)
+    assert two.host_processes >= 7
+    assert two.host_mem_peak_bytes > max(p["host_mem_peak_bytes"] for p in per_rank)
 
 
 def _trial_processes(trial_dir: Path) -> list[psutil.Process]:
@@ -59,7 +59,7 @@ def test_timeout_kills_torchrun_every_rank_and_their_workers(tmp_path: Path):
                                                                "hang_at": 3, "pid_dir": str(pids)}})
     t0 = time.monotonic()
     m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4, ranks=2), tmp_path / "t", 14)
-    assert m["status"] == "timeout"
+    assert m.status == "timeout"
     assert time.monotonic() - t0 < 45
     loader_pids = [int(p.name) for p in pids.iterdir()]
     assert len(loader_pids) >= 2  # workers of the ranks served samples before one hung
@@ -72,8 +72,8 @@ def test_timeout_kills_torchrun_every_rank_and_their_workers(tmp_path: Path):
 def test_a_crashed_rank_is_crashed_with_its_message(tmp_path: Path):
     cfg = sleepy_config(**{**SLEEPY, "workload.step": "tests._workloads:rank1_raises_step"})
     m = run_trial(_spec(cfg, num_workers=0, batch_size=4, ranks=2), tmp_path / "t", 120)
-    assert m["status"] == "crashed", m
-    assert m["reason"].startswith("rank 1: ") and "rank one's step broke" in m["reason"]
+    assert m.status == "crashed", m
+    assert m.reason.startswith("rank 1: ") and "rank one's step broke" in m.reason
     assert not _trial_processes(tmp_path / "t")
 
 
@@ -159,9 +159,9 @@ def test_two_nodes_of_one_rank_on_localhost(tmp_path: Path):
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         m = run_trial(_spec(raw, num_workers=2, prefetch_factor=2, batch_size=8, ranks=2), tmp_path / "t", 120)
-        assert m["status"] == "ok", m
-        assert m["ranks"] == 2 and m["nodes"] == 2 and [p["rank"] for p in m["per_rank"]] == [0, 1]
-        assert len({p["host"] for p in m["per_rank"]}) == 2  # one node each (the same machine here)
+        assert m.status == "ok", m
+        assert m.ranks == 2 and m.nodes == 2 and [p["rank"] for p in m.per_rank] == [0, 1]
+        assert len({p["host"] for p in m.per_rank}) == 2  # one node each (the same machine here)
         assert release_nodes(config.from_dict(raw).to_dict())
         out, _ = follower.communicate(timeout=60)
     finally:

@@ -31,13 +31,13 @@ def test_cuda_trial_fills_gpu_fields(tmp_path: Path):
     spec = TrialSpec(number=0, stage="test", mode="train", config=cfg,
                      knobs=Knobs(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=64))
     m = run_trial(spec, tmp_path / "t", 120)
-    assert m["status"] == "ok", m
-    assert 0 < m["gpu_busy_frac"] <= 1
-    assert m["nvml"]["samples"] > 0 and m["nvml_util_gpu_pct"] is not None
-    assert 0 < m["device_mem_peak_allocated_bytes"] <= m["device_mem_peak_reserved_bytes"]
-    assert m["device_mem_peak_reserved_bytes"] < m["device_mem_total_bytes"]
-    assert m["headroom_basis"] == "device" and 0 < m["headroom"] < 1
-    assert m["device"].startswith("cuda")
+    assert m.status == "ok", m
+    assert 0 < m.gpu_busy_frac <= 1
+    assert m.nvml["samples"] > 0 and m.nvml_util_gpu_pct is not None
+    assert 0 < m.device_mem_peak_allocated_bytes <= m.device_mem_peak_reserved_bytes
+    assert m.device_mem_peak_reserved_bytes < m.device_mem_total_bytes
+    assert m.headroom_basis == "device" and 0 < m.headroom < 1
+    assert m.device.startswith("cuda")
 
 
 def test_cuda_oom_is_classified(tmp_path: Path):
@@ -47,7 +47,7 @@ def test_cuda_oom_is_classified(tmp_path: Path):
     spec = TrialSpec(number=0, stage="test", mode="compute", config=config.from_dict(cfg).to_dict(),
                      knobs=Knobs(batch_size=2048))
     m = run_trial(spec, tmp_path / "t", 300)
-    assert m["status"] == "oom", m
+    assert m.status == "oom", m
 
 
 def _gpus() -> int:
@@ -62,17 +62,17 @@ def test_two_ranks_over_nccl_one_gpu_each(tmp_path: Path):
     knobs = dict(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=64)
     two = run_trial(TrialSpec(number=0, stage="test", mode="train", config=cfg, knobs=Knobs(ranks=2, **knobs)),
                     tmp_path / "two", 180)
-    assert two["status"] == "ok", two
-    assert two["backend"] == "nccl" and two["ranks"] == 2
-    assert sorted(p["device"] for p in two["per_rank"]) == ["cuda:0", "cuda:1"]
-    assert 0.0 <= two["sync_share"] < 1.0
-    assert all(p["pinned_peak_bytes"] for p in two["per_rank"])  # the pin-memory thread's buffers, per rank
-    assert 0 < two["headroom"] < 1 and two["gpu_busy_frac"] > 0
+    assert two.status == "ok", two
+    assert two.backend == "nccl" and two.ranks == 2
+    assert sorted(p["device"] for p in two.per_rank) == ["cuda:0", "cuda:1"]
+    assert 0.0 <= two.sync_share < 1.0
+    assert all(p["pinned_peak_bytes"] for p in two.per_rank)  # the pin-memory thread's buffers, per rank
+    assert 0 < two.headroom < 1 and two.gpu_busy_frac > 0
     # accumulation syncs once per two micro-batches: the share of a micro-step spent in sync cannot grow
     accum = run_trial(TrialSpec(number=1, stage="test", mode="train", config=cfg,
                                 knobs=Knobs(ranks=2, grad_accum=2, **knobs)), tmp_path / "accum", 180)
-    assert accum["status"] == "ok", accum
-    print("sync share: accum 1", two["sync_share"], "accum 2", accum["sync_share"])
+    assert accum.status == "ok", accum
+    print("sync share: accum 1", two.sync_share, "accum 2", accum.sync_share)
 
 
 def test_cuda_trials_forked_by_the_fork_server_and_its_refusal(tmp_path: Path):
@@ -83,15 +83,15 @@ def test_cuda_trials_forked_by_the_fork_server_and_its_refusal(tmp_path: Path):
     spec = TrialSpec(number=0, stage="test", mode="train", config=cfg,
                      knobs=Knobs(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=64))
     forked = run_trial(spec, tmp_path / "forked", 120)
-    assert forked["status"] == "ok" and forked["started_by"] == "fork server", forked
+    assert forked.status == "ok" and forked.started_by == "fork server", forked
     cuda_at_import = _cnn_config()
     cuda_at_import["workload"]["loss"] = "tests._cuda_at_import:loss"
     spec = TrialSpec(number=1, stage="test", mode="train",
                      config=config.from_dict(cuda_at_import, check_imports=False).to_dict(),
                      knobs=Knobs(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=64))
     fresh = run_trial(spec, tmp_path / "fresh", 120)
-    assert fresh["status"] == "ok" and fresh["started_by"] == "interpreter", fresh
-    assert "initialised CUDA" in fresh["fork_server_refused"]
+    assert fresh.status == "ok" and fresh.started_by == "interpreter", fresh
+    assert "initialised CUDA" in fresh.fork_server_refused
 
 
 @pytest.mark.parametrize("decode", ["gpu", "gpu-overlap"])
@@ -108,8 +108,8 @@ def test_jpegs_decoded_and_augmented_on_the_gpu(tmp_path: Path, decode: str):
         knobs = Knobs(num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=True, batch_size=64)
         m = run_trial(TrialSpec(number=number, stage="test", mode=mode, config=resolved, knobs=knobs),
                       tmp_path / mode, 300)
-        assert m["status"] == "ok", m
-        assert m["samples_per_s"] > 0 and 0 < m["gpu_busy_frac"] <= 1
-        assert m["input_on_device"] is (mode == "train")  # what the gpu-preprocessing verdict reads
-        assert m["input_ahead"] is (mode == "train" and decode == "gpu-overlap")
-        assert 0 <= m["device_input_wait_frac"] <= 1
+        assert m.status == "ok", m
+        assert m.rate > 0 and 0 < m.gpu_busy_frac <= 1
+        assert m.input_on_device is (mode == "train")  # what the gpu-preprocessing verdict reads
+        assert m.input_ahead is (mode == "train" and decode == "gpu-overlap")
+        assert 0 <= m.device_input_wait_frac <= 1

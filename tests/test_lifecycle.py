@@ -133,6 +133,7 @@ def test_the_time_budget_ends_with_the_baseline_it_kept_room_for(monkeypatch: py
 
     from tests.conftest import measurement
     from tunekit import config, driver
+    from tunekit.contract import Measurement
     from tunekit.records import TrialRow
 
     clock = [0.0]
@@ -145,7 +146,7 @@ def test_the_time_budget_ends_with_the_baseline_it_kept_room_for(monkeypatch: py
         rate = {"compute": 400.0, "loader": 100.0 * k.num_workers}.get(req.mode, 80.0 if not k.num_workers else 400.0)
         m = measurement(len(sweep.rows), req.stage, req.mode, None if req.skip else rate,
                         status="skipped" if req.skip else "ok", launcher_wall_s=took, **k.to_dict())
-        return TrialRow.from_measurement(m)
+        return TrialRow.from_measurement(Measurement.from_dict(m))
 
     monkeypatch.setattr(driver, "_run_one", run_one)
     cfg = config.from_dict(sleepy_config(**{"search.num_workers": [0, 2, 6, 8], "search.pin_memory": [False]}))

@@ -40,45 +40,45 @@ def _trial(tmp_path: Path, name: str, knobs: dict | None = None, **overrides) ->
 
 def test_dict_batches_with_a_padding_collate_are_measured_in_tokens(tmp_path: Path):
     m = _trial(tmp_path, "text", {"num_workers": 2, "batch_size": 8}, **TEXT)
-    assert m["status"] == "ok", m
-    assert m["unit"] == "tokens"
+    assert m.status == "ok", m
+    assert m.unit == "tokens"
     # 5-60 words a document, under 64 tokens after truncation: the mean tokens per batch of 8 lies in between
-    assert 8 * 5 <= m["items_per_batch_mean"] <= 8 * 64
-    assert m["samples_per_s"] == pytest.approx(m["measured_samples"] / m["measured_s"], rel=0.2)
-    assert m["measured_samples"] == pytest.approx(m["items_per_batch_mean"] * m["measured_steps"])
+    assert 8 * 5 <= m.items_per_batch_mean <= 8 * 64
+    assert m.rate == pytest.approx(m.measured_items / m.measured_s, rel=0.2)
+    assert m.measured_items == pytest.approx(m.items_per_batch_mean * m.measured_steps)
 
 
 def test_an_iterable_dataset_runs_and_unsharded_workers_are_flagged(tmp_path: Path):
     iterable = {"workload.dataset_args": {}, "workload.model_args": {"step_wait_s": 0.002}}
     sharded = _trial(tmp_path, "sharded", {"num_workers": 2, "batch_size": 8},
                      **{"workload.dataset": "tests._workloads:sharded_stream", **iterable})
-    assert sharded["status"] == "ok", sharded
-    assert sharded["warnings"] == [] and sharded["dataset_len"] is None and not sharded["epoch_boundary_in_trial"]
+    assert sharded.status == "ok", sharded
+    assert sharded.warnings == [] and sharded.dataset_len is None and not sharded.epoch_boundary_in_trial
     unsharded = _trial(tmp_path, "unsharded", {"num_workers": 2, "batch_size": 8},
                        **{"workload.dataset": "tests._workloads:unsharded_stream", **iterable})
-    assert unsharded["status"] == "ok", unsharded
-    (warning,) = unsharded["warnings"]
+    assert unsharded.status == "ok", unsharded
+    (warning,) = unsharded.warnings
     assert "workers 0, 1" in warning and "identical" in warning and "get_worker_info" in warning
 
 
 def test_a_users_loader_factory_is_used_and_must_honour_the_knobs(tmp_path: Path):
     good = _trial(tmp_path, "good", {"num_workers": 2, "batch_size": 8},
                   **{"workload.loader": "tests._workloads:own_loader"})
-    assert good["status"] == "ok", good
-    assert good["host_processes"] >= 3  # its two workers ran
+    assert good.status == "ok", good
+    assert good.host_processes >= 3  # its two workers ran
     bad = _trial(tmp_path, "bad", {"num_workers": 2, "batch_size": 8},
                  **{"workload.loader": "tests._workloads:loader_ignoring_workers"})
-    assert bad["status"] == "crashed"
-    assert "num_workers=0, not the trial's 2" in bad["reason"] and "\n" not in bad["reason"]
+    assert bad.status == "crashed"
+    assert "num_workers=0, not the trial's 2" in bad.reason and "\n" not in bad.reason
 
 
 def test_a_step_that_owns_the_update(tmp_path: Path):
     owns = {"workload.step": "tests._workloads:clipping_step", "workload.model_args": {"step_wait_s": 0.0}}
     m = _trial(tmp_path, "owns", {"batch_size": 8, "grad_accum": 2}, **owns, **{"workload.step_updates": True})
-    assert m["status"] == "ok", m
+    assert m.status == "ok", m
     # the step returns a detached loss: had tunekit run backward on it too, the trial would have failed
     wrong = _trial(tmp_path, "wrong", {"batch_size": 8}, **owns)
-    assert wrong["status"] == "crashed" and "does not require grad" in wrong["reason"]
+    assert wrong.status == "crashed" and "does not require grad" in wrong.reason
 
 
 def test_the_python_api_with_a_factory_defined_in_this_module(tmp_path: Path):
@@ -112,7 +112,7 @@ def test_a_factory_defined_in_the_users_script(tmp_path: Path):
                     "search": {{"batch_size": [8]}},
                     "trial": {{"warmup_steps": 2, "measure_windows": 2, "window_s": 0.3}}}}
             result = tunekit.trial(cfg, out={str(tmp_path / "out")!r})
-            print(result.measurement["status"], result.measurement["samples_per_s"] > 0)
+            print(result.measurement.status, result.measurement.rate > 0)
         """))
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert run.returncode == 0, run.stderr

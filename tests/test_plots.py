@@ -61,7 +61,7 @@ def test_util_step_time_and_fractions(run):
     util = plots.util_data(rows, knee, "t")
     assert sorted(p.util_pct for p in util.points) == [30.0, 80.0, 85.0]  # failed trials are not points
     steps = plots.step_time_data(rows, "t")
-    assert [round(p.ms_per_sample, 3) for p in steps.points] == [1.0, 0.625]
+    assert [round(p.ms_per_item, 3) for p in steps.points] == [1.0, 0.625]
     fractions = plots.fractions_data(rows, knee, "t")
     ((label, points),) = fractions.series
     assert [(p.workers, p.data_wait, round(p.gpu_idle, 2)) for p in points] == [(0, 0.8, 0.8), (8, 0.1, 0.15)]
@@ -100,7 +100,8 @@ def test_report_rebuilds_every_plot_of_a_real_run(tmp_path: Path):
     )
     assert out.returncode == 0, out.stderr
     report = (run_dir / "report.md").read_text()
-    for _, title, file in plots.PLOTS:
+    for _, label, file in plots.PLOTS:
+        title = label.format(unit="samples", item="sample")
         png = run_dir / "plots" / file
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", file
         assert f"![{title}](plots/{file})" in report
@@ -131,7 +132,8 @@ def test_a_knee_at_a_smaller_batch_is_marked_on_the_swept_workers_axis():
             "stage": stage,
             "mode": "train",
             "status": "ok",
-            "samples_per_s": sps,
+            "version": 2,
+            "rate": sps,
             "noise_cv": 0.01,
             "headroom": 0.5,
             "params": {

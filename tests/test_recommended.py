@@ -17,6 +17,7 @@ import tunekit
 from tunekit.recommended import recommendation_dict
 
 PINNED = {
+    "version": 2,
     "dataloader": {"batch_size": 32, "num_workers": 8, "prefetch_factor": 4, "pin_memory": True,
                    "persistent_workers": True},
     "training": {"non_blocking": True, "grad_accum": 2, "compile": "reduce-overhead"},
@@ -25,6 +26,7 @@ PINNED = {
 """(a) 8 workers, prefetch 4, pinned, accumulation 2, compiled with mode reduce-overhead."""
 
 IN_PROCESS = {
+    "version": 2,
     "dataloader": {"batch_size": 16, "num_workers": 0, "prefetch_factor": None, "pin_memory": False,
                    "persistent_workers": False},
     "training": {"non_blocking": False, "grad_accum": 1, "compile": "none"},
@@ -95,6 +97,23 @@ def test_the_fixtures_have_the_shape_tunekit_writes():
                   "compile": "none"}
     assert recommendation_dict(pinned, {}) == PINNED
     assert recommendation_dict(in_process, {}) == IN_PROCESS
+
+
+def test_old_and_new_files_give_the_evidence_under_version_2_s_names(tmp_path: Path):
+    """A recommended.yaml without ``version`` (every run before version 2) named the rates samples_per_s."""
+    old = {**{k: v for k, v in PINNED.items() if k != "version"}, "evidence": {
+        "unit": "tokens", "samples_per_s": 10.0, "best_samples_per_s": 11.0, "defaults_samples_per_s": 2.0,
+        "samples_per_dollar": 5.0, "verdict": "compute-bound",
+        "distributed": {"ranks": 2, "per_gpu_samples_per_s": 5.0, "single_gpu_samples_per_s": 6.0}}}
+    new = {"unit": "tokens", "rate": 10.0, "best_rate": 11.0, "defaults_rate": 2.0, "items_per_money": 5.0,
+           "verdict": "compute-bound", "distributed": {"ranks": 2, "per_gpu_rate": 5.0, "single_gpu_rate": 6.0}}
+    assert _load(tmp_path, old).evidence == new
+    assert _load(tmp_path, {**PINNED, "evidence": new}).evidence == new
+    committed = sorted((Path(__file__).parent.parent / "results").glob("*/recommended.yaml"))
+    assert committed
+    for path in committed:
+        evidence = tunekit.load_recommended(path).evidence
+        assert evidence["rate"] > 0 and "samples_per_s" not in evidence, path
 
 
 @pytest.mark.parametrize("case", CASES)

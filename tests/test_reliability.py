@@ -69,14 +69,14 @@ def test_a_nan_loss_is_diverged_not_a_fast_step(tmp_path: Path):
     spec = TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(batch_size=8),
                      config=config.from_dict(cfg).to_dict())
     m = run_trial(spec, tmp_path / "t", 60)
-    assert m["status"] == "diverged" and "nan" in m["reason"] and "micro-batch" in m["reason"]
-    assert m["samples_per_s"] is None  # never a candidate for the knee
+    assert m.status == "diverged" and "nan" in m.reason and "micro-batch" in m.reason
+    assert m.rate is None  # never a candidate for the knee
 
 
 def test_a_failure_message_in_brackets_is_printed_as_text_and_the_sweep_goes_on(write_config, tmp_path: Path):
     cfg = write_config(sleepy_config(**{"workload.dataset": "tests._workloads:bracketed_failure_dataset",
-                                        "workload.dataset_args": {}, "search.num_workers": [0, 1], "search.batch_size": [4, 8],
-                                        "trial.window_s": 0.3, "strategy": "grid"}))
+                                        "workload.dataset_args": {}, "search.num_workers": [0, 1],
+                                        "search.batch_size": [4, 8], "trial.window_s": 0.3, "strategy": "grid"}))
     out = tmp_path / "run"
     done = _cli("sweep", str(cfg), "--out", str(out))
     assert done.returncode == 0, done.stderr
@@ -188,7 +188,7 @@ def test_a_chatty_dataset_cannot_fill_the_disk_with_logs(tmp_path: Path, monkeyp
     spec = TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(batch_size=8),
                      config=config.from_dict(cfg).to_dict())
     m = launcher.run_trial(spec, tmp_path / "t", 60)
-    assert m["status"] == "ok", m
+    assert m.status == "ok", m
     log = (tmp_path / "t" / "worker.log").read_bytes()
     assert len(log) < 3 * 32 * 1024 and b"bytes of output left out here" in log
     assert log.rstrip().endswith(b"samples/s -> " + str(tmp_path / "t" / "measurement.json").encode())

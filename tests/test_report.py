@@ -90,3 +90,36 @@ def test_the_report_sets_the_knees_costs_beside_the_best_the_knee_before_the_kno
         "| knee", "| best", "| knee before your knobs", "| PyTorch defaults"]
     assert table[2] == "| knee | 4 | 580.0 | 0 | 1.2 | — | — | — |"
     assert table[4] == "| knee before your knobs | 2 | 400.0 | 8 | 7.5 | 3.00 | 0.50 | 2.00 |"
+
+
+def test_a_run_counting_tokens_never_labels_its_rates_samples(tmp_path):
+    """Throughput is items of workload.unit: with tokens, the report, its plot titles, the verdicts' evidence, the
+    trials.csv columns and recommended.yaml say tokens (or the unit-free names rate, items_per_money)."""
+    import pandas as pd
+    import yaml
+
+    from tests.conftest import measurement
+    from tunekit.report import write_outputs
+
+    cfg = config.from_dict(sleepy_config(**{"workload.unit": "tokens", "search.batch_size": [32, 64],
+                                            "search.num_workers": [0, 2, 4], "cost.per_hour": 3.6}))
+    tokens = {"unit": "tokens", "worker_cpu_per_item_s": 1e-5, "worker_wall_per_item_s": 1e-3,
+              "nvml_util_gpu_pct": 50.0, "step_time_s": 0.1}
+    rows = rows_from_measurements([
+        measurement(0, "compute", "compute", 90_000, batch_size=64, **tokens),
+        measurement(1, "compute", "compute", 30_000, batch_size=32, **tokens),
+        measurement(2, "end_to_end", "train", 20_000, batch_size=64, data_wait_frac=0.7, **tokens),
+        measurement(3, "end_to_end", "train", 40_000, batch_size=64, num_workers=2, data_wait_frac=0.5, **tokens),
+        measurement(4, "end_to_end", "train", 60_000, batch_size=64, num_workers=4, data_wait_frac=0.3, **tokens)])
+    s = summarize(cfg, rows, strategy="staged")
+    write_outputs(tmp_path, s, {})
+    report = (tmp_path / "report.md").read_text()
+    assert "tokens/s" in report and "per-token step time" in report
+    for said in ("samples/s", "per-sample", "per sample", "samples per"):
+        assert said not in report, said
+    columns = set(pd.read_csv(tmp_path / "trials.csv").columns)
+    assert {"rate", "unit", "items_per_money", "rate_windows", "measured_items"} <= columns
+    assert not [c for c in columns if "sample" in c]
+    evidence = yaml.safe_load((tmp_path / "recommended.yaml").read_text())["evidence"]
+    assert evidence["unit"] == "tokens" and evidence["rate"] == 60_000 and evidence["items_per_money"] > 0
+    assert not [k for k in evidence if "sample" in k]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import wsgiref.util
 from pathlib import Path
@@ -9,20 +10,22 @@ import pytest
 
 from tests.conftest import sleepy_config
 from tunekit import config, store
+from tunekit.contract import Measurement
 from tunekit.errors import UsageError
 
 KNOBS = {"num_workers": 2, "prefetch_factor": 2, "pin_memory": False, "batch_size": 8, "grad_accum": 1,
          "compile": "none", "ranks": 1}
 
 
-def _ok(number: int, stage: str, mode: str, rate: float, knobs: dict = KNOBS) -> dict:
-    return {"status": "ok", "samples_per_s": rate, "params": knobs, "stage": stage, "mode": mode, "number": number}
+def _ok(number: int, stage: str, mode: str, rate: float, knobs: dict = KNOBS) -> Measurement:
+    return Measurement(status="ok", rate=rate, params=knobs, stage=stage, mode=mode, number=number)
 
 
-def _record(runs: store.RunStore, cfg: config.Config, stage: str, mode: str, measurement: dict,
+def _record(runs: store.RunStore, cfg: config.Config, stage: str, mode: str, measurement: Measurement | dict,
             knobs: dict = KNOBS) -> int:
     trial, number = runs.start(cfg, stage, mode, knobs)
-    runs.finish(trial, mode, {**measurement, "number": number})
+    m = measurement if isinstance(measurement, Measurement) else Measurement.from_dict(measurement)
+    runs.finish(trial, mode, dataclasses.replace(m, number=number))
     return number
 
 
@@ -39,6 +42,24 @@ def test_trials_record_exact_knobs_and_measurements(tmp_path: Path):
     rows = store.load_run(tmp_path).rows()
     assert [(r.number, r.status, r.rate) for r in rows] == [(0, "ok", 123.0), (1, "oom", 0.0)]
     assert rows[1].reason == "CUDA out of memory"
+    stored = optuna.load_study(study_name="tunekit", storage=f"sqlite:///{tmp_path / 'study.db'}").trials[0]
+    assert stored.user_attrs["measurement"]["version"] == 2 and stored.user_attrs["measurement"]["rate"] == 123.0
+    assert stored.value == 123.0  # the objective is the rate
+
+
+def test_a_study_of_version_1_measurements_reads_through_the_record(tmp_path: Path):
+    """Runs recorded before version 2 hold samples_per_s in their study.db: read as the rate, unknown keys kept."""
+    cfg = config.from_dict(sleepy_config())
+    runs = store.open_run(tmp_path, cfg, resume=True, strategy="staged")
+    trial, number = runs.start(cfg, "end_to_end", "train", KNOBS)
+    old = {"status": "ok", "samples_per_s": 77.0, "measured_samples": 154, "params": KNOBS, "stage": "end_to_end",
+           "mode": "train", "number": number, "retired_field": 1}
+    trial.set_user_attr("measurement", old)
+    trial.set_user_attr("status", "ok")
+    runs.main.tell(trial, 77.0)
+    row = store.load_run(tmp_path).rows()[0]
+    assert row.rate == 77.0 and row.measurement.measured_items == 154
+    assert row.measurement.other == {"retired_field": 1}
 
 
 def test_optuna_sees_the_end_to_end_trials_and_the_knee(tmp_path: Path):
@@ -52,7 +73,7 @@ def test_optuna_sees_the_end_to_end_trials_and_the_knee(tmp_path: Path):
     fast = _record(runs, cfg, "end_to_end", "train", _ok(0, "end_to_end", "train", 400.0))
     skipped = _record(runs, cfg, "end_to_end", "train", {"status": "skipped", "reason": "loader too slow",
                                                           "params": KNOBS, "stage": "end_to_end", "mode": "train"})
-    runs.record_knee({"trial": slow, "samples_per_s": 300.0})
+    runs.record_knee({"trial": slow, "rate": 300.0, "unit": "samples"})
     assert [r.number for r in store.load_run(tmp_path).rows()] == [0, 1, slow, fast, skipped] == [0, 1, 2, 3, 4]
 
     study = optuna.load_study(study_name="tunekit", storage=f"sqlite:///{tmp_path / 'study.db'}")

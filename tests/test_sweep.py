@@ -33,10 +33,10 @@ def _check_knee(rec: tunekit.Recommended, trials: pd.DataFrame) -> None:
     """The recommendation is on the plateau and is the cheapest end-to-end config within its band of the best:
     exact on a quiet box, and still true when noise on a loaded one widens the band or moves a point."""
     assert rec.num_workers in PLATEAU
-    assert 0.6 * 400 <= rec.evidence["samples_per_s"] <= 400 * 1.05
+    assert 0.6 * 400 <= rec.evidence["rate"] <= 400 * 1.05
     e2e = trials[(trials["mode"] == "train") & (trials["status"] == "ok")]
-    floor = rec.evidence["best_samples_per_s"] * (1 - rec.evidence["band"])
-    assert not ((e2e["num_workers"] < rec.num_workers) & (e2e["samples_per_s"] >= floor)).any()
+    floor = rec.evidence["best_rate"] * (1 - rec.evidence["band"])
+    assert not ((e2e["num_workers"] < rec.num_workers) & (e2e["rate"] >= floor)).any()
 
 
 def _knee_config(**overrides) -> dict:
@@ -79,10 +79,10 @@ def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path):
     assert list(skipped["num_workers"]) == [2]  # its loader ceiling (~200/s) cannot reach the ~400/s of 8 workers
     assert "the loader alone gives" in skipped.iloc[0]["reason"]
     knee = e2e[e2e["num_workers"] == rec.num_workers].iloc[0]
-    assert knee["samples_per_dollar"] == pytest.approx(knee["samples_per_s"] * 1000)  # 3600 s / 3.6 per hour
+    assert knee["items_per_money"] == pytest.approx(knee["rate"] * 1000)  # 3600 s / 3.6 per hour
     assert knee["verdict"] == "compute-bound"  # 8 samples per 20 ms step: the model is the bound at the knee
     assert e2e[e2e["num_workers"] == 0].iloc[0]["verdict"] == "data-starved"
-    assert rec.evidence["verdict"] == "compute-bound" and rec.evidence["samples_per_dollar"] > 0
+    assert rec.evidence["verdict"] == "compute-bound" and rec.evidence["items_per_money"] > 0
     stored = study_trials(tmp_path / "staged")
     assert len(stored) == len(trials)
     assert {t.params["num_workers"] for t in stored} == {0, 2, 6, 8}
@@ -182,10 +182,10 @@ def test_a_data_bound_knee_moves_to_a_smaller_batch_end_to_end(write_config, tmp
     rec = tunekit.load_recommended(tmp_path / "run" / "recommended.yaml")
     assert rec.num_workers == 2 and rec.batch_size in (8, 16, 32)
     if rec.batch_size == 32:  # only when batch 16 fell out of the band of the best
-        floor = rec.evidence["best_samples_per_s"] * (1 - rec.evidence["band"])
-        assert batch.iloc[0]["samples_per_s"] < floor
-    assert rec.evidence["samples_per_s"] >= 0.95 * rec.evidence["best_samples_per_s"]
-    assert rec.evidence["samples_per_s"] == pytest.approx(200, rel=0.15)  # 2 workers x 100 samples/s
+        floor = rec.evidence["best_rate"] * (1 - rec.evidence["band"])
+        assert batch.iloc[0]["rate"] < floor
+    assert rec.evidence["rate"] >= 0.95 * rec.evidence["best_rate"]
+    assert rec.evidence["rate"] == pytest.approx(200, rel=0.15)  # 2 workers x 100 samples/s
     report = (tmp_path / "run" / "report.md").read_text()
     assert "PyTorch defaults (0 workers, no pinning, batch 32)" in report
     # batch 8 costs 4x the per-sample compute time of batch 32, yet end to end it is not slower: no "grow the batch"

@@ -55,25 +55,26 @@ def _plain_loop_rate(num_workers: int, prefetch: int, batch: int, sample_wait: f
 def test_tiny_trial_reports_the_contract(tmp_path: Path):
     cfg = sleepy_config()
     m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=8), tmp_path / "t", 60)
-    assert m["status"] == "ok", m
+    assert m.status == "ok", m
     on_disk = json.loads((tmp_path / "t" / "measurement.json").read_text())
-    assert on_disk["samples_per_s"] == m["samples_per_s"]
-    for key in ("samples_per_s", "samples_per_s_windows", "noise_cv", "step_time_s", "data_wait_frac",
-                "gpu_busy_frac", "nvml", "device_mem_peak_reserved_bytes", "headroom", "host_mem_peak_bytes",
-                "cpu_util_cores", "warmup_s", "compile_s", "device_name", "versions", "params"):
-        assert key in m, key
-    assert len(m["samples_per_s_windows"]) == 2
-    assert m["gpu_busy_frac"] is None and m["nvml"] is None  # CPU: no GPU figures, not zeros
-    assert m["params"]["num_workers"] == 2 and m["params"]["prefetch_factor"] == 2
-    assert m["host_processes"] >= 3  # the main process and two loader workers were measured
+    assert on_disk["version"] == 2 and on_disk["rate"] == m.rate and on_disk["unit"] == "samples"
+    assert on_disk["started_by"] and on_disk["launcher_wall_s"] > 0  # the launcher's fields, added
+    for key in ("rate", "rate_windows", "noise_cv", "step_time_s", "data_wait_frac", "gpu_busy_frac", "nvml",
+                "device_mem_peak_reserved_bytes", "headroom", "host_mem_peak_bytes", "cpu_util_cores", "warmup_s",
+                "compile_s", "device_name", "versions", "params"):
+        assert key in on_disk, key
+    assert len(m.rate_windows) == 2
+    assert m.gpu_busy_frac is None and m.nvml is None  # CPU: no GPU figures, not zeros
+    assert m.params["num_workers"] == 2 and m.params["prefetch_factor"] == 2
+    assert m.host_processes >= 3  # the main process and two loader workers were measured
     # the first batch, what the 2 workers x prefetch 2 had ready (set aside, at most the fill), a warm-up step
-    assert 0 <= m["warmup_set_aside"] <= 2 * 2 and m["warmup_batches"] >= 1 + m["warmup_set_aside"] + 1
-    assert 0 < m["headroom"] < 1 and m["headroom_basis"] == "host"
-    assert m["epoch_boundary_in_trial"] is False
+    assert 0 <= m.warmup_set_aside <= 2 * 2 and m.warmup_batches >= 1 + m.warmup_set_aside + 1
+    assert 0 < m.headroom < 1 and m.headroom_basis == "host"
+    assert m.epoch_boundary_in_trial is False
     # the parts the worker times lie within its trial time, the loader's start and the teardown among them
     parts = ("cuda_init_s", "build_s", "loop_setup_s", "warmup_s", "measured_s", "teardown_s")
-    assert all(m[p] >= 0 for p in parts) and m["teardown_s"] > 0
-    assert sum(m[p] for p in parts) <= m["trial_s"]
+    assert all(getattr(m, p) >= 0 for p in parts) and m.teardown_s > 0
+    assert sum(getattr(m, p) for p in parts) <= m.trial_s
     assert (tmp_path / "t" / "spec.json").exists() and (tmp_path / "t" / "worker.log").exists()
 
 
@@ -84,16 +85,16 @@ def test_fidelity_against_plain_loop_and_analytic(tmp_path: Path, workers: int, 
     cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": step_wait},
                            "workload.dataset_args": {"sample_wait_s": sample_wait}})
     m = run_trial(_spec(cfg, num_workers=workers, prefetch_factor=2, batch_size=batch), tmp_path / "t", 60)
-    assert m["status"] == "ok", m
+    assert m.status == "ok", m
     reference = _plain_loop_rate(workers, 2, batch, sample_wait, step_wait)
     analytic = expected_samples_per_s(workers, batch, sample_wait, step_wait)
     # Sleeps can only make a trial slower, never faster: the upper bounds are tight (counting batches prepared during
     # warm-up reads 1.5-5x too fast); a loaded box only lowers both figures, so the lower bounds leave it room.
-    assert m["samples_per_s"] <= analytic * 1.03
-    assert m["samples_per_s"] >= 0.6 * analytic
-    assert m["samples_per_s"] == pytest.approx(reference, rel=0.25)
+    assert m.rate <= analytic * 1.03
+    assert m.rate >= 0.6 * analytic
+    assert m.rate == pytest.approx(reference, rel=0.25)
     if workers == 0:
-        assert m["data_wait_frac"] > 0.5  # 40 ms of loading per 60 ms step, in the main process
+        assert m.data_wait_frac > 0.5  # 40 ms of loading per 60 ms step, in the main process
 
 
 def test_slow_first_step_and_deep_prefetch_are_not_counted(tmp_path: Path):
@@ -104,12 +105,12 @@ def test_slow_first_step_and_deep_prefetch_are_not_counted(tmp_path: Path):
                            "workload.dataset_args": {"sample_wait_s": sample_wait},
                            "trial.warmup_steps": 0, "trial.measure_windows": 2})
     m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=8, batch_size=batch), tmp_path / "t", 60)
-    assert m["status"] == "ok", m
+    assert m.status == "ok", m
     analytic = expected_samples_per_s(2, batch, sample_wait, step_wait)  # 200/s, loader-bound
     reference = _plain_loop_rate(2, 8, batch, sample_wait, step_wait, first_step_wait=2.0)
-    assert m["samples_per_s"] == pytest.approx(reference, rel=0.25)
-    assert max(m["samples_per_s_windows"]) <= analytic * 1.05  # no window counts the 16 prefetched batches
-    assert m["first_step_s"] >= 2.0 and m["warmup_batches"] >= 1 + 16
+    assert m.rate == pytest.approx(reference, rel=0.25)
+    assert max(m.rate_windows) <= analytic * 1.05  # no window counts the 16 prefetched batches
+    assert m.first_step_s >= 2.0 and m.warmup_batches >= 1 + 16
 
 
 def test_the_loader_queues_show_the_ready_batches():
@@ -186,9 +187,9 @@ def test_warm_up_steps_stop_after_a_window_of_time(tmp_path: Path):
     cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": 0.4}, "trial.warmup_steps": 10,
                            "trial.measure_windows": 2})
     m = run_trial(_spec(cfg, num_workers=0, batch_size=4), tmp_path / "t", 60)
-    assert m["status"] == "ok", m
-    assert m["warmup_set_aside"] == 0
-    assert 2 <= m["warmup_batches"] <= 4
+    assert m.status == "ok", m
+    assert m.warmup_set_aside == 0
+    assert 2 <= m.warmup_batches <= 4
 
 
 def test_a_trial_clearly_below_the_band_stops_measuring(tmp_path: Path):
@@ -197,10 +198,10 @@ def test_a_trial_clearly_below_the_band_stops_measuring(tmp_path: Path):
     cfg = sleepy_config(**{"trial.precision": 1e-6, "trial.max_windows": 5, "trial.window_s": 0.3})
     spec = _spec(cfg, num_workers=0, batch_size=8)
     raced = run_trial(dataclasses.replace(spec, needed=1e9), tmp_path / "raced", 60)
-    assert raced["status"] == "ok", raced
-    assert raced["stop_reason"] == "below_band" and raced["windows_measured"] == 2
+    assert raced.status == "ok", raced
+    assert raced.stop_reason == "below_band" and raced.windows_measured == 2
     full = run_trial(dataclasses.replace(spec, number=1, needed=1.0), tmp_path / "full", 60)
-    assert full["stop_reason"] == "max_windows" and full["windows_measured"] == 5
+    assert full.stop_reason == "max_windows" and full.windows_measured == 5
 
 
 def test_the_fork_server_starts_trials_that_stay_isolated(tmp_path: Path):
@@ -211,14 +212,14 @@ def test_the_fork_server_starts_trials_that_stay_isolated(tmp_path: Path):
                            "trial.measure_windows": 2, "trial.window_s": 0.3})
     first = run_trial(_spec(cfg, number=0, num_workers=2, prefetch_factor=2, batch_size=8), tmp_path / "a", 60)
     second = run_trial(_spec(cfg, number=1, num_workers=0, batch_size=8), tmp_path / "b", 60)
-    assert first["status"] == second["status"] == "ok", (first, second)
-    assert first["started_by"] == second["started_by"] == "fork server"
-    assert first["input_on_device"] is False  # the trial moved the batches: no input work on the device
-    assert first["pid"] != second["pid"]
+    assert first.status == second.status == "ok", (first, second)
+    assert first.started_by == second.started_by == "fork server"
+    assert first.input_on_device is False  # the trial moved the batches: no input work on the device
+    assert first.pid != second.pid
     fresh = run_trial(_spec(sleepy_config(**{"trial.fork_server": False, "trial.window_s": 0.3}), number=2,
                             batch_size=8, threads=2), tmp_path / "c", 60)
-    assert fresh["status"] == "ok" and fresh["started_by"] == "interpreter"
-    assert fresh["params"]["threads"] == 2 and fresh["torch_threads"] == 2  # the thread knob, set
+    assert fresh.status == "ok" and fresh.started_by == "interpreter"
+    assert fresh.params["threads"] == 2 and fresh.torch_threads == 2  # the thread knob, set
 
 
 def test_a_fork_server_started_ahead_serves_the_first_trial(tmp_path: Path):
@@ -235,7 +236,7 @@ def test_a_fork_server_started_ahead_serves_the_first_trial(tmp_path: Path):
     ahead = launcher._SERVERS["server"].proc
     assert ahead.poll() is None  # importing torch while nothing asks it for a trial yet
     m = run_trial(_spec(cfg, number=0, batch_size=8), tmp_path / "t", 60)
-    assert m["status"] == "ok" and m["started_by"] == "fork server"
+    assert m.status == "ok" and m.started_by == "fork server"
     assert launcher._SERVERS["server"].proc is ahead and ahead.poll() is None  # the same server served it
 
 
@@ -245,12 +246,12 @@ def test_compute_and_loader_modes(tmp_path: Path):
     compute = run_trial(_spec(cfg, mode="compute", num_workers=2, batch_size=8), tmp_path / "c", 60)
     loader = run_trial(_spec(cfg, mode="loader", num_workers=2, prefetch_factor=2, batch_size=8),
                        tmp_path / "l", 60)
-    assert compute["status"] == loader["status"] == "ok"
+    assert compute.status == loader.status == "ok"
     # compute: the model alone on a staged batch, 8 samples / 20 ms; loader: 2 workers / 10 ms per sample
-    assert 0.6 * 400 <= compute["samples_per_s"] <= 400 * 1.03
-    assert compute["data_wait_frac"] < 0.01 and compute["host_processes"] == 1
-    assert 0.6 * 200 <= loader["samples_per_s"] <= 200 * 1.03
-    assert all(steps % 2 == 0 for steps in loader["steps_windows"])  # windows end on whole rounds of 2 workers
+    assert 0.6 * 400 <= compute.rate <= 400 * 1.03
+    assert compute.data_wait_frac < 0.01 and compute.host_processes == 1
+    assert 0.6 * 200 <= loader.rate <= 200 * 1.03
+    assert all(steps % 2 == 0 for steps in loader.steps_windows)  # windows end on whole rounds of 2 workers
 
 
 def _alive(pid: int) -> bool:
@@ -267,11 +268,11 @@ def test_hung_loader_times_out_and_leaves_no_process(tmp_path: Path):
                                                      "pid_dir": str(pids)}})
     t0 = time.monotonic()
     m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4), tmp_path / "t", 15)
-    assert m["status"] == "timeout" and "timeout_s = 15" in m["reason"]
+    assert m.status == "timeout" and "timeout_s = 15" in m.reason
     assert time.monotonic() - t0 < 40
     loader_pids = [int(p.name) for p in pids.iterdir()]
-    assert len(loader_pids) == 2 and m["pid"] not in loader_pids  # the workers served samples
-    assert not [pid for pid in [m["pid"], *loader_pids] if _alive(pid)]
+    assert len(loader_pids) == 2 and m.pid not in loader_pids  # the workers served samples
+    assert not [pid for pid in [m.pid, *loader_pids] if _alive(pid)]
     saved = json.loads((tmp_path / "t" / "measurement.json").read_text())
     assert saved["status"] == "timeout" and saved["reason"]
 
@@ -279,29 +280,29 @@ def test_hung_loader_times_out_and_leaves_no_process(tmp_path: Path):
 def test_dying_loader_worker_is_crashed_with_reason(tmp_path: Path):
     cfg = sleepy_config(**{"workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "kill_at": 5}})
     m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4), tmp_path / "t", 60)
-    assert m["status"] == "crashed"
-    assert "DataLoader worker" in m["reason"] and "killed by signal" in m["reason"]
+    assert m.status == "crashed"
+    assert "DataLoader worker" in m.reason and "killed by signal" in m.reason
 
 
 def test_exception_in_dataset_is_crashed_with_its_message(tmp_path: Path):
     cfg = sleepy_config(**{"workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "raise_at": 7}})
     m = run_trial(_spec(cfg, num_workers=1, prefetch_factor=2, batch_size=4), tmp_path / "t", 60)
-    assert m["status"] == "crashed"
-    assert "sample 7 is corrupt" in m["reason"] and "DataLoader worker 0" in m["reason"]
+    assert m.status == "crashed"
+    assert "sample 7 is corrupt" in m.reason and "DataLoader worker 0" in m.reason
     assert "Traceback" in (tmp_path / "t" / "worker.log").read_text()
 
 
 def test_host_oom_is_classified_oom(tmp_path: Path):
     cfg = sleepy_config(**{"workload.step": "tests._workloads:huge_alloc_step"})
     m = run_trial(_spec(cfg, num_workers=0, batch_size=4), tmp_path / "t", 60)
-    assert m["status"] == "oom", m
-    assert "allocate" in m["reason"]
+    assert m.status == "oom", m
+    assert "allocate" in m.reason
 
 
 def test_killed_worker_process_is_crashed_with_signal(tmp_path: Path):
     cfg = sleepy_config(**{"workload.step": "tests._workloads:self_kill_step"})
     m = run_trial(_spec(cfg, num_workers=0, batch_size=4), tmp_path / "t", 60)
-    assert m["status"] == "crashed" and "SIGKILL" in m["reason"] and m["returncode"] == -9
+    assert m.status == "crashed" and "SIGKILL" in m.reason and m.returncode == -9
 
 
 def test_bad_output_is_detected(tmp_path: Path):
@@ -310,11 +311,16 @@ def test_bad_output_is_detected(tmp_path: Path):
     spec = _spec(sleepy_config(), num_workers=0)
     out = tmp_path / "measurement.json"
     out.write_text("{not json")
-    assert _outcome(spec, 0, False, 60, out, tmp_path / "log")["status"] == "bad_output"
-    out.write_text(json.dumps({"status": "ok", "samples_per_s": float("nan")}))
-    assert _outcome(spec, 0, False, 60, out, tmp_path / "log")["status"] == "bad_output"
+    assert _outcome(spec, 0, False, 60, out, tmp_path / "log").status == "bad_output"
+    out.write_text(json.dumps({"status": "ok", "samples_per_s": float("nan")}))  # version 1, as the worker writes
+    assert "non-finite rate" in _outcome(spec, 0, False, 60, out, tmp_path / "log").reason
+    out.write_text(json.dumps({"version": 2, "status": "ok", "rate": 0.0, "rate_windows": [0.0], "noise_cv": 0.0,
+                               "step_time_s": 1.0, "data_wait_frac": 0.0, "headroom": 0.5, "warmup_s": 1.0}))
+    assert "reports rate = 0.0" in _outcome(spec, 0, False, 60, out, tmp_path / "log").reason
+    out.write_text(json.dumps({"version": 99, "status": "ok"}))
+    assert _outcome(spec, 0, False, 60, out, tmp_path / "log").status == "bad_output"
     out.unlink()
-    assert _outcome(spec, 0, False, 60, out, tmp_path / "log")["status"] == "bad_output"
+    assert _outcome(spec, 0, False, 60, out, tmp_path / "log").status == "bad_output"
 
 
 def test_trial_cli_writes_measurement(write_config, tmp_path: Path):
@@ -362,14 +368,14 @@ def test_precision_measures_until_the_interval_is_tight_leaving_out_settling_win
             "trial.window_s": 0.5, "trial.measure_windows": 2}
     precise = run_trial(_spec(sleepy_config(**base, **{"trial.precision": 0.05, "trial.max_windows": 6}),
                               num_workers=0, batch_size=8), tmp_path / "precise", 60)
-    assert precise["status"] == "ok", precise
-    assert precise["stop_reason"] == "precise" and len(precise["settling_windows"]) >= 1
-    assert precise["windows_measured"] == len(precise["settling_windows"]) + len(precise["samples_per_s_windows"])
-    assert precise["settling_windows"][0] < 0.8 * min(precise["samples_per_s_windows"])  # the slow first window
-    assert precise["rate_interval"] <= 0.05
+    assert precise.status == "ok", precise
+    assert precise.stop_reason == "precise" and len(precise.settling_windows) >= 1
+    assert precise.windows_measured == len(precise.settling_windows) + len(precise.rate_windows)
+    assert precise.settling_windows[0] < 0.8 * min(precise.rate_windows)  # the slow first window
+    assert precise.rate_interval <= 0.05
     fixed = run_trial(_spec(sleepy_config(**base), num_workers=0, batch_size=8), tmp_path / "fixed", 60)
-    assert fixed["stop_reason"] == "fixed" and fixed["windows_measured"] == 2 and fixed["settling_windows"] == []
-    assert fixed["samples_per_s"] < 0.9 * precise["samples_per_s"]
+    assert fixed.stop_reason == "fixed" and fixed.windows_measured == 2 and fixed.settling_windows == []
+    assert fixed.rate < 0.9 * precise.rate
 
 
 def test_the_fork_server_refuses_once_an_import_initialised_cuda(tmp_path: Path):
@@ -377,13 +383,13 @@ def test_the_fork_server_refuses_once_an_import_initialised_cuda(tmp_path: Path)
     server refuse: the trial starts in a fresh interpreter, and so do the trials after it."""
     plain = sleepy_config(**{"trial.window_s": 0.3})
     first = run_trial(_spec(plain, number=0, batch_size=8), tmp_path / "a", 60)
-    assert first["status"] == "ok" and first["started_by"] == "fork server", first
+    assert first.status == "ok" and first.started_by == "fork server", first
     cuda = sleepy_config(**{"trial.window_s": 0.3, "workload.loss": "tests._cuda_state_at_import:loss"})
     refused = run_trial(_spec(cuda, number=1, batch_size=8), tmp_path / "b", 60)
-    assert refused["status"] == "ok" and refused["started_by"] == "interpreter", refused
-    assert "initialised CUDA" in refused["fork_server_refused"]
+    assert refused.status == "ok" and refused.started_by == "interpreter", refused
+    assert "initialised CUDA" in refused.fork_server_refused
     after = run_trial(_spec(plain, number=2, batch_size=8), tmp_path / "c", 60)
-    assert after["status"] == "ok" and after["started_by"] == "interpreter", after
+    assert after.status == "ok" and after.started_by == "interpreter", after
 
 
 def test_a_dataset_moving_its_batches_ahead_is_moved_beside_the_step(tmp_path: Path):
@@ -392,8 +398,8 @@ def test_a_dataset_moving_its_batches_ahead_is_moved_beside_the_step(tmp_path: P
     cfg = sleepy_config(**{"workload.dataset": "tests._workloads:moved_ahead_dataset", "workload.dataset_args": {},
                            "workload.step": "tests._workloads:moved_ahead_step", "trial.window_s": 0.3})
     m = run_trial(_spec(cfg, number=0, num_workers=2, prefetch_factor=2, batch_size=8), tmp_path / "t", 60)
-    assert m["status"] == "ok", m
-    assert m["input_on_device"] is True and m["measured_samples"] == 8 * m["measured_steps"]
+    assert m.status == "ok", m
+    assert m.input_on_device is True and m.measured_items == 8 * m.measured_steps
 
 
 def test_the_ahead_thread_keeps_order_and_hands_on_its_failure():
@@ -466,5 +472,5 @@ def test_worker_threads_are_set_in_every_loader_worker(tmp_path: Path):
         cfg["workload"]["dataset_args"] = {"expect": expect}
         m = run_trial(_spec(cfg, number=number, num_workers=2, prefetch_factor=2, batch_size=8,
                             worker_threads=threads), tmp_path / str(number), 60)
-        assert m["status"] == "ok", m
-        assert m["params"]["worker_threads"] == threads
+        assert m.status == "ok", m
+        assert m.params["worker_threads"] == threads

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tunekit import config as config_mod
-from tunekit.contract import KNOB_NAMES
+from tunekit.contract import KNOB_NAMES, Measurement
 from tunekit.errors import UsageError
 from tunekit.recommended import Recommended, load_recommended
 
@@ -36,14 +36,14 @@ class SweepOutcome:
 
 @dataclass(frozen=True)
 class TrialOutcome:
-    """One trial's measurement (measurement.json as a dict) and its folder."""
+    """One trial's measurement (measurement.json as a :class:`tunekit.contract.Measurement`) and its folder."""
 
-    measurement: dict[str, Any]
+    measurement: Measurement
     trial_dir: Path
 
     @property
     def ok(self) -> bool:
-        return self.measurement["status"] == "ok"
+        return self.measurement.status == "ok"
 
 
 def sweep(config: str | os.PathLike[str] | dict[str, Any], *, out: str | os.PathLike[str] | None = None,

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import yaml
 from tunekit import plan, report, store
 from tunekit._files import read_json, write_json_atomic, write_text_atomic
 from tunekit.config import Config, from_dict
-from tunekit.contract import Knobs, TrialSpec, skipped_measurement
+from tunekit.contract import Knobs, Measurement, TrialSpec, skipped_measurement
 from tunekit.env import snapshot, sweep_warnings
 from tunekit.errors import UsageError
 from tunekit.launcher import child_env, kill_tree, release_nodes, run_trial, start_fork_server, torchrun_command
@@ -214,7 +214,7 @@ def _run_trials(sweep: _Sweep, budget: _Budget) -> None:
             row = _run_one(sweep, req)
             sweep.rows.append(row)
             if req.skip is None:
-                budget.durations.append(float(row.measurement.get("launcher_wall_s") or 0.0))
+                budget.durations.append(float(row.measurement.launcher_wall_s or 0.0))
             bar.finished(row, plan.estimate_total(sweep.cfg, sweep.rows, strategy=sweep.strategy, cuda=sweep.cuda))
             if last:
                 return
@@ -234,7 +234,7 @@ def _run_one(sweep: _Sweep, req: plan.Request) -> TrialRow:
             sweep.runs.interrupt(trial, req.mode)
             raise
     sweep.runs.finish(trial, req.mode, measurement)
-    return TrialRow.from_measurement({**measurement, "number": number})
+    return TrialRow.from_measurement(replace(measurement, number=number))
 
 
 def _finish(sweep: _Sweep, env: dict[str, Any], before: list[str]) -> SweepResult:
@@ -253,7 +253,7 @@ def _finish(sweep: _Sweep, env: dict[str, Any], before: list[str]) -> SweepResul
     report.write_outputs(sweep.run_dir, summary, env)
     knee = summary.choice.knee
     sweep.runs.record_knee(None if knee is None else {
-        "trial": knee.number, "knobs": knee.knobs.to_dict(), "samples_per_s": knee.rate,
+        "trial": knee.number, "knobs": knee.knobs.to_dict(), "rate": knee.rate, "unit": knee.unit,
         "best_trial": summary.choice.best.number if summary.choice.best else None, "reason": summary.choice.reason})
     return SweepResult(sweep.run_dir, summary, sweep.interrupted)
 
@@ -284,7 +284,7 @@ def first_knobs(cfg: Config, **chosen: Any) -> Knobs:
 
 
 def run_single(cfg: Config, knobs: Knobs, mode: str, out: Path,
-               announce: Callable[[int], None] = lambda number: None) -> tuple[dict[str, Any], Path]:
+               announce: Callable[[int], None] = lambda number: None) -> tuple[Measurement, Path]:
     """Exactly one trial into ``out/trials/<n>/`` (``tunekit trial``): its measurement and its folder. A sweep's run
     folder is refused (a resumed sweep would reuse the number). ``announce(number)`` runs once the folder is held."""
     with store.lock_run(out), interrupts_as_keyboard_interrupt():  # no other sweep or trial writes here meanwhile
@@ -329,9 +329,9 @@ def run_node(cfg: Config, node_rank: int, folder: Path, *, idle_timeout_s: float
                 return served
             if (folder / "trial").exists():
                 served, last = served + 1, time.monotonic()
-                failed = [read_json(p) for p in folder.glob("measurement.rank*.json")]
-                first = min(failed, key=lambda m: float(m.get("failed_at") or 0.0)) if failed else {}
-                reason = first.get("reason")
+                failed = [Measurement.from_dict(read_json(p)) for p in folder.glob("measurement.rank*.json")]
+                first = min(failed, key=lambda m: float(m.failed_at or 0.0)) if failed else None
+                reason = first.reason if first is not None else None
                 say(f"node {node_rank}: trial {(folder / 'trial').read_text()} "
                     + (f"failed here: {reason}" if reason else "done" if rc == 0 else f"ended with exit code {rc}"))
             elif time.monotonic() - last > idle_timeout_s:
@@ -427,5 +427,5 @@ class _Progress:
         result = f"{row.rate:.1f} {row.unit}/s" if row.ok else f"{row.status}: {row.reason}"
         self.progress.console.print(f"trial {row.number} [{row.stage}/{row.mode}] {row.knobs.describe()}: "
                                     f"{result}")
-        for warning in row.measurement.get("warnings") or []:
+        for warning in row.measurement.warnings or []:
             warn(self.progress.console, f"trial {row.number}: {warning}")

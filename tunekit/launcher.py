@@ -13,6 +13,7 @@ This module never imports torch.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import math
 import os
@@ -31,14 +32,14 @@ import psutil
 
 import tunekit
 from tunekit._files import read_json, write_json_atomic
-from tunekit.contract import STATUSES, TrialSpec, failed_measurement
+from tunekit.contract import STATUSES, Measurement, TrialSpec, failed_measurement
 from tunekit.outcome import classify_error
 
 __all__ = ["run_trial", "kill_tree", "worker_command", "torchrun_command", "release_nodes", "child_env",
            "REQUIRED_FIELDS", "LOG_KEEP_BYTES"]
 
-REQUIRED_FIELDS = ("samples_per_s", "samples_per_s_windows", "noise_cv", "step_time_s", "data_wait_frac",
-                   "headroom", "warmup_s")
+REQUIRED_FIELDS = ("rate", "rate_windows", "noise_cv", "step_time_s", "data_wait_frac", "headroom", "warmup_s")
+"""The fields of :class:`Measurement` an ``ok`` measurement must hold, non-null and finite."""
 _TERM_GRACE_S = 5.0
 LOG_KEEP_BYTES = 4 * 2**20
 """worker.log keeps the first and the last this many bytes of a trial's output (a dataset that prints on every
@@ -90,8 +91,9 @@ class _CappedLog:
         self._file.close()
 
 
-def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: float) -> dict[str, Any]:
-    """Run ``spec`` in a fresh subprocess and return its measurement, also written to trial_dir/measurement.json.
+def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: float) -> Measurement:
+    """Run ``spec`` in a fresh subprocess and return its measurement, also written to trial_dir/measurement.json
+    (version 2, with the launcher's fields added).
 
     Never raises for a failed trial: the status and reason say what happened. KeyboardInterrupt (or any other
     exception in the caller while waiting) kills the trial's process tree before propagating.
@@ -131,12 +133,12 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
             pid_file.unlink(missing_ok=True)
     wall = time.perf_counter() - t0
     result = _outcome(spec, proc.returncode, timed_out, timeout_s, out_path, trial_dir / "worker.log")
-    result.update(returncode=proc.returncode, launcher_wall_s=wall, pid=proc.pid,
-                  started_by="fork server" if isinstance(proc, _Forked) else "interpreter")
+    result.returncode, result.launcher_wall_s, result.pid = proc.returncode, wall, proc.pid
+    result.started_by = "fork server" if isinstance(proc, _Forked) else "interpreter"
     refused = _SERVERS.get("server")
     if _forkable(spec) and not isinstance(proc, _Forked) and refused is not None and refused.refusal:
-        result["fork_server_refused"] = refused.refusal  # why this trial paid a fresh interpreter
-    write_json_atomic(out_path, result)
+        result.fork_server_refused = refused.refusal  # why this trial paid a fresh interpreter
+    write_json_atomic(out_path, result.to_dict())
     return result
 
 
@@ -419,12 +421,13 @@ def _tail(path: Path, limit: int = 20_000) -> str:
 
 
 def _outcome(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float, out_path: Path,
-             log_path: Path) -> dict[str, Any]:
+             log_path: Path) -> Measurement:
     failed_rank = _rank_failure(out_path) if not out_path.exists() else None
     if timed_out:
         if failed_rank is not None:  # a rank failed, and its peers then hung in a collective: the failure is the cause
-            return {**failed_rank, "reason": f"{failed_rank['reason']} (the other ranks then hung until "
-                                              f"trial.timeout_s = {timeout_s:g} s; the process tree was killed)"}
+            return dataclasses.replace(failed_rank, reason=f"{failed_rank.reason} (the other ranks then hung until "
+                                                           f"trial.timeout_s = {timeout_s:g} s; the process tree "
+                                                           "was killed)")
         return failed_measurement(
             spec, "timeout", f"no result within trial.timeout_s = {timeout_s:g} s; its process tree was killed"
         )
@@ -433,10 +436,10 @@ def _outcome(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float,
             data = read_json(out_path)
         except (OSError, ValueError) as exc:
             return failed_measurement(spec, "bad_output", f"measurement.json is not valid JSON: {exc}")
-        problem = _check_measurement(data)
-        if problem:
-            return failed_measurement(spec, "bad_output", problem)
-        return data
+        accepted = _accept(data)
+        if isinstance(accepted, str):
+            return failed_measurement(spec, "bad_output", accepted)
+        return accepted
     if failed_rank is not None:
         return failed_rank
     log = _tail(log_path)
@@ -456,7 +459,7 @@ def _outcome(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float,
     return failed_measurement(spec, status, f"exit code {rc}: {reason}")
 
 
-def _rank_failure(out_path: Path) -> dict[str, Any] | None:
+def _rank_failure(out_path: Path) -> Measurement | None:
     """The failure the ranks of a multi-rank trial reported: the first in time (its peers fail after it, in their
     collectives, for want of it)."""
     found = []
@@ -465,9 +468,10 @@ def _rank_failure(out_path: Path) -> dict[str, Any] | None:
             data = read_json(path)
         except (OSError, ValueError):
             continue
-        if isinstance(data, dict) and data.get("status") in STATUSES and data.get("status") != "ok":
-            found.append(data)
-    return min(found, key=lambda d: float(d.get("failed_at") or 0.0)) if found else None
+        accepted = _accept(data)
+        if isinstance(accepted, Measurement) and accepted.status != "ok":
+            found.append(accepted)
+    return min(found, key=lambda m: float(m.failed_at or 0.0)) if found else None
 
 
 def _disk_full(folder: Path) -> str | None:
@@ -479,17 +483,26 @@ def _disk_full(folder: Path) -> str | None:
     return f"the disk holding {folder} is full ({free} bytes free): free space and resume" if free < 2**20 else None
 
 
-def _check_measurement(data: Any) -> str | None:
+def _accept(data: Any) -> Measurement | str:
+    """The worker's measurement.json (any version) as a record, or what is wrong with it."""
     if not isinstance(data, dict) or data.get("status") not in STATUSES:
         return "measurement.json has no valid status"
-    if data["status"] != "ok":
-        return None if data.get("reason") else "a failed measurement without a reason"
-    for key in REQUIRED_FIELDS:
-        value = data.get(key)
+    try:
+        m = Measurement.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        return f"measurement.json is not a measurement: {exc}"
+    return _check_measurement(m) or m
+
+
+def _check_measurement(m: Measurement) -> str | None:
+    if m.status != "ok":
+        return None if m.reason else "a failed measurement without a reason"
+    for name in REQUIRED_FIELDS:
+        value = getattr(m, name)
         if value is None:
-            return f"measurement.json lacks {key}"
+            return f"measurement.json lacks {name}"
         if isinstance(value, float) and not math.isfinite(value):
-            return f"measurement.json has a non-finite {key}: {value}"
-    if data["samples_per_s"] <= 0:
-        return f"measurement.json reports samples_per_s = {data['samples_per_s']}"
+            return f"measurement.json has a non-finite {name}: {value}"
+    if not isinstance(m.rate, (int, float)) or m.rate <= 0:
+        return f"measurement.json reports rate = {m.rate}"
     return None

@@ -20,7 +20,15 @@ import yaml
 
 from tunekit.errors import ConfigError
 
-__all__ = ["Recommended", "load_recommended", "recommendation_dict", "worker_threads_init"]
+__all__ = ["Recommended", "load_recommended", "recommendation_dict", "worker_threads_init", "RECOMMENDED_VERSION"]
+
+RECOMMENDED_VERSION = 2
+"""The version of recommended.yaml written now. Version 1 (files without ``version``) named the evidence's
+throughput ``samples_per_s`` whatever its unit; :func:`load_recommended` reads both."""
+
+_V1_EVIDENCE = {"samples_per_s": "rate", "best_samples_per_s": "best_rate", "defaults_samples_per_s": "defaults_rate",
+                "samples_per_dollar": "items_per_money"}
+_V1_DISTRIBUTED = {"per_gpu_samples_per_s": "per_gpu_rate", "single_gpu_samples_per_s": "single_gpu_rate"}
 
 
 def _set_worker_threads(threads: int, then: Callable[[int], Any] | None, worker_id: int) -> None:
@@ -51,6 +59,9 @@ class Recommended:
     grad_accum: int
     compile: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    """What the sweep measured at the recommendation: ``rate``, ``best_rate`` and ``defaults_rate`` in ``unit``/s,
+    ``items_per_money``, the verdict and its diagnosis, ``distributed`` for several ranks (version 2's names, also
+    for a version-1 file)."""
     ranks: int = 1
     """DDP ranks (one per GPU) the settings were measured with; the DataLoader settings are per rank."""
     threads: int | None = None
@@ -152,6 +163,7 @@ def recommendation_dict(knobs: dict[str, Any], evidence: dict[str, Any]) -> dict
     workers = int(knobs["num_workers"])
     ranks = int(knobs.get("ranks", 1))
     return {
+        "version": RECOMMENDED_VERSION,
         "dataloader": {
             "batch_size": int(knobs["batch_size"]),
             "num_workers": workers,
@@ -192,7 +204,7 @@ def load_recommended(path: str | os.PathLike[str]) -> Recommended:
             prefetch_factor=dl.get("prefetch_factor"), pin_memory=bool(dl["pin_memory"]),
             persistent_workers=bool(dl.get("persistent_workers", False)),
             non_blocking=bool(tr.get("non_blocking", dl["pin_memory"])), grad_accum=int(tr.get("grad_accum", 1)),
-            compile=str(tr.get("compile", "none")), evidence=dict(data.get("evidence") or {}),
+            compile=str(tr.get("compile", "none")), evidence=_evidence(data),
             ranks=_count(tr, "ranks", 1, "training") if "ranks" in tr else 1, config=dict(data.get("config") or {}),
             threads=_count(tr, "threads", 1, "training") if tr.get("threads") is not None else None,
             worker_threads=(_count(dl, "worker_threads", 1, "dataloader") if dl.get("worker_threads") is not None
@@ -200,6 +212,17 @@ def load_recommended(path: str | os.PathLike[str]) -> Recommended:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError([f"{label}: not a tunekit recommendation: missing or bad key {exc}"]) from None
+
+
+def _evidence(data: dict[str, Any]) -> dict[str, Any]:
+    """The evidence under version 2's names: the one adapter for recommended.yaml files of version 1."""
+    evidence = dict(data.get("evidence") or {})
+    if int(data.get("version") or 1) > 1:
+        return evidence
+    evidence = {_V1_EVIDENCE.get(k, k): v for k, v in evidence.items()}
+    if isinstance(evidence.get("distributed"), dict):
+        evidence["distributed"] = {_V1_DISTRIBUTED.get(k, k): v for k, v in evidence["distributed"].items()}
+    return evidence
 
 
 def _count(section: dict[str, Any], key: str, minimum: int, where: str = "dataloader") -> int:

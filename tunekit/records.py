@@ -1,15 +1,15 @@
 """Finished trials as the analysis, the plan and the report see them: one typed row per trial.
 
-The bottom of the read side: built from measurement.json dicts (contract.py), imported by every stage above.
+The bottom of the read side: built from measurements (contract.Measurement), imported by every stage above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunekit.contract import Knobs
+from tunekit.contract import Knobs, Measurement
 
 __all__ = ["TrialRow", "rows_from_measurements", "compute_ceiling"]
 
@@ -23,6 +23,8 @@ class TrialRow:
     mode: str
     knobs: Knobs
     status: str
+    measurement: Measurement = field(compare=False, repr=False)
+    """The whole measurement, for the figures only the report and the diagnosis read."""
     reason: str = ""
     rate: float = 0.0
     """Throughput (``unit``/s) over the kept windows (rules.window_rate); 0 for a trial that was not measured."""
@@ -31,8 +33,6 @@ class TrialRow:
     headroom: float | None = None
     """Share of memory left free at the peak (device memory on a GPU, host memory on the CPU)."""
     compile_s: float = 0.0
-    measurement: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    """The whole measurement.json, for the figures only the report and the diagnosis read."""
 
     @property
     def ok(self) -> bool:
@@ -41,39 +41,40 @@ class TrialRow:
     @property
     def unit(self) -> str:
         """What the throughput counts (``workload.unit``): samples unless the workload counts tokens, say."""
-        return str(self.measurement.get("unit") or "samples")
+        return self.measurement.unit or "samples"
+
+    @property
+    def item(self) -> str:
+        """One of ``unit``, for labels: ``sample``, ``token``."""
+        return self.unit.removesuffix("s")
 
     @property
     def key(self) -> tuple[Any, ...]:
         """What makes two trials the same trial: stage, mode and knobs."""
         return (self.stage, self.mode, self.knobs)
 
-    def figure(self, name: str, default: float | None = None) -> float | None:
-        """A numeric field of the measurement as a float (``default`` when it is missing or null)."""
-        value = self.measurement.get(name)
-        return default if value is None else float(value)
-
     @classmethod
-    def from_measurement(cls, m: dict[str, Any]) -> TrialRow:
-        params = {k: v for k, v in (m.get("params") or {}).items() if k in Knobs.__dataclass_fields__}
-        status = str(m.get("status"))
+    def from_measurement(cls, m: Measurement) -> TrialRow:
+        params = {k: v for k, v in m.params.items() if k in Knobs.__dataclass_fields__}
         return cls(
-            number=int(m.get("number", -1)),
-            stage=str(m.get("stage", "")),
-            mode=str(m.get("mode", "train")),
+            number=m.number,
+            stage=m.stage,
+            mode=m.mode,
             knobs=Knobs(**params),
-            status=status,
-            reason=str(m.get("reason") or ""),
-            rate=float(m.get("samples_per_s") or 0.0) if status == "ok" else 0.0,
-            noise_cv=float(m.get("noise_cv") or 0.0),
-            headroom=m.get("headroom"),
-            compile_s=float(m.get("compile_s") or 0.0),
+            status=m.status,
+            reason=m.reason or "",
+            rate=float(m.rate or 0.0) if m.status == "ok" else 0.0,
+            noise_cv=float(m.noise_cv or 0.0),
+            headroom=m.headroom,
+            compile_s=float(m.compile_s or 0.0),
             measurement=m,
         )
 
 
-def rows_from_measurements(measurements: list[dict[str, Any]]) -> list[TrialRow]:
-    return [TrialRow.from_measurement(m) for m in measurements]
+def rows_from_measurements(measurements: Iterable[Measurement | Mapping[str, Any]]) -> list[TrialRow]:
+    """Rows of measurements, records or measurement.json dicts (read through ``Measurement.from_dict``)."""
+    return [TrialRow.from_measurement(m if isinstance(m, Measurement) else Measurement.from_dict(m))
+            for m in measurements]
 
 
 def compute_ceiling(rows: Iterable[TrialRow], batch: int) -> TrialRow | None:

@@ -49,7 +49,7 @@ def knee_stages(before: str | None = None) -> tuple[str, ...]:
 def changes_result(row: TrialRow) -> bool:
     """Whether the trial set a user-defined knob whose values may change what training learns (``search.extra``,
     ``changes_result: true``) away from its baseline: it is measured and reported, never chosen."""
-    return bool(row.measurement.get("changes_result"))
+    return bool(row.measurement.changes_result)
 
 
 def fits(row: TrialRow, selection: Selection) -> bool:
@@ -99,26 +99,26 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
 """Student's t, two-sided 95 %, for 1 ... 15 degrees of freedom (1.96 beyond)."""
 
 
-def window_rate(samples: Sequence[float], seconds: Sequence[float]) -> float:
+def window_rate(items: Sequence[float], seconds: Sequence[float]) -> float:
     """A trial's throughput: its windows' items over their time. The windows are contiguous and close at the end
     of a loader round, so their lengths differ: a round that finishes early joins the next in one long, fast window
     while slow rounds stay windows of their own, and a median of window rates leans towards the slow rounds (by up
     to 9 % on H200 trials of 16 CPU-decoding workers). The ratio of sums weighs every second once."""
     total = sum(seconds)
-    return sum(samples) / total if total > 0 else 0.0
+    return sum(items) / total if total > 0 else 0.0
 
 
-def rate_interval(samples: Sequence[float], seconds: Sequence[float]) -> float:
+def rate_interval(items: Sequence[float], seconds: Sequence[float]) -> float:
     """Relative half-width of the 95 % confidence interval of :func:`window_rate` (the ratio estimator's standard
     error over the windows; for windows of equal length, the t-interval of their mean rate); inf below two
     windows."""
-    n = len(samples)
+    n = len(items)
     if n < 2 or sum(seconds) <= 0:
         return float("inf")
-    rate = window_rate(samples, seconds)
+    rate = window_rate(items, seconds)
     if rate <= 0:
         return float("inf")
-    spread = sum((s - rate * t) ** 2 for s, t in zip(samples, seconds, strict=True)) / (n - 1)
+    spread = sum((s - rate * t) ** 2 for s, t in zip(items, seconds, strict=True)) / (n - 1)
     se = (spread / n) ** 0.5 / (sum(seconds) / n)
     t = _T975[n - 2] if n - 2 < len(_T975) else 1.96
     return t * se / rate
@@ -150,7 +150,7 @@ def settling(rates: list[float], min_windows: int, precision: float) -> int:
     return drop
 
 
-def window_stop(samples: Sequence[float], seconds: Sequence[float], min_windows: int, max_windows: int,
+def window_stop(items: Sequence[float], seconds: Sequence[float], min_windows: int, max_windows: int,
                 precision: float | None, needed: float | None = None) -> str | None:
     """Why a trial stops measuring after these windows (items and seconds of each), or None to measure another:
     ``fixed`` (no precision asked, ``min_windows`` done), ``below_band`` (the settled windows' interval lies wholly
@@ -158,13 +158,13 @@ def window_stop(samples: Sequence[float], seconds: Sequence[float], min_windows:
     make it the knee; judged from two windows on, the t-interval of so few being wide enough to hold only a clear
     miss), ``precise`` (``min_windows`` done and the settled windows' interval within ``precision``),
     ``max_windows``."""
-    n = len(samples)
+    n = len(items)
     if precision is None:
         return "fixed" if n >= min_windows else None
     if n < 2:
         return None
-    drop = settling([s / t if t > 0 else 0.0 for s, t in zip(samples, seconds, strict=True)], min_windows, precision)
-    kept, kept_s = samples[drop:], seconds[drop:]
+    drop = settling([s / t if t > 0 else 0.0 for s, t in zip(items, seconds, strict=True)], min_windows, precision)
+    kept, kept_s = items[drop:], seconds[drop:]
     interval = rate_interval(kept, kept_s)
     if needed is not None and window_rate(kept, kept_s) * (1.0 + interval) < needed:
         return "below_band"
@@ -248,32 +248,32 @@ def scaling_efficiency(multi: TrialRow, single: TrialRow) -> float | None:
 def communication_bound(row: TrialRow, efficiency: float | None) -> bool:
     """A multi-rank trial whose gradient sync takes over SYNC_SHARE of a step while the loop does not wait on data,
     and (when it was measured) scales below SCALING_HEALTHY."""
-    share = row.figure("sync_share")
+    share = row.measurement.sync_share
     if row.knobs.ranks < 2 or share is None or share < SYNC_SHARE:
         return False
-    return (row.figure("data_wait_frac", 0.0) or 0.0) <= STARVED_WAIT and (
+    return (row.measurement.data_wait_frac or 0.0) <= STARVED_WAIT and (
         efficiency is None or efficiency < SCALING_HEALTHY)
 
 
 def machine_noise(row: TrialRow) -> bool:
     """Window noise the machine made: over NOISY_CV, and not explained by batches whose content varies from window
     to window (variable-length text counted in tokens: the noise must exceed twice the items-per-batch CV)."""
-    content = row.figure("items_per_batch_cv", 0.0) or 0.0
+    content = row.measurement.items_per_batch_cv or 0.0
     return row.noise_cv > NOISY_CV and row.noise_cv > 2 * content
 
 
 def keeps_cpus_busy(row: TrialRow) -> bool:
     """Whether a trial's process tree kept over CPU_SATURATED of its usable CPUs busy: no CPU time is left for the
     loader to go faster, whatever the knobs that only rearrange when its batches are made (prefetch)."""
-    return (row.figure("cpu_util_frac") or 0.0) > CPU_SATURATED
+    return (row.measurement.cpu_util_frac or 0.0) > CPU_SATURATED
 
 
 def worker_core_share(row: TrialRow) -> float | None:
     """The share of the cores the loader workers could use (min(workers, usable CPUs)) that they kept busy over the
-    windows: their CPU time per sample over their wall time per sample, scaled by how oversubscribed they were.
+    windows: their CPU time per item over their wall time per item, scaled by how oversubscribed they were.
     None when the trial has no workers or did not measure them."""
-    cpu, wall = row.figure("worker_cpu_per_sample_s"), row.figure("worker_wall_per_sample_s")
-    workers, cpus = row.knobs.num_workers * row.knobs.ranks, int(row.measurement.get("cpu_count") or 0)
+    cpu, wall = row.measurement.worker_cpu_per_item_s, row.measurement.worker_wall_per_item_s
+    workers, cpus = row.knobs.num_workers * row.knobs.ranks, int(row.measurement.cpu_count or 0)
     if cpu is None or not wall or not workers or not cpus:
         return None
     return cpu / wall * workers / min(workers, cpus)
@@ -290,6 +290,6 @@ def input_bound(row: TrialRow, ceiling: TrialRow | None) -> bool:
     ceiling): the input pipeline, not the model, holds it back. A multi-rank trial must also wait on data: its
     ceiling is one GPU's without gradient sync, so sync alone also keeps it below."""
     share = of_ceiling(row, ceiling)
-    if row.knobs.ranks > 1 and (row.figure("data_wait_frac", 0.0) or 0.0) <= NO_WAIT:
+    if row.knobs.ranks > 1 and (row.measurement.data_wait_frac or 0.0) <= NO_WAIT:
         return False
     return share is not None and share < NEAR_CEILING

@@ -2,7 +2,7 @@
 
 Two studies share the file, so that optuna's own tools (``study.best_trial``, optuna-dashboard) see the truth:
 
-* ``tunekit`` holds the end-to-end trials, whose objective is the job's throughput: COMPLETE with samples/s,
+* ``tunekit`` holds the end-to-end trials, whose objective is the job's throughput: COMPLETE with its rate (``unit``/s),
   FAIL with a status and reason, PRUNED when the plan skipped it (the reason says why). The sweep stores its knee
   on this study (user attribute ``knee``); ``best_trial`` is the fastest end-to-end trial.
 * ``tunekit-ceilings`` holds the compute-alone and loader-alone trials: bounds, not configs to choose.
@@ -26,6 +26,7 @@ import shutil
 import signal
 import sqlite3
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,7 +35,7 @@ from optuna.trial import TrialState
 
 from tunekit import __version__
 from tunekit.config import COMPILE_MODES, Config, extra_knobs
-from tunekit.contract import Knobs
+from tunekit.contract import Knobs, Measurement
 from tunekit.errors import StorageError, UsageError
 from tunekit.records import TrialRow
 
@@ -157,17 +158,17 @@ class RunStore:
         return trial, number
 
     @_guarded
-    def finish(self, trial: optuna.Trial, mode: str, measurement: dict[str, Any]) -> None:
-        """Record a trial's measurement: COMPLETE with samples/s when ok, PRUNED when skipped (with the reason),
-        FAIL (with status and reason) otherwise."""
+    def finish(self, trial: optuna.Trial, mode: str, measurement: Measurement) -> None:
+        """Record a trial's measurement (``to_dict()``, version 2): COMPLETE with its rate (``unit``/s) when ok,
+        PRUNED when skipped (with the reason), FAIL (with status and reason) otherwise."""
         study = self._study_for(mode)
-        trial.set_user_attr("measurement", measurement)
-        trial.set_user_attr("status", measurement["status"])
-        if measurement["status"] == "ok":
-            study.tell(trial, float(measurement["samples_per_s"]))
+        trial.set_user_attr("measurement", measurement.to_dict())
+        trial.set_user_attr("status", measurement.status)
+        if measurement.status == "ok":
+            study.tell(trial, float(measurement.rate or 0.0))
             return
-        trial.set_user_attr("reason", measurement.get("reason") or "")
-        study.tell(trial, state=TrialState.PRUNED if measurement["status"] == "skipped" else TrialState.FAIL)
+        trial.set_user_attr("reason", measurement.reason or "")
+        study.tell(trial, state=TrialState.PRUNED if measurement.status == "skipped" else TrialState.FAIL)
 
     @_guarded
     def interrupt(self, trial: optuna.Trial, mode: str) -> None:
@@ -184,7 +185,8 @@ class RunStore:
                 m = t.user_attrs.get("measurement")
                 if m is None or t.user_attrs.get("status") == _INTERRUPTED:
                     continue
-                rows.append(TrialRow.from_measurement({**m, "number": t.user_attrs.get("number", t.number)}))
+                number = t.user_attrs.get("number", t.number)
+                rows.append(TrialRow.from_measurement(replace(Measurement.from_dict(m), number=number)))
         return sorted(rows, key=lambda r: r.number)
 
     @_guarded

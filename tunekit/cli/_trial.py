@@ -8,7 +8,7 @@ import click
 
 from tunekit import config as config_mod
 from tunekit.cli._outcome import parse_value
-from tunekit.contract import KNOB_NAMES
+from tunekit.contract import KNOB_NAMES, Measurement
 from tunekit.errors import UsageError
 
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,
@@ -37,7 +37,7 @@ def trial(config_path: str, sets: tuple[str, ...], mode: str, out_dir: str | Non
         f"trial {number}: {knobs.describe()} ({mode}) on {cfg.device} ...", err=True))
     click.echo(_summary(result))
     click.echo(f"-> {trial_dir / 'measurement.json'}")
-    if result["status"] != "ok":
+    if result.status != "ok":
         sys.exit(1)
 
 
@@ -85,23 +85,24 @@ def _fmt(value: Any, spec: str = ".3f", scale: float = 1.0, unit: str = "") -> s
     return "n/a" if value is None else f"{value * scale:{spec}}{unit}"
 
 
-def _summary(m: dict[str, Any]) -> str:
-    if m["status"] != "ok":
-        return f"status: {m['status']} — {m['reason']}"
+def _summary(m: Measurement) -> str:
+    if m.status != "ok":
+        return f"status: {m.status} — {m.reason}"
     gib = 1 / 2**30
     lines = [
-        f"status: ok on {m.get('device_name')} ({m.get('device')})",
-        f"{m.get('unit', 'samples')}/s: {m['samples_per_s']:.1f} "
-        f"(windows {', '.join(f'{r:.1f}' for r in m['samples_per_s_windows'])};"
-        f" noise cv {m['noise_cv'] * 100:.1f} %)",
-        f"step time: {_fmt(m['step_time_s'], '.4f', unit=' s')}; data wait {_fmt(m['data_wait_frac'], '.1%')};"
-        f" gpu busy {_fmt(m.get('gpu_busy_frac'), '.1%')};"
-        f" nvml util {_fmt(m.get('nvml_util_gpu_pct'), '.0f', unit=' %')}",
-        f"device memory peak: {_fmt(m.get('device_mem_peak_reserved_bytes'), '.2f', gib, ' GiB')} reserved of "
-        f"{_fmt(m.get('device_mem_total_bytes'), '.1f', gib, ' GiB')}; headroom {m['headroom']:.1%} "
-        f"({m.get('headroom_basis')})",
-        f"host memory peak: {_fmt(m.get('host_mem_peak_bytes'), '.2f', gib, ' GiB')} over "
-        f"{m.get('host_processes')} processes; cpu {m.get('cpu_util_cores', 0):.2f} cores",
-        f"warm-up: {m['warmup_s']:.2f} s over {m.get('warmup_batches')} batches; compile {m.get('compile_s', 0):.2f} s",
+        f"status: ok on {m.device_name} ({m.device})",
+        f"{m.unit or 'samples'}/s: {m.rate:.1f} "
+        f"(windows {', '.join(f'{r:.1f}' for r in m.rate_windows or [])};"
+        f" noise cv {(m.noise_cv or 0.0) * 100:.1f} %)",
+        f"step time: {_fmt(m.step_time_s, '.4f', unit=' s')}; data wait {_fmt(m.data_wait_frac, '.1%')};"
+        f" gpu busy {_fmt(m.gpu_busy_frac, '.1%')};"
+        f" nvml util {_fmt(m.nvml_util_gpu_pct, '.0f', unit=' %')}",
+        f"device memory peak: {_fmt(m.device_mem_peak_reserved_bytes, '.2f', gib, ' GiB')} reserved of "
+        f"{_fmt(m.device_mem_total_bytes, '.1f', gib, ' GiB')}; headroom {_fmt(m.headroom, '.1%')} "
+        f"({m.headroom_basis})",
+        f"host memory peak: {_fmt(m.host_mem_peak_bytes, '.2f', gib, ' GiB')} over "
+        f"{m.host_processes} processes; cpu {m.cpu_util_cores or 0:.2f} cores",
+        f"warm-up: {_fmt(m.warmup_s, '.2f', unit=' s')} over {m.warmup_batches} batches; compile "
+        f"{m.compile_s or 0:.2f} s",
     ]
     return "\n".join(lines)

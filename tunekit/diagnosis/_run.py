@@ -30,7 +30,7 @@ def run_verdicts(rows: list[TrialRow], knee: TrialRow | None, per_trial: dict[in
 
 
 def _other_processes(rows: list[TrialRow], env: dict[str, Any] | None) -> Verdict | None:
-    used = {str(r.measurement.get("device_uuid")).lower() for r in rows if r.measurement.get("device_uuid")}
+    used = {str(r.measurement.device_uuid).lower() for r in rows if r.measurement.device_uuid}
     gpus = [g for g in ((env or {}).get("gpus") or [])
             if not used or str(g.get("uuid") or "").lower().removeprefix("gpu-") in used]  # only the GPU we used
     procs = sum(len(g.get("processes") or []) for g in gpus)
@@ -67,4 +67,4 @@ def _overhead(knee: TrialRow | None, trials: Trials) -> Verdict | None:
     ratio = trials.overhead_ratio(batch)
     if ratio is None or ratio <= rules.OVERHEAD_RATIO:
         return None
-    return verdict("overhead-bound", {f"per-sample time at batch {batch} vs the best batch": f"{ratio:.2f}x"})
+    return verdict("overhead-bound", {f"per-{knee.item} time at batch {batch} vs the best batch": f"{ratio:.2f}x"})

@@ -130,19 +130,20 @@ def _facts(row: TrialRow, trials: Trials) -> Facts:
     k = row.knobs
     ceiling = trials.compute.get(k.batch_size)
     share = rules.of_ceiling(row, ceiling)
-    busy = row.figure("gpu_busy_frac")
+    m = row.measurement
+    busy = m.gpu_busy_frac
     return Facts(
-        wait=row.figure("data_wait_frac", 0.0) or 0.0,
+        wait=m.data_wait_frac or 0.0,
         of_ceiling=share,
         busy=busy,
         # a step that decodes on the device keeps its stream busy with that work, not with pageable copies
         stream_full=(not k.pin_memory and busy is not None and busy >= rules.STREAM_FULL
-                     and rules.input_bound(row, ceiling) and not row.measurement.get("input_on_device")),
-        cpu_busy=row.figure("cpu_util_frac"),
+                     and rules.input_bound(row, ceiling) and not m.input_on_device),
+        cpu_busy=m.cpu_util_frac,
         trial_saturates=rules.keeps_cpus_busy(row),
-        system_busy=None if row.figure("system_cpu_pct") is None else (row.figure("system_cpu_pct") or 0.0) / 100,
+        system_busy=None if m.system_cpu_pct is None else m.system_cpu_pct / 100,
         worker_share=rules.worker_core_share(row),
-        cpus=int(row.measurement.get("cpu_count") or 0),
+        cpus=int(m.cpu_count or 0),
         twin=trials.pinned_gain(row),
         plateau=trials.loader_plateau(row) if k.num_workers and row.mode == "train" else None,
     )
@@ -152,15 +153,15 @@ def _facts(row: TrialRow, trials: Trials) -> Facts:
 
 
 def _shared_gpu(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
-    throttle = sorted(set((row.measurement.get("nvml") or {}).get("throttle_reasons") or []) - rules.BENIGN_THROTTLE)
+    throttle = sorted(set((row.measurement.nvml or {}).get("throttle_reasons") or []) - rules.BENIGN_THROTTLE)
     # Noisy windows point at the GPU only when the loop is not waiting on data: a saturated input pipeline (CPU
     # contention among loader workers) makes windows jitter on its own, with the GPU to itself.
     gpu_bound = row.mode == "compute" or (row.mode == "train" and f.wait <= rules.STARVED_WAIT)
     if not (throttle or (rules.machine_noise(row) and gpu_bound)):
         return None
     ev: Evidence = {"window noise (CV)": row.noise_cv}
-    if row.figure("items_per_batch_cv"):
-        ev["items per batch, CV across windows"] = row.figure("items_per_batch_cv")
+    if row.measurement.items_per_batch_cv:
+        ev["items per batch, CV across windows"] = row.measurement.items_per_batch_cv
     if row.mode == "train":
         ev["data wait"] = f.wait
     if throttle:
@@ -232,9 +233,9 @@ def _data_starved(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     ev = {**_data_evidence(row, f), "workers": row.knobs.num_workers}
     if f.cpu_busy is not None:
         ev["CPU busy"] = f.cpu_busy
-    cpu, wall = row.figure("worker_cpu_per_sample_s"), row.figure("worker_wall_per_sample_s")
+    cpu, wall = row.measurement.worker_cpu_per_item_s, row.measurement.worker_wall_per_item_s
     if cpu is not None and wall and f.worker_share is not None:
-        ev["worker CPU vs wall time per sample"] = f"{cpu * 1e3:.2f} vs {wall * 1e3:.2f} ms"
+        ev[f"worker CPU vs wall time per {row.item}"] = f"{cpu * 1e3:.2f} vs {wall * 1e3:.2f} ms"
         ev["workers' share of their cores"] = f.worker_share
         if not f.workers_compute:
             ev["workers"] = f"{row.knobs.num_workers} (waiting, not computing)"
@@ -248,7 +249,7 @@ def _communication_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | 
     efficiency = rules.scaling_efficiency(row, single) if single is not None else None
     if not rules.communication_bound(row, efficiency):
         return None
-    ev: Evidence = {"gradient sync share of a step": row.figure("sync_share"), "data wait": f.wait,
+    ev: Evidence = {"gradient sync share of a step": row.measurement.sync_share, "data wait": f.wait,
                     "ranks": row.knobs.ranks}
     if efficiency is not None and single is not None:
         ev[f"scaling efficiency vs 1 GPU (trial {single.number})"] = efficiency
@@ -260,14 +261,14 @@ def _communication_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | 
 def _gpu_preprocessing(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     # the compute ceiling stages a batch already decoded: at a step that does not wait for data, the time beyond
     # the ceiling's step is the decoding and augmentation the step does on the device
-    if row.mode != "train" or not row.measurement.get("input_on_device") or f.data_bound:
+    if row.mode != "train" or not row.measurement.input_on_device or f.data_bound:
         return None
     if f.of_ceiling is None or f.of_ceiling >= rules.NEAR_CEILING:
         return None
     ev: Evidence = {"of compute ceiling": f.of_ceiling,
                     "step time beyond the model's on a ready batch": 1.0 - f.of_ceiling, "data wait": f.wait}
-    ahead = row.figure("device_input_wait_frac")
-    if ahead is not None and row.measurement.get("input_ahead"):
+    ahead = row.measurement.device_input_wait_frac
+    if ahead is not None and row.measurement.input_ahead:
         ev["input work"] = "one batch ahead, beside the step"
         ev["wait on the device-side input work"] = ahead
     if f.busy is not None:
@@ -282,7 +283,7 @@ def _overhead_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     if ratio is None or ratio <= rules.OVERHEAD_RATIO:
         return None
     ev: Evidence = {"of compute ceiling": f.of_ceiling} if row.mode == "train" else {}
-    ev["per-sample time vs the best batch"] = f"{ratio:.2f}x"
+    ev[f"per-{row.item} time vs the best batch"] = f"{ratio:.2f}x"
     return ev
 
 
@@ -303,7 +304,7 @@ def _cpu_contention(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
         return None
     return {**ev, "workers": 0, f"with workers (best, trial {peer.number})": (
         f"{peer.knobs.num_workers} workers, {peer.rate:.1f} {peer.unit}/s at batch {peer.knobs.batch_size}, CPU busy "
-        f"{peer.figure('cpu_util_frac'):.0%}: no faster")}
+        f"{peer.measurement.cpu_util_frac or 0.0:.0%}: no faster")}
 
 
 def _compute_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:

@@ -13,7 +13,7 @@ pinning measurably beats every unpinned config with as many workers or fewer, mo
 FIXES: dict[str, str] = {
     "data-starved": "the loop waits on batches the loader does not deliver in time: raise num_workers and "
                     "prefetch_factor and keep workers persistent; when the workers wait rather than compute "
-                    "(their CPU time per sample is far below their wall time per sample: slow or remote storage), "
+                    "(their CPU time per item is far below their wall time per item: slow or remote storage), "
                     "go beyond the usable core count, cache the data locally or move it to faster storage",
     "cpu-preprocessing": "decoding and augmentation are the bound: decode and augment on the GPU "
                          "(torchvision.io.decode_jpeg on the device, NVIDIA DALI), use pillow-simd, lower the input "

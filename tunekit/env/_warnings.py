@@ -62,7 +62,7 @@ def sweep_warnings(cfg: Config, env: dict[str, Any], rows: list[TrialRow] | None
                                prefetch=max(s.prefetch_factor))
     out += _link_warnings(env, cfg.launch.nproc_per_node)
     for row in rows or []:
-        peak, total = row.measurement.get("host_mem_peak_bytes"), row.measurement.get("host_mem_total_bytes")
+        peak, total = row.measurement.host_mem_peak_bytes, row.measurement.host_mem_total_bytes
         if row.ok and peak and total and peak > rules.HOST_MEMORY_WARN * total:
             out.append(f"trial {row.number} used {peak / 2**30:.1f} of {total / 2**30:.1f} GiB of host memory "
                        f"({row.knobs.num_workers} workers): close to the machine's RAM")

@@ -306,14 +306,15 @@ def _prefetch(s: _Sweep) -> list[Request] | None:
         return []
     left = pending([Request("prefetch", "train", Knobs(**{**k.to_dict(), "prefetch_factor": pf}))
                     for pf in s.search.prefetch_factor if pf != k.prefetch_factor], s.rows)
-    wait = knee.figure("data_wait_frac_max", knee.figure("data_wait_frac"))  # the rank that waits most
+    m = knee.measurement
+    wait = m.data_wait_frac if m.data_wait_frac_max is None else m.data_wait_frac_max  # the rank that waits most
     deeper = all((r.knobs.prefetch_factor or 0) > (k.prefetch_factor or 0) for r in left)
     if left and deeper and wait is not None and wait < rules.NO_WAIT:
         return [left[0].skipped(f"the knee (trial {knee.number}) waits on data {wait:.1%} of the time, under "
                                 f"{rules.NO_WAIT:.0%}: more batches in flight cannot make it faster")]
     if left and deeper and rules.keeps_cpus_busy(knee):
         return [left[0].skipped(
-            f"the knee (trial {knee.number}) keeps {knee.figure('cpu_util_frac'):.0%} of its usable CPUs busy, over "
+            f"the knee (trial {knee.number}) keeps {m.cpu_util_frac or 0.0:.0%} of its usable CPUs busy, over "
             f"{rules.CPU_SATURATED:.0%}: more batches in flight are made with the same CPU time, so they cannot "
             "arrive faster")]
     return left
@@ -369,7 +370,7 @@ def _compile(s: _Sweep) -> list[Request] | None:
     left = pending([Request("compile", "train", Knobs(**{**k.to_dict(), "compile": c}))
                     for c in s.search.compile if c != k.compile], s.rows)
     ceiling = _compute_at(s, k.batch_size)
-    share, wait = rules.of_ceiling(knee, ceiling), knee.figure("data_wait_frac", 0.0) or 0.0
+    share, wait = rules.of_ceiling(knee, ceiling), knee.measurement.data_wait_frac or 0.0
     if left and rules.waits_on_data(wait, share) and share is not None:
         return [left[0].skipped(
             f"the knee (trial {knee.number}) waits on data {wait:.0%} of the time at {share:.0%} of its compute "

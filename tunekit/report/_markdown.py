@@ -38,9 +38,9 @@ def _recommendation(s: RunSummary) -> list[str]:
         out += [f"PyTorch defaults (0 workers, no pinning, {same}): {s.defaults.rate:.1f} {u}/s "
                 f"(trial {s.defaults.number}); the recommendation is **{s.speedup_vs_defaults:.2f}×** that.", ""]
     if k.headroom is not None:
-        out += [f"Memory headroom at the knee: {k.headroom:.1%} of {k.measurement.get('headroom_basis')} memory.", ""]
+        out += [f"Memory headroom at the knee: {k.headroom:.1%} of {k.measurement.headroom_basis} memory.", ""]
     out += _costs(s)
-    per_batch = k.measurement.get("items_per_batch_mean")
+    per_batch = k.measurement.items_per_batch_mean
     if u != "samples" and per_batch:
         out += [f"Mean {u} per batch at the knee: {per_batch:,.1f} (batch {k.knobs.batch_size}).", ""]
     return out + _ranks(s, k) + _ceilings(s.rows, k, u)
@@ -67,10 +67,9 @@ def _costs(s: RunSummary) -> list[str]:
            "per GPU (GiB) | device memory reserved per GPU (GiB) |", "|" + " --- |" * 8]
     for name, r in rows:
         m = r.measurement
-        pinned = m.get("pinned_peak_bytes")
         out.append(f"| {name} | {r.number} | {r.rate:.1f} | {r.knobs.num_workers * r.knobs.ranks} | "
-                   f"{fmt(m.get('cpu_util_cores'))} | {size(m.get('host_mem_peak_bytes'))} | {size(pinned)} | "
-                   f"{size(m.get('device_mem_peak_reserved_bytes'))} |")
+                   f"{fmt(m.cpu_util_cores)} | {size(m.host_mem_peak_bytes)} | {size(m.pinned_peak_bytes)} | "
+                   f"{size(m.device_mem_peak_reserved_bytes)} |")
     return [*out, ""]
 
 
@@ -133,24 +132,24 @@ def _ranks(s: RunSummary, k: TrialRow) -> list[str]:
     if n < 2:
         return []
     m, u = k.measurement, s.unit
-    cpus = m.get("cpu_count")
+    cpus = m.cpu_count
     out = [f"Ranks: {k.knobs.num_workers} workers per rank x {n} ranks = {k.knobs.num_workers * n} loader "
-           f"workers{f' on {cpus} CPUs' if cpus else ''} ({m.get('nodes') or 1} node(s)); {k.rate / n:.1f} {u}/s "
+           f"workers{f' on {cpus} CPUs' if cpus else ''} ({m.nodes or 1} node(s)); {k.rate / n:.1f} {u}/s "
            f"per GPU."]
     if s.scaling is not None:
         one = s.scaling.single
         out.append(f"Scaling efficiency: **{s.scaling.efficiency:.1%}** — {k.rate:.1f} {u}/s on {n} GPUs against "
                    f"{n} x {one.rate:.1f} on one GPU with the same per-rank config (trial {one.number}).")
-    sync, spread = m.get("sync_share"), m.get("rank_spread")
+    sync, spread = m.sync_share, m.rank_spread
     if sync is not None:
         out.append(f"Gradient sync: {sync:.1%} of a step (same steps with and without DDP's all-reduce).")
     if spread is not None:
-        out.append(f"Slowest rank: {m.get('slowest_rank')}, {spread:.1%} below the fastest; data wait "
-                   f"{fmt(m.get('data_wait_frac'), '.1%')} on average, {fmt(m.get('data_wait_frac_max'), '.1%')} on "
+        out.append(f"Slowest rank: {m.slowest_rank}, {spread:.1%} below the fastest; data wait "
+                   f"{fmt(m.data_wait_frac, '.1%')} on average, {fmt(m.data_wait_frac_max, '.1%')} on "
                    "the worst rank.")
-    pinned = [p.get("pinned_peak_bytes") for p in m.get("per_rank") or []
+    pinned = [p.get("pinned_peak_bytes") for p in m.per_rank or []  # each rank's figures, by field name
               if p.get("pinned_peak_bytes") and k.knobs.pin_memory]
-    host = m.get("host_mem_peak_bytes")
+    host = m.host_mem_peak_bytes
     if host:
         out.append(f"Host memory (PSS of every rank and worker): {host / 2**30:.1f} GiB"
                    + (f"; pinned memory per rank up to {max(pinned) / 2**30:.2f} GiB." if pinned else "."))
@@ -193,9 +192,9 @@ def _trial_warnings(rows: tuple[TrialRow, ...]) -> list[str]:
     """What trials flagged about the data (unsharded iterable workers) and epochs that ended inside them."""
     out = []
     for r in rows:
-        out += [f"trial {r.number}: {w}" for w in r.measurement.get("warnings") or []]
-        if r.measurement.get("epochs_ended"):
-            out.append(f"trial {r.number}: the loader's epoch ended {r.measurement['epochs_ended']} time(s) inside "
+        out += [f"trial {r.number}: {w}" for w in r.measurement.warnings or []]
+        if r.measurement.epochs_ended:
+            out.append(f"trial {r.number}: the loader's epoch ended {r.measurement.epochs_ended} time(s) inside "
                        "the trial; each restart of its workers is part of the measurement")
     return out
 
@@ -246,8 +245,8 @@ def _trials(s: RunSummary) -> list[str]:
                    f"{'yes' if k.pin_memory else 'no'} | {k.batch_size} | {k.grad_accum} | {k.compile} | "
                    f"{status.replace('|', '/')} | {fmt(rate_or_none(r))} | "
                    f"{fmt(s.per_money(rate_or_none(r)), ',.0f')} | "
-                   f"{fmt(r.noise_cv, '.1%')} | {fmt(r.measurement.get('data_wait_frac'), '.1%')} | "
-                   f"{fmt(r.measurement.get('nvml_util_gpu_pct'), '.0f')} | {fmt(r.headroom, '.1%')} | "
+                   f"{fmt(r.noise_cv, '.1%')} | {fmt(r.measurement.data_wait_frac, '.1%')} | "
+                   f"{fmt(r.measurement.nvml_util_gpu_pct, '.0f')} | {fmt(r.headroom, '.1%')} | "
                    f"{verdict.name if verdict else '—'} |")
     return out
 
@@ -264,7 +263,7 @@ def _trials_ranks(s: RunSummary) -> list[str]:
         out.append(f"| {r.number} | {r.stage} | {r.mode} | {k.ranks} | {k.num_workers} | {k.prefetch_factor or '—'} | "
                    f"{'yes' if k.pin_memory else 'no'} | {k.batch_size} | {k.grad_accum} | {k.compile} | "
                    f"{status.replace('|', '/')} | {fmt(rate)} | {fmt(None if rate is None else rate / k.ranks)} | "
-                   f"{fmt(r.noise_cv, '.1%')} | {fmt(r.measurement.get('data_wait_frac'), '.1%')} | "
-                   f"{fmt(r.measurement.get('sync_share'), '.1%')} | {fmt(r.headroom, '.1%')} | "
+                   f"{fmt(r.noise_cv, '.1%')} | {fmt(r.measurement.data_wait_frac, '.1%')} | "
+                   f"{fmt(r.measurement.sync_share, '.1%')} | {fmt(r.headroom, '.1%')} | "
                    f"{verdict.name if verdict else '—'} |")
     return out

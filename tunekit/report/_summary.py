@@ -56,7 +56,8 @@ class RunSummary:
         return sum(1 for r in self.rows if r.status == "skipped")
 
     def per_money(self, rate: float | None) -> float | None:
-        """Samples per unit of money at ``cost.per_hour``, or None without a price."""
+        """Items of ``unit`` per unit of money at ``cost.per_hour`` for a rate in ``unit``/s, or None without a
+        price."""
         return None if not self.per_hour or rate is None else rate * 3600 / self.per_hour
 
     @property
@@ -72,13 +73,13 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
     """Select the knee, find the baseline and diagnose the run."""
     choice = select(cfg, rows)
     ref = choice.knee or choice.best or next((r for r in rows if r.ok), None)
-    m = ref.measurement if ref else {}
+    m = ref.measurement if ref else None
     per_trial = trial_verdicts(rows, cfg.selection)
     knobs = tuple(extra_knobs(cfg))
     return RunSummary(
         name=cfg.name, strategy=strategy, choice=choice,
         defaults=defaults_trial(rows, choice.knee) if choice.knee else None, rows=tuple(rows),
-        device=m.get("device_name"), versions=m.get("versions") or {},
+        device=m.device_name if m else None, versions=(m.versions if m else None) or {},
         date=date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         min_headroom=cfg.selection.min_headroom, unit=cfg.workload.unit, stop_reason=stop_reason,
         verdicts=tuple(run_verdicts(rows, choice.knee, per_trial, cfg.selection, env)),

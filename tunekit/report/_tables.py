@@ -16,12 +16,13 @@ def rate_or_none(row: Any) -> float | None:
 
 
 def trials_csv(s: RunSummary) -> str:
-    """trials.csv: one row per trial with its verdict, the verdict's evidence and its samples per unit of money."""
+    """trials.csv: one row per trial with its verdict, the verdict's evidence and its items (of ``unit``) per unit
+    of money."""
     verdicts = s.trial_verdicts
     extra = {r.number: {"verdict": verdicts[r.number].name if r.number in verdicts else None,
                         "verdict_evidence": "; ".join(f"{k} {v}" for k, v in verdicts[r.number].evidence.items())
                         if r.number in verdicts else None,
-                        "samples_per_dollar": s.per_money(rate_or_none(r))} for r in s.rows}
+                        "items_per_money": s.per_money(rate_or_none(r))} for r in s.rows}
     buf = io.StringIO()
     trials_frame(list(s.rows), extra, {k.key: k.baseline for k in s.extra_knobs}).to_csv(buf, index=False)
     return buf.getvalue()
@@ -46,5 +47,5 @@ def console_table(s: RunSummary) -> Any:
                       str(k.prefetch_factor or "-"),
                       "y" if k.pin_memory else "n", str(k.batch_size), str(k.grad_accum), k.compile,
                       (r.status if r.ok else f"{r.status}: {r.reason[:40]}") + mark, fmt(rate_or_none(r)),
-                      fmt(r.noise_cv, ".1%"), fmt(r.measurement.get("data_wait_frac"), ".0%"))
+                      fmt(r.noise_cv, ".1%"), fmt(r.measurement.data_wait_frac, ".0%"))
     return table

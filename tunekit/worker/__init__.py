@@ -110,14 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         when = {} if rank is None else {"failed_at": time.time()}
         if type(exc).__name__ == "Diverged":  # a NaN/Inf loss: its own status, the reason as written
             write_json_atomic(failure_path, failed_measurement(spec, "diverged", f"{where}{exc}",
-                                                               exception="Diverged", **when))
+                                                               exception="Diverged", **when).to_dict())
             return EXIT_FAILED
         text = "".join(traceback.format_exception(exc))
         sys.stderr.write(f"{where}{text}")
         sys.stderr.flush()
         status, reason = classify_error(f"{type(exc).__name__}: {exc}\n{text}")
         write_json_atomic(failure_path, failed_measurement(spec, status, f"{where}{reason}",
-                                                           exception=type(exc).__name__, **when))
+                                                           exception=type(exc).__name__, **when).to_dict())
         if rank is not None:  # a rank's interpreter exit can hang in the backend's teardown, its peers gone
             sys.stderr.flush()
             os._exit(EXIT_FAILED)
@@ -125,5 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     if result is None:  # not rank 0: rank 0 wrote the merged measurement
         return 0
     write_json_atomic(out_path, result)
-    sys.stderr.write(f"trial {spec.number}: {result['samples_per_s']:.1f} samples/s -> {Path(out_path)}\n")
+    rate = result["rate"] if "rate" in result else result["samples_per_s"]  # version 2's name, or version 1's
+    sys.stderr.write(f"trial {spec.number}: {rate:.1f} {result.get('unit') or 'samples'}/s -> {Path(out_path)}\n")
     return 0

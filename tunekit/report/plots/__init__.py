@@ -47,10 +47,10 @@ class PlotResult(NamedTuple):
 
 
 PLOTS: tuple[tuple[str, str, str], ...] = (
-    ("workers", "samples/s vs num_workers", "workers.png"),
-    ("batch", "batch size vs samples/s and peak memory", "batch.png"),
-    ("utilization", "NVML utilization vs samples/s", "utilization.png"),
-    ("step_time", "per-sample step time vs batch size", "step_time.png"),
+    ("workers", "{unit}/s vs num_workers", "workers.png"),
+    ("batch", "batch size vs {unit}/s and peak memory", "batch.png"),
+    ("utilization", "NVML utilization vs {unit}/s", "utilization.png"),
+    ("step_time", "per-{item} step time vs batch size", "step_time.png"),
     ("fractions", "data-wait and GPU-idle fractions vs num_workers", "fractions.png"),
     ("compile", "compile modes", "compile.png"),
 )
@@ -71,7 +71,7 @@ def render_all(run_dir: Path, rows: list[TrialRow], choice: Choice, title: str,
     unit = next((r.unit for r in rows if r.ok), "samples")
     results = []
     for name, label, file in PLOTS:
-        label = label.replace("samples/s", f"{unit}/s")
+        label = label.format(unit=unit, item=unit.removesuffix("s"))
         build, draw = builders[name]
         data = build()
         path = run_dir / "plots" / file

@@ -14,7 +14,8 @@ _GIB = 2**30
 
 class Point(NamedTuple):
     workers: int
-    samples_per_s: float
+    rate: float
+    """Throughput, ``unit``/s."""
     low: float
     high: float
     trial: int
@@ -29,7 +30,8 @@ class Series(NamedTuple):
 
 @dataclass(frozen=True)
 class WorkersPlot:
-    """Samples/s against num_workers: one series per pin_memory/prefetch variant, window range as error bars."""
+    """Throughput (``unit``/s) against num_workers: one series per pin_memory/prefetch variant, window range as
+    error bars."""
 
     title: str
     series: tuple[Series, ...]
@@ -48,13 +50,15 @@ class WorkersPlot:
 
 class BatchPoint(NamedTuple):
     batch: int
-    samples_per_s: float
+    rate: float
+    """Throughput, ``unit``/s."""
     peak_gib: float | None
 
 
 @dataclass(frozen=True)
 class BatchPlot:
-    """Samples/s and peak memory against batch size, with the headroom limit and the batches that did not fit."""
+    """Throughput (``unit``/s) and peak memory against batch size, with the headroom limit and the batches that did
+    not fit."""
 
     title: str
     points: tuple[BatchPoint, ...]
@@ -67,14 +71,16 @@ class BatchPlot:
 
 class UtilPoint(NamedTuple):
     util_pct: float
-    samples_per_s: float
+    rate: float
+    """Throughput, ``unit``/s."""
     stage: str
     trial: int
 
 
 @dataclass(frozen=True)
 class UtilPlot:
-    """NVML utilization against samples/s, one point per trial: high utilization is not high output."""
+    """NVML utilization against throughput (``unit``/s), one point per trial: high utilization is not high
+    output."""
 
     title: str
     points: tuple[UtilPoint, ...]
@@ -84,13 +90,15 @@ class UtilPlot:
 
 class StepPoint(NamedTuple):
     batch: int
-    ms_per_sample: float
+    ms_per_item: float
+    """Step time per item of ``unit``, ms."""
     ms_per_step: float
 
 
 @dataclass(frozen=True)
 class StepTimePlot:
-    """Per-sample step time against batch size (compute ceiling): how much fixed cost a larger batch amortises."""
+    """Step time per item of ``unit`` against batch size (compute ceiling): how much fixed cost a larger batch
+    amortises."""
 
     title: str
     points: tuple[StepPoint, ...]
@@ -113,14 +121,16 @@ class FractionsPlot:
 
 class CompilePoint(NamedTuple):
     mode: str
-    samples_per_s: float
+    rate: float
+    """Throughput, ``unit``/s."""
     compile_s: float
     break_even_steps: float | None  # None: never pays off (not faster than eager)
 
 
 @dataclass(frozen=True)
 class CompilePlot:
-    """Steady samples/s per torch.compile mode, compile time, and the steps after which compiling pays off."""
+    """Steady throughput (``unit``/s) per torch.compile mode, compile time, and the steps after which compiling pays
+    off."""
 
     title: str
     points: tuple[CompilePoint, ...]
@@ -135,7 +145,7 @@ def _unit(rows: list[TrialRow]) -> str:
 
 
 def _point(row: TrialRow) -> Point:
-    windows = row.measurement.get("samples_per_s_windows") or [row.rate]
+    windows = row.measurement.rate_windows or [row.rate]
     return Point(row.knobs.num_workers, row.rate, float(min(windows)), float(max(windows)), row.number)
 
 
@@ -206,8 +216,7 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
 
 def _peak_gib(r: TrialRow) -> float | None:
     m = r.measurement
-    peak = m.get("device_mem_peak_reserved_bytes") if m.get("headroom_basis") == "device" else m.get(
-        "host_mem_peak_bytes")
+    peak = m.device_mem_peak_reserved_bytes if m.headroom_basis == "device" else m.host_mem_peak_bytes
     return None if peak is None else peak / _GIB
 
 
@@ -225,8 +234,8 @@ def batch_data(rows: list[TrialRow], choice: Choice, title: str, min_headroom: f
         return "the run has fewer than two batch sizes"
     ok_rows = [best_by_batch[b] for b in sorted(best_by_batch)]
     m = ok_rows[0].measurement
-    device = m.get("headroom_basis") == "device"
-    total = m.get("device_mem_total_bytes") if device else m.get("host_mem_total_bytes")
+    device = m.headroom_basis == "device"
+    total = m.device_mem_total_bytes if device else m.host_mem_total_bytes
     return BatchPlot(
         unit=_unit(rows),
         title=title, points=tuple(BatchPoint(r.knobs.batch_size, r.rate, _peak_gib(r)) for r in ok_rows), oom=oom,
@@ -237,8 +246,8 @@ def batch_data(rows: list[TrialRow], choice: Choice, title: str, min_headroom: f
 
 
 def util_data(rows: list[TrialRow], choice: Choice, title: str) -> UtilPlot | str:
-    points = tuple(UtilPoint(float(r.measurement["nvml_util_gpu_pct"]), r.rate, r.stage, r.number)
-                   for r in rows if r.ok and r.measurement.get("nvml_util_gpu_pct") is not None)
+    points = tuple(UtilPoint(float(r.measurement.nvml_util_gpu_pct), r.rate, r.stage, r.number)
+                   for r in rows if r.ok and r.measurement.nvml_util_gpu_pct is not None)
     if len(points) < 2:
         return "no NVML utilization was sampled (a CPU run, or NVML unavailable)"
     return UtilPlot(title, points, choice.knee.number if choice.knee else None, unit=_unit(rows))
@@ -249,7 +258,7 @@ def step_time_data(rows: list[TrialRow], title: str) -> StepTimePlot | str:
     if len(compute) < 2:
         return "the run has fewer than two compute-ceiling trials (batch sizes)"
     return StepTimePlot(unit=_unit(rows), title=title, points=tuple(
-        StepPoint(r.knobs.batch_size, 1000.0 / r.rate, 1000.0 * float(r.measurement.get("step_time_s") or 0.0))
+        StepPoint(r.knobs.batch_size, 1000.0 / r.rate, 1000.0 * float(r.measurement.step_time_s or 0.0))
         for r in compute))
 
 
@@ -261,10 +270,10 @@ def fractions_data(rows: list[TrialRow], choice: Choice, title: str) -> Fraction
         return "the run has fewer than two worker counts measured end to end"
     series: dict[str, dict[int, FractionPoint]] = {}
     for r in sorted(train, key=lambda r: (r.knobs.num_workers, -r.rate)):
-        busy = r.measurement.get("gpu_busy_frac")
+        busy = r.measurement.gpu_busy_frac
         label = f"pin_memory={'on' if r.knobs.pin_memory else 'off'}"
         series.setdefault(label, {}).setdefault(r.knobs.num_workers, FractionPoint(
-            r.knobs.num_workers, float(r.measurement.get("data_wait_frac") or 0.0),
+            r.knobs.num_workers, float(r.measurement.data_wait_frac or 0.0),
             None if busy is None else 1.0 - float(busy)))
     return FractionsPlot(title, tuple((k, tuple(v.values())) for k, v in series.items()))
 
@@ -286,9 +295,9 @@ def compile_data(rows: list[TrialRow], choice: Choice, title: str) -> CompilePlo
     eager = by_mode["none"]
     points = []
     for mode, r in by_mode.items():
-        gain = 1.0 / eager.rate - 1.0 / r.rate  # seconds saved per sample
-        samples = r.compile_s / gain if mode != "none" and gain > 0 else None
-        steps = None if samples is None else samples / (k.batch_size * k.grad_accum)
+        gain = 1.0 / eager.rate - 1.0 / r.rate  # seconds saved per item
+        items = r.compile_s / gain if mode != "none" and gain > 0 else None
+        steps = None if items is None else items / (k.batch_size * k.grad_accum)
         points.append(CompilePoint(mode, r.rate, r.compile_s, 0.0 if mode == "none" else steps))
     return CompilePlot(title, tuple(points), k.batch_size * k.grad_accum, unit=_unit(rows))
 

@@ -35,21 +35,21 @@ def draw_workers(plot: WorkersPlot, path: Path) -> None:
     fig, ax = _figure(plot.title)
     for series in plot.series:
         xs = [p.workers for p in series.points]
-        ys = [p.samples_per_s for p in series.points]
-        err = [[p.samples_per_s - p.low for p in series.points], [p.high - p.samples_per_s for p in series.points]]
+        ys = [p.rate for p in series.points]
+        err = [[p.rate - p.low for p in series.points], [p.high - p.rate for p in series.points]]
         # markers only: skipped or unsearched worker counts between two points are not interpolated
         hollow = {"markerfacecolor": "none"} if series.other_batch else {}
         ax.errorbar(xs, ys, yerr=err, marker="o", linestyle="none", capsize=3, label=series.label, **hollow)
     if plot.loader_ceiling:
-        ax.plot([p.workers for p in plot.loader_ceiling], [p.samples_per_s for p in plot.loader_ceiling], ":",
+        ax.plot([p.workers for p in plot.loader_ceiling], [p.rate for p in plot.loader_ceiling], ":",
                 color="grey", marker=".", label=plot.loader_label)
     if plot.compute_ceiling:
         ax.axhline(plot.compute_ceiling, color="black", linestyle="--", linewidth=1, label=plot.compute_label)
     if plot.best is not None:
-        ax.plot(plot.best.workers, plot.best.samples_per_s, marker="*", markersize=16, color="gold",
+        ax.plot(plot.best.workers, plot.best.rate, marker="*", markersize=16, color="gold",
                 markeredgecolor="black", linestyle="none", label=plot.best_label, zorder=5)
     if plot.knee is not None:
-        ax.plot(plot.knee.workers, plot.knee.samples_per_s, marker="o", markersize=14, markerfacecolor="none",
+        ax.plot(plot.knee.workers, plot.knee.rate, marker="o", markersize=14, markerfacecolor="none",
                 markeredgecolor="red", markeredgewidth=2, linestyle="none", label=plot.knee_label, zorder=6)
     ax.set_xlabel(plot.axis)
     ax.set_ylabel(f"{plot.unit}/s (bars: window range)")
@@ -64,7 +64,7 @@ def draw_workers(plot: WorkersPlot, path: Path) -> None:
 def draw_batch(plot: BatchPlot, path: Path) -> None:
     fig, ax = _figure(plot.title)
     xs = [p.batch for p in plot.points]
-    ax.plot(xs, [p.samples_per_s for p in plot.points], "o-", color="tab:blue", label=f"{plot.unit}/s")
+    ax.plot(xs, [p.rate for p in plot.points], "o-", color="tab:blue", label=f"{plot.unit}/s")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
     ax.set_ylabel(f"{plot.unit}/s", color="tab:blue")
@@ -101,10 +101,10 @@ def draw_util(plot: UtilPlot, path: Path) -> None:
     stages = sorted({p.stage for p in plot.points})
     for stage in stages:
         pts = [p for p in plot.points if p.stage == stage]
-        ax.scatter([p.util_pct for p in pts], [p.samples_per_s for p in pts], label=stage, s=36)
+        ax.scatter([p.util_pct for p in pts], [p.rate for p in pts], label=stage, s=36)
     for p in plot.points:
         if p.trial == plot.knee_trial:
-            ax.scatter([p.util_pct], [p.samples_per_s], s=220, facecolors="none", edgecolors="red", linewidths=2,
+            ax.scatter([p.util_pct], [p.rate], s=220, facecolors="none", edgecolors="red", linewidths=2,
                        label="knee", zorder=5)
     ax.set_xlabel("NVML GPU utilization, mean over the windows (%)")
     ax.set_ylabel(f"{plot.unit}/s")
@@ -118,16 +118,16 @@ def draw_step_time(plot: StepTimePlot, path: Path) -> None:
     fig, ax = _figure(plot.title)
     xs = [p.batch for p in plot.points]
     per = "sample" if plot.unit == "samples" else plot.unit.removesuffix("s")
-    ax.plot(xs, [p.ms_per_sample for p in plot.points], "o-", label=f"step time per {per} (ms)")
+    ax.plot(xs, [p.ms_per_item for p in plot.points], "o-", label=f"step time per {per} (ms)")
     for p in plot.points:
-        ax.annotate(f"{p.ms_per_step:.0f} ms/step", (p.batch, p.ms_per_sample), xytext=(4, 6),
+        ax.annotate(f"{p.ms_per_step:.0f} ms/step", (p.batch, p.ms_per_item), xytext=(4, 6),
                     textcoords="offset points", fontsize=8)
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs)
     ax.get_xaxis().set_major_formatter(_int_formatter())
     ax.set_xlabel("batch size (model on a batch staged on the device)")
     ax.set_ylabel(f"ms per {per}")
-    ax.set_ylim(0, max(p.ms_per_sample for p in plot.points) * 1.15)
+    ax.set_ylim(0, max(p.ms_per_item for p in plot.points) * 1.15)
     ax.legend(fontsize=8)
     _save(fig, path)
 
@@ -153,7 +153,7 @@ def draw_fractions(plot: FractionsPlot, path: Path) -> None:
 def draw_compile(plot: CompilePlot, path: Path) -> None:
     fig, ax = _figure(plot.title)
     modes = [p.mode for p in plot.points]
-    bars = ax.bar(modes, [p.samples_per_s for p in plot.points], color="tab:blue")
+    bars = ax.bar(modes, [p.rate for p in plot.points], color="tab:blue")
     for bar, p in zip(bars, plot.points, strict=True):
         if p.mode == "none":
             note = "eager"
@@ -164,7 +164,7 @@ def draw_compile(plot: CompilePlot, path: Path) -> None:
         ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 4),
                     textcoords="offset points", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel(f"steady {plot.unit}/s (batch {plot.batch})")
-    ax.set_ylim(0, max(p.samples_per_s for p in plot.points) * 1.3)
+    ax.set_ylim(0, max(p.rate for p in plot.points) * 1.3)
     ax.set_xlabel("torch.compile mode")
     _save(fig, path)
 
