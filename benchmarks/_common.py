@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from tunekit._files import atomic_path, read_json
+from tunekit.contract import Measurement
 
 
 def run_trial(config: str | Path, out: Path, sets: list[str], *,
-              echo: bool = False) -> tuple[dict[str, Any], Path | None]:
+              echo: bool = False) -> tuple[Measurement, Path | None]:
     """``tunekit trial CONFIG --out OUT --set …``: its measurement and trial folder. A command that left no
     measurement (killed, or failed before its trial began) gives a crashed one and no folder, never an earlier
     trial's."""
@@ -26,8 +27,8 @@ def run_trial(config: str | Path, out: Path, sets: list[str], *,
         print(proc.stdout.strip(), file=sys.stderr)
     made = [p for p in trials.iterdir() if p.name not in before] if trials.is_dir() else []
     if len(made) != 1 or not (made[0] / "measurement.json").exists():
-        return {"status": "crashed", "reason": (proc.stderr.strip().splitlines() or ["no measurement"])[-1]}, None
-    return read_json(made[0] / "measurement.json"), made[0]
+        return Measurement(status="crashed", reason=(proc.stderr.strip().splitlines() or ["no measurement"])[-1]), None
+    return Measurement.from_dict(read_json(made[0] / "measurement.json")), made[0]
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -37,6 +37,7 @@ from _common import run_trial, write_csv
 
 from tunekit import config as config_mod
 from tunekit import load_recommended, plan, rules
+from tunekit.contract import Measurement
 
 
 def _sweep(config: Path, out: Path, *extra: str) -> float:
@@ -47,17 +48,17 @@ def _sweep(config: Path, out: Path, *extra: str) -> float:
 
 
 def _previous(trials_dir: Path, knobs: dict[str, Any]) -> tuple[int, list[float]]:
-    """Trials of an earlier, cut-off compare with these knobs: how many finished, and the samples/s of the ok ones."""
+    """Trials of an earlier, cut-off compare with these knobs: how many finished, and the rates of the ok ones."""
     done, rates, others = 0, [], 0
     paths = [p for p in trials_dir.glob("*/measurement.json") if p.parent.name.isdigit()] if trials_dir.is_dir() else []
     for path in sorted(paths, key=lambda p: int(p.parent.name)):
-        m = json.loads(path.read_text())
-        if any(m.get("params", {}).get(k) != v for k, v in knobs.items()):
+        m = Measurement.from_dict(json.loads(path.read_text()))
+        if any(m.params.get(k) != v for k, v in knobs.items()):
             others += 1  # another config under the same name (the recommendation changed): not a round of this one
             continue
         done += 1
-        if m["status"] == "ok":
-            rates.append(m["samples_per_s"])
+        if m.status == "ok":
+            rates.append(m.rate)
     if others:
         print(f"{trials_dir}: {others} earlier trial(s) ran other knobs than {json.dumps(knobs)}; not counted",
               file=sys.stderr)
@@ -70,7 +71,7 @@ def _best_knobs(run: Path) -> dict[str, Any] | None:
           and t.get("stage") in rules.KNEE_STAGES]
     if not ok:
         return None
-    t = max(ok, key=lambda t: float(t["samples_per_s"]))
+    t = max(ok, key=lambda t: float(t["rate"]))
     knobs = {"num_workers": int(t["num_workers"]), "pin_memory": t["pin_memory"] == "True",
              "batch_size": int(t["batch_size"]), "grad_accum": int(t["grad_accum"]), "compile": t["compile"]}
     if knobs["num_workers"]:
@@ -196,8 +197,8 @@ def main() -> None:
             sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in candidates[name].items()]
             m, _ = run_trial(args.config, out / "side-by-side" / name.replace(" ", "-"), sets)
             finished[name] += 1
-            if m["status"] == "ok":
-                measured[name].append(m["samples_per_s"])
+            if m.status == "ok":
+                measured[name].append(m.rate)
             rows = table()
     print("config | knobs | samples/s (or seconds), median | ratio | runs: min-max")
     for r in rows:

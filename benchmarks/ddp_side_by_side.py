@@ -28,6 +28,7 @@ from _common import run_trial, write_csv
 from tunekit import config as config_mod
 from tunekit import load_recommended
 from tunekit._files import write_text_atomic
+from tunekit.contract import Measurement
 
 
 def _knobs(rec_path: Path) -> dict[str, Any]:
@@ -58,14 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg = config_mod.load(args.config)
     configs = contenders(cfg, args.run, args.single_gpu)
-    measured: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    measured: dict[str, list[Measurement]] = {name: [] for name in configs}
     for round_ in range(args.repeats):
         for name, knobs in configs.items():
             sets = [f"{k}={'none' if v is None else v}" for k, v in knobs.items() if not (k == "prefetch_factor"
                                                                                          and knobs["num_workers"] == 0)]
             m, _ = run_trial(args.config, args.out / "trials", sets)
             measured[name].append(m)
-            print(f"round {round_ + 1} {name}: {m.get('status')} {m.get('samples_per_s') or 0:.1f}/s", file=sys.stderr)
+            print(f"round {round_ + 1} {name}: {m.status} {m.rate or 0:.1f} {m.unit or 'samples'}/s", file=sys.stderr)
             rows = _table(configs, measured)  # after every trial: a cut-off run keeps what it measured
             write_csv(args.out / "side-by-side.csv", rows)
             write_text_atomic(args.out / "side-by-side.md", _markdown(rows, cfg))
@@ -73,16 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _table(configs: dict[str, dict[str, Any]], measured: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def _table(configs: dict[str, dict[str, Any]], measured: dict[str, list[Measurement]]) -> list[dict[str, Any]]:
+    """side-by-side.csv's rows (its ``samples_per_s`` column, named as in the committed tables, is the rate)."""
     ours = None
     rows = []
     for name, knobs in configs.items():
         if not measured[name]:
             continue
-        ok = [m for m in measured[name] if m.get("status") == "ok"]
-        rate = statistics.median(m["samples_per_s"] for m in ok) if ok else None
+        ok = [m for m in measured[name] if m.status == "ok"]
+        rate = statistics.median(m.rate for m in ok) if ok else None
         ours = rate if name == "tunekit" else ours
-        host = max((m.get("host_mem_peak_bytes") or 0 for m in ok), default=0)
+        host = max((m.host_mem_peak_bytes or 0 for m in ok), default=0)
         rows.append({"config": name, "workers_per_rank": knobs["num_workers"],
                      "workers_total": knobs["num_workers"] * knobs["ranks"], "batch": knobs["batch_size"],
                      "pinned": knobs["pin_memory"], "samples_per_s": rate,

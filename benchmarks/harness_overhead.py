@@ -71,20 +71,20 @@ def main() -> None:
     rows = []
     for i in range(args.repeats):
         m, trial_dir = run_trial(args.config, out / "trial", args.sets)
-        if m["status"] != "ok":
-            sys.exit(f"trial failed: {m['status']}: {m['reason']}")
+        if m.status != "ok":
+            sys.exit(f"trial failed: {m.status}: {m.reason}")
         cfg = json.loads((trial_dir / "spec.json").read_text())
         # the plain loop: same warm-up batches, as long as the trial's windows together
         t0 = time.perf_counter()
         plain = subprocess.run([sys.executable, "-c", _PLAIN, json.dumps(cfg["config"]), json.dumps(cfg["knobs"]),
-                                str(m["measured_s"]), str(m["warmup_batches"])], capture_output=True, text=True)
+                                str(m.measured_s), str(m.warmup_batches)], capture_output=True, text=True)
         if plain.returncode != 0:
             sys.exit(plain.stderr.strip().splitlines()[-1])
         p = json.loads(plain.stdout.strip().splitlines()[-1])
-        rows.append({"repeat": i, "trial_samples_per_s": m["samples_per_s"],
-                     "trial_mean_of_windows": statistics.fmean(m["samples_per_s_windows"]),
+        rows.append({"repeat": i, "trial_samples_per_s": m.rate,
+                     "trial_mean_of_windows": statistics.fmean(m.rate_windows or []),
                      "plain_samples_per_s": p["samples_per_s"], "plain_wall_s": time.perf_counter() - t0,
-                     "device": m["device_name"]})
+                     "device": m.device_name})
     write_csv(out / "overhead.csv", rows)
     trial = statistics.median(r["trial_mean_of_windows"] for r in rows)
     plain = statistics.median(r["plain_samples_per_s"] for r in rows)

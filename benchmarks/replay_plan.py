@@ -20,6 +20,7 @@ cut trial's rate and time are estimates; a replay is a projection, never a measu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -31,25 +32,26 @@ from tunekit import plan, rules
 from tunekit._files import read_json
 from tunekit.analysis import select_knee
 from tunekit.config import Config, from_dict
+from tunekit.contract import Measurement
 from tunekit.records import TrialRow, rows_from_measurements
 
 
-def _recorded(run: Path) -> dict[tuple[Any, ...], dict[str, Any]]:
+def _recorded(run: Path) -> dict[tuple[Any, ...], Measurement]:
     """The run's measured trials by (mode, knobs); the first of a repeated config."""
-    found: dict[tuple[Any, ...], dict[str, Any]] = {}
+    found: dict[tuple[Any, ...], Measurement] = {}
     for path in sorted((run / "trials").glob("*/measurement.json"), key=lambda p: int(p.parent.name)):
-        m = read_json(path)
-        if m.get("status") == "skipped":
+        m = Measurement.from_dict(read_json(path))
+        if m.status == "skipped":
             continue
-        row = rows_from_measurements([{**m, "number": 0}])[0]
+        row = rows_from_measurements([dataclasses.replace(m, number=0)])[0]
         found.setdefault((row.mode, row.knobs), m)
     return found
 
 
-def _cut(m: dict[str, Any], cfg: Config, needed: float | None) -> tuple[dict[str, Any], int, int]:
+def _cut(m: Measurement, cfg: Config, needed: float | None) -> tuple[Measurement, int, int]:
     """The measurement as the trial would now end it: (measurement, windows kept, windows measured)."""
-    windows = [*(m.get("settling_windows") or []), *(m.get("samples_per_s_windows") or [])]
-    if m.get("status") != "ok" or not windows:
+    windows = [*(m.settling_windows or []), *(m.rate_windows or [])]
+    if m.status != "ok" or not windows:
         return m, len(windows), len(windows)
     t = cfg.trial
     for k in range(1, len(windows) + 1):
@@ -61,11 +63,10 @@ def _cut(m: dict[str, Any], cfg: Config, needed: float | None) -> tuple[dict[str
         return m, k, k
     drop = rules.settling(windows[:k], t.measure_windows, t.precision) if t.precision is not None else 0
     kept = windows[drop:k]  # as the worker keeps them: the leading windows still settling left out
-    measured = float(m.get("measured_s") or 0.0) + float(m.get("settling_s") or 0.0)
-    trial_s = float(m.get("trial_s") or 0.0) - measured * (1 - k / len(windows))
-    cut = {**m, "samples_per_s": statistics.fmean(kept), "samples_per_s_windows": kept,
-           "settling_windows": windows[:drop], "noise_cv": statistics.pstdev(kept) / statistics.fmean(kept),
-           "trial_s": trial_s}
+    measured = float(m.measured_s or 0.0) + float(m.settling_s or 0.0)
+    trial_s = float(m.trial_s or 0.0) - measured * (1 - k / len(windows))
+    cut = dataclasses.replace(m, rate=statistics.fmean(kept), rate_windows=kept, settling_windows=windows[:drop],
+                              noise_cv=statistics.pstdev(kept) / statistics.fmean(kept), trial_s=trial_s)
     return cut, k, len(windows)
 
 
@@ -80,18 +81,18 @@ def replay(run: Path, cfg: Config, cuda: bool = True) -> tuple[list[TrialRow], l
         n = len(rows)
         what = f"{req.stage:<10} {req.knobs.describe()}"
         if req.skip is not None:
-            rows += rows_from_measurements([{"number": n, "stage": req.stage, "mode": req.mode, "status": "skipped",
-                                             "reason": req.skip, "params": req.knobs.to_dict()}])
+            rows += rows_from_measurements([Measurement(number=n, stage=req.stage, mode=req.mode, status="skipped",
+                                                        reason=req.skip, params=req.knobs.to_dict())])
             lines.append(f"{n:3d} skip {what}: {req.skip}")
             continue
         m = recorded.get((req.mode, req.knobs))
         if m is None:
             return rows, lines, seconds, f"{req.stage} {req.mode} {req.knobs.describe()}"
         m, kept, measured = _cut(m, cfg, plan.needed_rate(cfg, rows, req))
-        rows += rows_from_measurements([{**m, "number": n, "stage": req.stage}])
-        seconds += float(m.get("trial_s") or 0.0)
-        rate = f"{m['samples_per_s']:.1f}" if m.get("samples_per_s") else m.get("status")
-        lines.append(f"{n:3d} run  {what}: {rate}, windows {kept} of {measured}, {float(m.get('trial_s') or 0):.1f} s")
+        rows += rows_from_measurements([dataclasses.replace(m, number=n, stage=req.stage)])
+        seconds += float(m.trial_s or 0.0)
+        rate = f"{m.rate:.1f}" if m.rate else m.status
+        lines.append(f"{n:3d} run  {what}: {rate}, windows {kept} of {measured}, {float(m.trial_s or 0):.1f} s")
     return rows, lines, seconds, None
 
 

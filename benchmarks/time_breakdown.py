@@ -29,13 +29,14 @@ from typing import Any
 from _common import write_csv
 
 from tunekit._files import read_json
+from tunekit.contract import Measurement
 
 PARTS = ("startup_s", "cuda_init_s", "build_s", "loop_setup_s", "warmup_s", "measured_s", "teardown_s")
 
 
-def _trial_parts(m: dict[str, Any]) -> dict[str, float]:
-    wall = float(m.get("launcher_wall_s") or 0.0)
-    parts = {p: float(m.get(p) or 0.0) for p in PARTS}
+def _trial_parts(m: Measurement) -> dict[str, float]:
+    wall = float(m.launcher_wall_s or 0.0)
+    parts = {p: float(getattr(m, p) or 0.0) for p in PARTS}
     parts["other_s"] = max(0.0, wall - sum(parts.values()))
     parts["wall_s"] = wall
     return parts
@@ -45,10 +46,10 @@ def breakdown(run: Path) -> list[dict[str, Any]]:
     """One row per stage and one for the whole run: trials, wall seconds, and each part's seconds and share."""
     by_stage: dict[str, list[dict[str, float]]] = {}
     for path in sorted((run / "trials").glob("*/measurement.json"), key=lambda p: int(p.parent.name)):
-        m = read_json(path)
-        if m.get("status") == "skipped" or not m.get("launcher_wall_s"):
+        m = Measurement.from_dict(read_json(path))
+        if m.status == "skipped" or not m.launcher_wall_s:
             continue
-        by_stage.setdefault(str(m.get("stage")), []).append(_trial_parts(m))
+        by_stage.setdefault(m.stage, []).append(_trial_parts(m))
     rows = []
     everything = [t for ts in by_stage.values() for t in ts]
     for stage, trials in [*by_stage.items(), ("all", everything)]:

@@ -24,41 +24,43 @@ import yaml
 from _common import run_trial, write_csv
 
 from tunekit._files import read_json
+from tunekit.contract import Measurement
 
 
-def _row(workers: int, short: dict, long: dict, after: dict) -> dict:
+def _row(workers: int, short: Measurement, long: Measurement, after: Measurement) -> dict:
+    """One row of fidelity.csv (its columns keep the names of the committed tables: samples_per_s is the rate)."""
     gib = 2**30
-    ok = short["status"] == long["status"] == after["status"] == "ok"
+    ok = short.status == long.status == after.status == "ok"
     return {
         "workers": workers,
-        "status": f"{short['status']}/{long['status']}/{after['status']}",
-        "samples_per_s": short.get("samples_per_s"),
-        "samples_per_s_long": long.get("samples_per_s"),
-        "samples_per_s_after": after.get("samples_per_s"),
-        "ratio": (short["samples_per_s"] + after["samples_per_s"]) / 2 / long["samples_per_s"] if ok else None,
-        "drift": after["samples_per_s"] / short["samples_per_s"] - 1 if ok else None,
-        "noise_cv": short.get("noise_cv"),
-        "data_wait_frac": short.get("data_wait_frac"),
-        "gpu_busy_frac": short.get("gpu_busy_frac"),
-        "nvml_util_pct": short.get("nvml_util_gpu_pct"),
-        "peak_reserved_gib": (short.get("device_mem_peak_reserved_bytes") or 0) / gib,
-        "headroom": short.get("headroom"),
-        "host_mem_gib": (short.get("host_mem_peak_bytes") or 0) / gib,
-        "cpu_cores": short.get("cpu_util_cores"),
-        "warmup_s": short.get("warmup_s"),
-        "measured_s": short.get("measured_s"),
-        "measured_s_long": long.get("measured_s"),
-        "device": short.get("device_name"),
+        "status": f"{short.status}/{long.status}/{after.status}",
+        "samples_per_s": short.rate,
+        "samples_per_s_long": long.rate,
+        "samples_per_s_after": after.rate,
+        "ratio": (short.rate + after.rate) / 2 / long.rate if ok else None,
+        "drift": after.rate / short.rate - 1 if ok else None,
+        "noise_cv": short.noise_cv,
+        "data_wait_frac": short.data_wait_frac,
+        "gpu_busy_frac": short.gpu_busy_frac,
+        "nvml_util_pct": short.nvml_util_gpu_pct,
+        "peak_reserved_gib": (short.device_mem_peak_reserved_bytes or 0) / gib,
+        "headroom": short.headroom,
+        "host_mem_gib": (short.host_mem_peak_bytes or 0) / gib,
+        "cpu_cores": short.cpu_util_cores,
+        "warmup_s": short.warmup_s,
+        "measured_s": short.measured_s,
+        "measured_s_long": long.measured_s,
+        "device": short.device_name,
     }
 
 
-def _measured(folder: Path) -> dict | None:
+def _measured(folder: Path) -> Measurement | None:
     """A completed trial this command left in ``folder`` before (rerun with the same --out, it resumes)."""
     found = sorted(folder.glob("trials/*/measurement.json"))
     if not found:
         return None
-    m = read_json(found[-1])
-    return m if m.get("status") == "ok" else None
+    m = Measurement.from_dict(read_json(found[-1]))
+    return m if m.status == "ok" else None
 
 
 def _fmt(value: object) -> str:

@@ -5,6 +5,8 @@ import json
 import sys
 from pathlib import Path
 
+from tunekit.contract import Measurement
+
 _BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 sys.path.insert(0, str(_BENCHMARKS))  # as when a script runs: its folder first, for benchmarks/_common.py
 _spec = importlib.util.spec_from_file_location("compare", _BENCHMARKS / "compare.py")
@@ -15,7 +17,7 @@ _spec.loader.exec_module(compare)
 def _trial(trials: Path, n: int, status: str, sps, **params) -> None:
     (trials / str(n)).mkdir(parents=True)
     if status != "cut":  # a trial killed mid-run leaves its folder without a measurement
-        m = {"status": status, "samples_per_s": sps, "params": {"grad_accum": 1, "compile": "none", **params}}
+        m = {"version": 2, "status": status, "rate": sps, "params": {"grad_accum": 1, "compile": "none", **params}}
         (trials / str(n) / "measurement.json").write_text(json.dumps(m))
 
 
@@ -34,7 +36,7 @@ def test_a_trial_that_left_no_measurement_is_a_failed_round_not_the_previous_one
     _trial(tmp_path / "trials", 0, "ok", 100.0, num_workers=0)
     # a command that fails before it starts a trial: the earlier trial must not be read again as this round's
     m, trial_dir = compare.run_trial(tmp_path / "no-such-config.yaml", tmp_path, ["num_workers=0"])
-    assert m["status"] == "crashed" and m["reason"] and trial_dir is None
+    assert m.status == "crashed" and m.reason and trial_dir is None
 
 
 def _load(name: str):
@@ -89,7 +91,7 @@ def test_the_ddp_side_by_side_names_a_config_measured_twice_under_two_names():
     knobs = {"num_workers": 15, "prefetch_factor": 2, "pin_memory": False, "batch_size": 512, "ranks": 2}
     configs = {"tunekit": knobs, "Lightning rule (15/rank)": dict(knobs),
                "single-GPU knee per rank": {**knobs, "num_workers": 16}}
-    measured = {name: [{"status": "ok", "samples_per_s": rate}] for name, rate in
+    measured = {name: [Measurement(status="ok", rate=rate)] for name, rate in
                 zip(configs, (4803.0, 5045.0, 5053.0), strict=True)}
     rows = sbs._table(configs, measured)
     assert [r["same_as"] for r in rows] == [None, "tunekit", None]
@@ -100,10 +102,12 @@ def test_fidelity_compares_the_long_run_with_the_short_trials_on_either_side_of_
     """A host that slows steadily over the three runs (110, then 100, then 90 samples/s) moves the short trials
     around the long one: their mean over it is 1.0, and the drift column shows the host's move."""
     row = _load("trial_fidelity")._row
-    ok = {"status": "ok"}
-    r = row(16, {**ok, "samples_per_s": 110.0}, {**ok, "samples_per_s": 100.0}, {**ok, "samples_per_s": 90.0})
+    def ok(rate: float) -> Measurement:
+        return Measurement(status="ok", rate=rate)
+
+    r = row(16, ok(110.0), ok(100.0), ok(90.0))
     assert r["ratio"] == 1.0 and round(r["drift"], 3) == -0.182 and r["status"] == "ok/ok/ok"
-    failed = row(0, {**ok, "samples_per_s": 110.0}, {"status": "timeout"}, {**ok, "samples_per_s": 90.0})
+    failed = row(0, ok(110.0), Measurement(status="timeout"), ok(90.0))
     assert failed["ratio"] is None and failed["drift"] is None
 
 
@@ -133,7 +137,7 @@ def test_the_plan_replay_answers_from_the_recorded_trials_and_cuts_a_clear_miss_
         else:
             r = rate(req)
             m = measurement(n, req.stage, req.mode, r, **{**req.knobs.to_dict(), "extra": None},
-                            samples_per_s_windows=[r * f for f in (0.99, 1.01) * 4], measured_s=8.0, trial_s=12.0)
+                            rate_windows=[r * f for f in (0.99, 1.01) * 4], measured_s=8.0, trial_s=12.0)
         (tmp_path / "trials" / str(n)).mkdir(parents=True)
         (tmp_path / "trials" / str(n) / "measurement.json").write_text(json.dumps(m))
         rows += rows_from_measurements([m])
