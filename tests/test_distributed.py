@@ -172,8 +172,8 @@ def test_two_nodes_of_one_rank_on_localhost(tmp_path: Path):
 
 
 def _rank_result(rank: int, node: int, rate: float, node_peak: int) -> dict:
-    return {"samples_per_s_windows": [rate, rate], "seconds_windows": [1.0, 1.0], "samples_per_s": rate,
-            "measured_samples": rate * 2,
+    return {"rate_windows": [rate, rate], "seconds_windows": [1.0, 1.0], "rate": rate,
+            "measured_items": rate * 2,
             "params": {"num_workers": 2}, "host": f"h/{node}", "local_rank": 0, "cpu_count": 4,
             "cpu_util_cores": 1.0, "worker_cpu_s": 1.0, "measured_s": 2.0, "step_time_s": 0.1 + rank / 100,
             "data_wait_frac": 0.1 * rank, "gpu_busy_frac": None, "system_cpu_pct": 50.0, "items_per_batch_mean": 8,
@@ -188,7 +188,7 @@ def test_merge_sums_throughput_and_takes_the_fullest_node():
     from tunekit.worker._dist import merge
 
     m = merge([_rank_result(0, 0, 100.0, 90), _rank_result(1, 1, 80.0, 10)])
-    assert m["samples_per_s"] == 180.0 and m["slowest_rank"] == 1 and m["nodes"] == 2
+    assert m["rate"] == 180.0 and m["slowest_rank"] == 1 and m["nodes"] == 2
     assert m["step_time_s"] == 0.11 and m["data_wait_frac_max"] == 0.1
     assert m["host_mem_peak_bytes"] == 100 and m["headroom"] == pytest.approx(0.1)  # node 0 is 90 % full
 

@@ -24,8 +24,8 @@ from tunekit.contract import (
 from tunekit.launcher import REQUIRED_FIELDS
 
 FIELDS = {f.name for f in dataclasses.fields(Measurement)}
-METHODS = {"to_dict"}
-"""What a reader may call on a record besides reading its fields."""
+METHODS = {"to_dict", "held"}
+"""What a reader may use of a record besides its fields: the dict it writes, and which fields its file held."""
 V1_NAMES = {"samples_per_s": "rate", "samples_per_s_windows": "rate_windows", "measured_samples": "measured_items",
             "sample_time_s": "item_time_s", "worker_cpu_per_sample_s": "worker_cpu_per_item_s",
             "worker_wall_per_sample_s": "worker_wall_per_item_s"}

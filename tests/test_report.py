@@ -118,7 +118,7 @@ def test_a_run_counting_tokens_never_labels_its_rates_samples(tmp_path):
     for said in ("samples/s", "per-sample", "per sample", "samples per"):
         assert said not in report, said
     columns = set(pd.read_csv(tmp_path / "trials.csv").columns)
-    assert {"rate", "unit", "items_per_money", "rate_windows", "measured_items"} <= columns
+    assert {"rate", "unit", "items_per_money", "rate_windows"} <= columns
     assert not [c for c in columns if "sample" in c]
     evidence = yaml.safe_load((tmp_path / "recommended.yaml").read_text())["evidence"]
     assert evidence["unit"] == "tokens" and evidence["rate"] == 60_000 and evidence["items_per_money"] > 0

@@ -427,7 +427,13 @@ class Measurement:
             items = _renamed_v1(items)
         names = _FIELD_NAMES
         known = {k: v for k, v in items.items() if k in names}
-        return cls(**known, other={k: v for k, v in items.items() if k not in names})
+        record = cls(**known, other={k: v for k, v in items.items() if k not in names})
+        record.held = frozenset(known)
+        return record
+
+    held = None  # not a field (no annotation): from_dict sets it on the instance
+    """frozenset of the fields the file held (:meth:`from_dict`), None for a record made in this process (it holds every field):
+    trials.csv has a column for what some trial of the run recorded, so older runs rebuild with their columns."""
 
     def to_dict(self) -> dict[str, Any]:
         """measurement.json as written: every field (None ones included) under version 2's names, ``version``

@@ -26,7 +26,6 @@ import shutil
 import signal
 import sqlite3
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -186,7 +185,7 @@ class RunStore:
                 if m is None or t.user_attrs.get("status") == _INTERRUPTED:
                     continue
                 number = t.user_attrs.get("number", t.number)
-                rows.append(TrialRow.from_measurement(replace(Measurement.from_dict(m), number=number)))
+                rows.append(TrialRow.from_measurement(Measurement.from_dict({**m, "number": number})))
         return sorted(rows, key=lambda r: r.number)
 
     @_guarded

@@ -29,8 +29,10 @@ def trials_frame(rows: list[TrialRow], extra: dict[int, dict[str, Any]] | None =
         rec: dict[str, Any] = {"number": row.number, "stage": row.stage, "mode": row.mode, **knobs,
                                **{key: chosen.get(key, base) for key, base in (user_knobs or {}).items()},
                                "non_blocking": row.knobs.non_blocking, "status": row.status, "reason": row.reason}
+        held = row.measurement.held
         for key, value in row.measurement.to_dict().items():
-            if key in rec or key in _NESTED:
+            if key in rec or key in _NESTED or key == "version" or (held is not None and key not in held
+                                                                       and key not in row.measurement.other):
                 continue
             if key == "rate_windows":
                 rec[key] = None if value is None else " ".join(f"{v:.2f}" for v in value)
@@ -38,6 +40,7 @@ def trials_frame(rows: list[TrialRow], extra: dict[int, dict[str, Any]] | None =
                 rec[key] = " ".join(value or []) or None
             elif isinstance(value, _SCALAR_TYPES):
                 rec[key] = value
+        rec.setdefault("unit", row.unit)  # what rate counts, in every run (older files did not always record it)
         rec.update((extra or {}).get(row.number, {}))
         records.append(rec)
     columns = ["number", "stage", "mode", *KNOB_NAMES, *(user_knobs or {}), "non_blocking", "status", "reason"]

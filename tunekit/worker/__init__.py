@@ -124,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
     if result is None:  # not rank 0: rank 0 wrote the merged measurement
         return 0
-    write_json_atomic(out_path, result)
-    rate = result["rate"] if "rate" in result else result["samples_per_s"]  # version 2's name, or version 1's
-    sys.stderr.write(f"trial {spec.number}: {rate:.1f} {result.get('unit') or 'samples'}/s -> {Path(out_path)}\n")
+    write_json_atomic(out_path, result.to_dict())
+    sys.stderr.write(f"trial {spec.number}: {result.rate:.1f} {result.unit}/s -> {Path(out_path)}\n")
     return 0

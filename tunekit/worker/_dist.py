@@ -156,8 +156,8 @@ def receive() -> dict[str, Any] | None:
 
 # --- merging the ranks' measurements into the trial's -----------------------------------------------------------
 
-_PER_RANK = ("samples_per_s", "data_wait_frac", "step_time_s", "gpu_busy_frac", "noise_cv", "headroom",
-             "sync_share", "pinned_peak_bytes", "cpu_util_cores", "worker_cpu_per_sample_s", "device",
+_PER_RANK = ("rate", "data_wait_frac", "step_time_s", "gpu_busy_frac", "noise_cv", "headroom",
+             "sync_share", "pinned_peak_bytes", "cpu_util_cores", "worker_cpu_per_item_s", "device",
              "device_mem_peak_reserved_bytes", "nvml_util_gpu_pct", "host", "host_mem_peak_bytes")
 
 
@@ -189,7 +189,7 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     headroom the smallest, host memory the whole trees of every node, CPU use the sum.
     """
     hosts = {r["host"]: r for r in results if r["local_rank"] == 0}  # each node's CPUs and whole tree, once
-    rates = [r["samples_per_s"] for r in results]
+    rates = [r["rate"] for r in results]
     out = dict(results[0])
     out.update(_throughput(results))
     out.update(_cpu(results, hosts, out))
@@ -218,22 +218,22 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
 def _throughput(results: list[dict[str, Any]]) -> dict[str, Any]:
     """The global windows (each window summed over the ranks, which close their windows together), the global
     throughput (rules.window_rate over them), noise and interval."""
-    count = len(results[0]["samples_per_s_windows"])
-    windows = [sum(r["samples_per_s_windows"][i] for r in results) for i in range(count)]
+    count = len(results[0]["rate_windows"])
+    windows = [sum(r["rate_windows"][i] for r in results) for i in range(count)]
     # a global window holds every rank's items and lasts as long as its slowest rank's
-    items = [sum(r["samples_per_s_windows"][i] * r["seconds_windows"][i] for r in results) for i in range(count)]
+    items = [sum(r["rate_windows"][i] * r["seconds_windows"][i] for r in results) for i in range(count)]
     seconds = [max(r["seconds_windows"][i] for r in results) for i in range(count)]
     rate = rules.window_rate(items, seconds)
-    samples = sum(r["measured_samples"] for r in results)
+    samples = sum(r["measured_items"] for r in results)
     return {
-        "samples_per_s": rate,
-        "samples_per_s_windows": windows,
+        "rate": rate,
+        "rate_windows": windows,
         "seconds_windows": seconds,
         "noise_cv": _cv(windows),
         "noise_range": (max(windows) - min(windows)) / rate if rate else 0.0,
         "rate_interval": rules.rate_interval(items, seconds),
-        "measured_samples": samples,
-        "sample_time_s": results[0]["measured_s"] / samples if samples else None,
+        "measured_items": samples,
+        "item_time_s": results[0]["measured_s"] / samples if samples else None,
     }
 
 
@@ -243,15 +243,15 @@ def _cpu(results: list[dict[str, Any]], hosts: dict[str, dict[str, Any]], out: d
     cores = _sum([r["cpu_util_cores"] for r in results]) or 0.0
     worker_cpu = _sum([r["worker_cpu_s"] for r in results])
     workers = results[0]["params"]["num_workers"] * len(results)
-    samples, wall = out["measured_samples"], results[0]["measured_s"]
+    samples, wall = out["measured_items"], results[0]["measured_s"]
     return {
         "cpu_util_cores": cores,
         "cpu_util_frac": cores / cpus if cpus else None,
         "cpu_count": cpus,
         "system_cpu_pct": _mean([r["system_cpu_pct"] for r in results]),
         "worker_cpu_s": worker_cpu,
-        "worker_cpu_per_sample_s": worker_cpu / samples if worker_cpu is not None and samples else None,
-        "worker_wall_per_sample_s": workers * wall / samples if workers and samples else None,
+        "worker_cpu_per_item_s": worker_cpu / samples if worker_cpu is not None and samples else None,
+        "worker_wall_per_item_s": workers * wall / samples if workers and samples else None,
         "workers_total": workers,
     }
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from tunekit.contract import TrialSpec
+from tunekit.contract import Measurement, TrialSpec
 from tunekit.worker import _dist
 from tunekit.worker._loader import LoaderBatches
 from tunekit.worker._meter import Meter, MeterSettings, Reading
@@ -114,9 +114,10 @@ def _run(spec: TrialSpec, setup: Setup, monitor: Monitor) -> _Metered:
         loader.close()
 
 
-def measure(spec: TrialSpec) -> dict[str, Any] | None:
+def measure(spec: TrialSpec) -> Measurement | None:
     """Run one trial in this process and return its measurement (status ok). Errors propagate to the caller.
-    A rank of a multi-rank trial returns the merged measurement of every rank on rank 0, and None elsewhere."""
+    A rank of a multi-rank trial returns the merged measurement of every rank on rank 0, and None elsewhere. The
+    record takes only the fields it defines: a field written here and missing there fails every trial."""
     t_start = time.perf_counter()
     setup = set_up(spec)
     device, ranks = setup.device, setup.ranks
@@ -134,10 +135,10 @@ def measure(spec: TrialSpec) -> dict[str, Any] | None:
                       warmup_memory=metered.warmup_memory, epochs_ended=metered.epochs_ended,
                       warnings=metered.warnings, sync_share=metered.sync_share)
     if ranks is None:
-        return out
+        return Measurement(**out)
     out.update(host=_dist.host(), rank=ranks.rank, local_rank=ranks.local_rank, world=ranks.world,
                backend=ranks.backend, node_mem_peak_bytes=monitor.node_pss_peak or None,
                node_processes=monitor.node_processes or None)
     results = ranks.gather(out)
     ranks.close()
-    return _dist.merge(results) if ranks.rank == 0 else None
+    return Measurement(**_dist.merge(results)) if ranks.rank == 0 else None

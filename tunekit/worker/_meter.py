@@ -298,17 +298,17 @@ def summarise(windows: list[Window], cpus: int, workers: int) -> dict[str, Any]:
     worker_cpu_s = sum(w.cpu.workers_s for w in windows)
     busy = None if windows[0].busy_s is None else sum(w.busy_s or 0.0 for w in windows) / wall
     return {
-        "samples_per_s": rate,
-        "samples_per_s_windows": rates,
+        "rate": rate,
+        "rate_windows": rates,
         "seconds_windows": [w.wall_s for w in windows],
         "steps_windows": [w.steps for w in windows],
         "noise_cv": _cv(rates),
         "noise_range": (max(rates) - min(rates)) / rate if rate else 0.0,
         "step_time_s": wall / steps,
-        "sample_time_s": wall / items,
+        "item_time_s": wall / items,
         "measured_s": wall,
         "measured_steps": steps,
-        "measured_samples": items,
+        "measured_items": items,
         "items_per_batch_mean": items / sum(w.micro_batches for w in windows),
         # how much the batches' content varied from window to window (0 when every batch counts the same): with
         # variable-length batches part of the window noise is the data's, not the machine's
@@ -322,6 +322,6 @@ def summarise(windows: list[Window], cpus: int, workers: int) -> dict[str, Any]:
         # What the loader workers did per item: CPU time against the wall time a worker spends per item it
         # delivers. Decoding workers use most of that time; workers that wait on storage use little of it.
         "worker_cpu_s": worker_cpu_s if workers else None,
-        "worker_cpu_per_sample_s": worker_cpu_s / items if workers else None,
-        "worker_wall_per_sample_s": workers * wall / items if workers else None,
+        "worker_cpu_per_item_s": worker_cpu_s / items if workers else None,
+        "worker_wall_per_item_s": workers * wall / items if workers else None,
     }

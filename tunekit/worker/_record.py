@@ -17,15 +17,39 @@ from tunekit.worker._monitor import Monitor
 from tunekit.worker._setup import Setup
 from tunekit.worker._step import moves_ahead
 
-__all__ = ["measurement", "device_memory"]
+__all__ = ["measurement", "assemble", "device_memory"]
 
 
 def measurement(spec: TrialSpec, setup: Setup, reading: Reading, monitor: Monitor, *, times: dict[str, float],
                 memory: dict[str, Any], warmup_memory: dict[str, Any], epochs_ended: int, warnings: list[str],
                 sync_share: float | None) -> dict[str, Any]:
-    """The measurement of an ok trial. ``times`` holds ``loop_setup_s``, ``teardown_s`` and ``trial_s``."""
-    cpus, built = cpu_count(), setup.built
-    metered = reading.fields(cpus, setup.loader_knobs.num_workers, spec.knobs.compile != "none")
+    """The measurement of an ok trial of the built-in step. ``times`` holds ``loop_setup_s``, ``teardown_s`` and
+    ``trial_s``."""
+    built = setup.built
+    on_device = spec.mode == "train" and hasattr(built.dataset, "batch_to_device")
+    out = assemble(spec, reading, monitor, device=setup.device, dataset=built.dataset,
+                   workers=setup.loader_knobs.num_workers, unit=setup.cfg.workload.unit,
+                   times={"startup_s": setup.startup_s, "cuda_init_s": setup.cuda_init_s, "build_s": built.build_s,
+                          **times},
+                   memory=memory, warmup_memory=warmup_memory, epochs_ended=epochs_ended, warnings=warnings,
+                   sync_share=sync_share)
+    # a dataset that moves its batches itself (decode: gpu) does input work on the device inside each step, or one
+    # batch ahead beside it (decode: gpu-overlap)
+    out.update(input_on_device=on_device, input_ahead=on_device and moves_ahead(built, spec),
+               # the user-defined knobs set away from their baseline that may change what training learns
+               changes_result=sorted(k.key for k in extra_knobs(setup.cfg)
+                                     if k.changes_result and k.key in dict(spec.knobs.extra)))
+    return out
+
+
+def assemble(spec: TrialSpec, reading: Reading, monitor: Monitor, *, device: torch.device, dataset: Any,
+             workers: int, unit: str, times: dict[str, float], memory: dict[str, Any],
+             warmup_memory: dict[str, Any], epochs_ended: int, warnings: list[str], sync_share: float | None,
+             params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The measurement of an ok trial around any step: the meter's reading with the trial's identity, the host,
+    device, memory and NVML figures. ``params`` are the knobs as run (default: the spec's)."""
+    cpus = cpu_count()
+    metered = reading.fields(cpus, workers, spec.knobs.compile != "none")
     consumed = metered["warmup_batches"] + metered["measured_steps"] * spec.knobs.grad_accum
     out: dict[str, Any] = {
         "status": "ok",
@@ -33,29 +57,26 @@ def measurement(spec: TrialSpec, setup: Setup, reading: Reading, monitor: Monito
         "number": spec.number,
         "stage": spec.stage,
         "mode": spec.mode,
-        "params": {**spec.knobs.to_dict(), "non_blocking": spec.knobs.non_blocking},
-        # the user-defined knobs set away from their baseline that may change what training learns
-        "changes_result": sorted(k.key for k in extra_knobs(setup.cfg)
-                                 if k.changes_result and k.key in dict(spec.knobs.extra)),
+        "params": params or {**spec.knobs.to_dict(), "non_blocking": spec.knobs.non_blocking},
+        "changes_result": [],
         **metered,
-        "startup_s": setup.startup_s,
-        "cuda_init_s": setup.cuda_init_s,
-        "build_s": built.build_s,
         **times,
-        "unit": setup.cfg.workload.unit,
+        "unit": unit,
         "epoch_boundary_in_trial": epochs_ended > 0,
         "epochs_ended": epochs_ended,
         "warnings": warnings,
-        **_dataset_fields(setup, spec, consumed),
+        **_dataset_fields(dataset, spec, consumed),
+        "input_on_device": False,
+        "input_ahead": False,
         **_host_fields(monitor),
         "cpu_count": cpus,
         "torch_threads": torch.get_num_threads(),
-        **_device_fields(setup.device),
+        **_device_fields(device),
         "versions": _versions(),
     }
     out.update(_memory_fields(memory, warmup_memory, out))
     out.update(_nvml_fields(monitor))
-    out.update(sync_share=sync_share, pinned_peak_bytes=_pinned_peak(setup.device))
+    out.update(sync_share=sync_share, pinned_peak_bytes=_pinned_peak(device))
     return out
 
 
@@ -101,21 +122,14 @@ def _pinned_peak(device: torch.device) -> int | None:
         return None
 
 
-def _dataset_fields(setup: Setup, spec: TrialSpec, consumed: int) -> dict[str, Any]:
-    """The dataset's length and the passes over it the trial made (None for a dataset without a length), and
-    whether each measured step moved its batch with the dataset's own ``batch_to_device``."""
-    dataset = setup.built.dataset
-    # a dataset that moves its batches itself (decode: gpu) does input work on the device inside each step, or one
-    # batch ahead beside it (decode: gpu-overlap)
-    on_device = spec.mode == "train" and hasattr(dataset, "batch_to_device")
-    ahead = on_device and moves_ahead(setup.built, spec)
+def _dataset_fields(dataset: Any, spec: TrialSpec, consumed: int) -> dict[str, Any]:
+    """The dataset's length and the passes over it the trial made (None for a dataset without a length)."""
     try:
-        length = len(dataset)  # type: ignore[arg-type]
+        length = len(dataset)
     except TypeError:
-        return {"dataset_len": None, "dataset_passes": None, "input_on_device": on_device, "input_ahead": ahead}
+        return {"dataset_len": None, "dataset_passes": None}
     batches = consumed if spec.mode != "compute" else 1
-    return {"dataset_len": length, "dataset_passes": batches * spec.knobs.batch_size / length if length else None,
-            "input_on_device": on_device, "input_ahead": ahead}
+    return {"dataset_len": length, "dataset_passes": batches * spec.knobs.batch_size / length if length else None}
 
 
 def _host_fields(monitor: Monitor) -> dict[str, Any]:
