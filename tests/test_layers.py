@@ -11,15 +11,16 @@ import pytest
 from tests.conftest import REPO
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "outcome"),
-    ("_files", "contract", "config"),
+    ("errors", "outcome", "contract"),
+    ("_files", "config"),
     ("records", "recommended", "workloads"),
     ("rules", "store", "launcher"),
     ("analysis", "env"),
     ("diagnosis", "plan"),
     ("worker", "report"),
     ("driver",),
-    ("cli", "_api"),
+    ("_api",),
+    ("cli",),
     ("__main__",),
 )
 """Bottom to top. Modules of one layer do not import each other: the plan does not read the diagnosis, the store

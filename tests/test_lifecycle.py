@@ -139,7 +139,7 @@ def test_the_time_budget_ends_with_the_baseline_it_kept_room_for(monkeypatch: py
     clock = [0.0]
     monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
 
-    def run_one(sweep: driver._Sweep, req) -> TrialRow:
+    def run_one(sweep: driver._RunningSweep, req) -> TrialRow:
         k = req.knobs
         took = 0.0 if req.skip else 60.0 if (req.stage, k.num_workers) == ("end_to_end", 6) else 20.0
         clock[0] += took
@@ -150,7 +150,7 @@ def test_the_time_budget_ends_with_the_baseline_it_kept_room_for(monkeypatch: py
 
     monkeypatch.setattr(driver, "_run_one", run_one)
     cfg = config.from_dict(sleepy_config(**{"search.num_workers": [0, 2, 6, 8], "search.pin_memory": [False]}))
-    sweep = driver._Sweep(cfg=cfg, run_dir=tmp_path, strategy="staged", runs=None, rows=[], cuda=False,
+    sweep = driver._RunningSweep(cfg=cfg, run_dir=tmp_path, strategy="staged", runs=None, rows=[], cuda=False,
                           console=Console(file=io.StringIO()))
     driver._run_trials(sweep, driver._Budget(minutes=2.5, max_trials=60))
     run = [(r.stage, r.knobs.num_workers) for r in sweep.rows if r.status == "ok"]

@@ -125,9 +125,9 @@ def test_a_factory_defined_in_the_users_script(tmp_path: Path):
 def test_sweep_takes_set_overrides(write_config, tmp_path: Path):
     cfg = write_config(sleepy_config(**{"trial.window_s": 0.3}))
     run = subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(tmp_path / "run"),
-                          "--quiet", "--set", "search.num_workers=[0]", "--set", "strategy=grid"],
+                          "--quiet", "--set", "search.num_workers=[0]", "--set", "workers=2"],
                          capture_output=True, text=True, timeout=300)
-    assert "strategy=grid" in run.stderr and run.returncode == 2  # a plain key is not a dotted config key
+    assert "--set workers: unknown knob" in run.stderr and run.returncode == 2  # neither a knob nor a config key
     run = subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(tmp_path / "run"),
                           "--quiet", "--set", "search.num_workers=[0, 2]", "--strategy", "grid"],
                          capture_output=True, text=True, timeout=300)

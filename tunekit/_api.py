@@ -1,23 +1,42 @@
-"""The Python API: ``tunekit.sweep(...)`` and ``tunekit.trial(...)``, the same runs and outputs as the CLI.
+"""The Python API: ``tunekit.sweep(...)`` and ``tunekit.trial(...)``. The CLI's ``sweep`` and ``trial`` are thin
+wrappers around these two functions, so both check the same values and write the same outputs.
 
 Factories may be given as callables instead of import paths: one defined at the top level of an importable module
 becomes ``module:attr``; one defined in the script being run becomes ``path/to/script.py:attr``, which the trial
 process loads by path (so the script's ``if __name__ == "__main__":`` block does not run there).
+
+Both functions work from any thread: they install no signal handlers (the CLI's main thread does, so that SIGTERM
+and SIGHUP end a run as Ctrl-C does). A KeyboardInterrupt while a trial runs kills its process tree.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tunekit import config as config_mod
-from tunekit.contract import KNOB_NAMES, Measurement
+from tunekit.contract import Measurement
 from tunekit.errors import UsageError
 from tunekit.recommended import Recommended, load_recommended
 
-__all__ = ["sweep", "trial", "SweepOutcome", "TrialOutcome"]
+__all__ = ["sweep", "trial", "SweepOutcome", "TrialOutcome", "MODES", "knobs_markdown"]
+
+MODES = ("train", "compute", "loader")
+"""What one trial measures: train (end to end), compute (the step on a batch staged on the device: the compute
+ceiling), loader (the loader alone, with its host-to-device copy: the loader ceiling)."""
+
+_SEARCHED = {"num_workers": "search.num_workers", "prefetch_factor": "search.prefetch_factor",
+             "pin_memory": "search.pin_memory", "batch_size": "search.batch_size", "grad_accum": "search.grad_accum",
+             "compile": "search.compile", "threads": "search.threads", "worker_threads": "search.worker_threads"}
+"""A knob fixed for a whole sweep: its search list becomes that one value."""
+
+
+def knobs_markdown() -> str:
+    """The knobs as the README lists them (between its ``<!-- knobs -->`` markers), from ``config.KNOB_HELP``."""
+    return "\n".join(f"- `{key}`: {help}" for key, help in config_mod.KNOB_HELP.items())
 
 
 @dataclass(frozen=True)
@@ -32,11 +51,13 @@ class SweepOutcome:
     reason: str
     """Why the knee is the knee, or why there is none."""
     interrupted: bool
+    summary: Any = None
+    """The run's summary (``tunekit.report.RunSummary``): what report.md and the console table render."""
 
 
 @dataclass(frozen=True)
 class TrialOutcome:
-    """One trial's measurement (measurement.json as a :class:`tunekit.contract.Measurement`) and its folder."""
+    """One trial's measurement (measurement.json as a record) and its folder."""
 
     measurement: Measurement
     trial_dir: Path
@@ -46,22 +67,40 @@ class TrialOutcome:
         return self.measurement.status == "ok"
 
 
+def _budget(budget_min: float | None) -> float | None:
+    if budget_min is not None and not budget_min > 0:
+        raise UsageError(f"budget of {budget_min:g} minutes (--budget-min, budget_min): must be more than 0; leave it "
+                         "out for the config's budget.minutes")
+    return budget_min
+
+
+def _fixed_knobs(knobs: dict[str, Any] | None) -> dict[str, Any]:
+    """A sweep's fixed knobs as config overrides (each knob's search list becomes its one value)."""
+    chosen = config_mod.check_knobs(dict(knobs or {}))
+    if "ranks" in chosen:
+        raise UsageError("knobs: ranks: a sweep's ranks come from its launch section (launch.nproc_per_node); "
+                         "tunekit trial runs one trial at 1 rank or all of them")
+    return {_SEARCHED[key]: [value] for key, value in chosen.items()}
+
+
 def sweep(config: str | os.PathLike[str] | dict[str, Any], *, out: str | os.PathLike[str] | None = None,
           budget_min: float | None = None, strategy: str | None = None, overrides: dict[str, Any] | None = None,
-          resume: bool = True, quiet: bool = True) -> SweepOutcome:
+          knobs: dict[str, Any] | None = None, resume: bool = True, quiet: bool = True) -> SweepOutcome:
     """Run (or resume) a sweep, as ``tunekit sweep``, and return what it found.
 
     Args:
         config: a config file, or the config as a mapping (callables allowed where import paths go).
         out: the run folder (default ``results/<name>``).
-        budget_min: wall-clock budget in minutes (default ``budget.minutes``).
+        budget_min: wall-clock budget in minutes, more than 0 (default ``budget.minutes``).
         strategy: ``staged`` or ``grid`` (default the config's).
         overrides: dotted config keys to set first, e.g. ``{"trial.window_s": 5}``.
+        knobs: knobs to hold at one value for the whole sweep, e.g. ``{"pin_memory": True}`` (each one's search
+            list becomes that value; the knobs are listed in ``tunekit.config.KNOB_HELP``).
         resume: keep the finished trials of an earlier sweep in the same folder.
-        quiet: no progress bar.
+        quiet: no progress bar or trial log.
 
     Raises:
-        ConfigError, UsageError: a bad config or run folder (one line each).
+        ConfigError, UsageError: a bad config, value or run folder (one line each).
     """
     import pandas as pd
 
@@ -69,36 +108,49 @@ def sweep(config: str | os.PathLike[str] | dict[str, Any], *, out: str | os.Path
 
     if strategy not in (None, "staged", "grid"):
         raise UsageError(f"strategy={strategy!r}: choose staged or grid")
-    cfg = config_mod.load(config, overrides=overrides)
+    minutes = _budget(budget_min)
+    cfg = config_mod.load(config, overrides={**(overrides or {}), **_fixed_knobs(knobs)})
     run_dir = Path(out or Path("results") / cfg.name)
     result = run_sweep(cfg, run_dir, strategy=strategy or cfg.strategy,
-                       budget_minutes=budget_min or cfg.budget.minutes, resume=resume, quiet=quiet)
+                       budget_minutes=minutes if minutes is not None else cfg.budget.minutes, resume=resume,
+                       quiet=quiet)
     rec_path = run_dir / "recommended.yaml"
     return SweepOutcome(run_dir, load_recommended(rec_path) if rec_path.exists() else None,
-                        pd.read_csv(run_dir / "trials.csv"), result.summary.choice.reason, result.interrupted)
+                        pd.read_csv(run_dir / "trials.csv"), result.summary.choice.reason, result.interrupted,
+                        result.summary)
 
 
 def trial(config: str | os.PathLike[str] | dict[str, Any], *, knobs: dict[str, Any] | None = None,
           mode: str = "train", out: str | os.PathLike[str] | None = None,
-          overrides: dict[str, Any] | None = None) -> TrialOutcome:
+          overrides: dict[str, Any] | None = None,
+          on_start: Callable[[int, Any, Any], None] | None = None) -> TrialOutcome:
     """Run exactly one trial, as ``tunekit trial``.
 
     Args:
         config: a config file, or the config as a mapping.
-        knobs: the knobs to run (num_workers, prefetch_factor, pin_memory, batch_size, grad_accum, compile); the
-            rest come from the first value of each ``search`` list.
-        mode: ``train`` (end to end), ``compute`` (model on a staged batch) or ``loader`` (the loader alone).
+        knobs: the knobs to run, checked as ``--set`` checks them (the knobs are listed in
+            ``tunekit.config.KNOB_HELP``); the rest are the first value of each ``search`` list.
+        mode: ``train`` (end to end), ``compute`` (the step on a batch staged on the device) or ``loader`` (the
+            loader alone).
         out: the folder (default ``results/<name>-trial``).
         overrides: dotted config keys to set first.
+        on_start: called as ``on_start(number, knobs, config)`` once the trial's folder is held.
+
+    Raises:
+        ConfigError, UsageError: a bad config, knob value, mode or folder (one line each).
     """
     from tunekit.driver import first_knobs, run_single
 
-    if mode not in ("train", "compute", "loader"):
-        raise UsageError(f"mode={mode!r}: choose train, compute or loader")
-    unknown = sorted(set(knobs or {}) - set(KNOB_NAMES))
-    if unknown:
-        raise UsageError(f"knobs: unknown {', '.join(unknown)}; allowed: {', '.join(KNOB_NAMES)}")
+    if mode not in MODES:
+        raise UsageError(f"mode={mode!r}: choose one of: {', '.join(MODES)}")
+    chosen = config_mod.check_knobs(dict(knobs or {}))
     cfg = config_mod.load(config, overrides=overrides)
-    measurement, trial_dir = run_single(cfg, first_knobs(cfg, **(knobs or {})), mode,
-                                        Path(out or Path("results") / f"{cfg.name}-trial"))
+    run = first_knobs(cfg, **chosen)
+    measurement, trial_dir = run_single(cfg, run, mode, Path(out or Path("results") / f"{cfg.name}-trial"),
+                                        announce=lambda number: on_start(number, run, cfg) if on_start else None)
     return TrialOutcome(measurement, trial_dir)
+
+
+_KNOBS_DOC = "\n".join(f"        {key}: {help}" for key, help in config_mod.KNOB_HELP.items())
+for _function in (sweep, trial):  # the knobs listed once (config.KNOB_HELP), rendered into both docstrings
+    _function.__doc__ = f"{_function.__doc__}\n    Knobs:\n{_KNOBS_DOC}\n"

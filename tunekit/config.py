@@ -11,6 +11,7 @@ import difflib
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import types
@@ -21,11 +22,13 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from tunekit.errors import ConfigError
+from tunekit.contract import KNOB_NAMES
+from tunekit.errors import ConfigError, UsageError
 
 __all__ = [
     "Config",
     "Workload",
+    "Script",
     "Search",
     "TrialSettings",
     "Selection",
@@ -42,6 +45,12 @@ __all__ = [
     "cpu_count",
     "set_dotted",
     "max_workers",
+    "placeholders",
+    "fill_command",
+    "KNOB_HELP",
+    "TOP_LEVEL_KEYS",
+    "check_knobs",
+    "parse_knob",
 ]
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -51,6 +60,39 @@ _IMPORT_PATH = re.compile(r"^([A-Za-z_][\w.]*|[^:]+\.py):[A-Za-z_][\w.]*$")
 _UNIT = re.compile(r"^[A-Za-z][\w-]*$")
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 _NAME = re.compile(r"^(?!\.\.?$)[A-Za-z0-9._-]+$")
+
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w.]*)\}")
+
+
+def _split(command: str | list[str]) -> list[str]:
+    """A command as its arguments: a string is split as a shell would (never run through one)."""
+    return shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
+
+
+def placeholders(command: str | list[str]) -> set[str]:
+    """The ``{name}`` placeholders of a script command (knob names, or dotted ``search.extra`` keys)."""
+    return {m.group(1) for part in _split(command) for m in _PLACEHOLDER.finditer(part)}
+
+
+def fill_command(command: str | list[str], values: dict[str, Any] | None) -> list[str]:
+    """The command's arguments with each placeholder filled from ``values``; with ``values`` None, the script's own
+    settings: every argument holding a placeholder dropped, and the flag before a bare placeholder with it
+    (``-j {num_workers}`` and ``--workers={num_workers}`` both go), so the script's own defaults apply."""
+    parts, out = _split(command), []
+    for i, part in enumerate(parts):
+        if values is None:
+            bare_next = i + 1 < len(parts) and _PLACEHOLDER.fullmatch(parts[i + 1]) and part.startswith("-")
+            if _PLACEHOLDER.search(part) or bare_next:
+                continue
+            out.append(part)
+            continue
+        out.append(_PLACEHOLDER.sub(lambda m: _text(values[m.group(1)]), part))
+    return out
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
 
 
 def _meta(**kw: Any) -> dict[str, Any]:
@@ -101,6 +143,30 @@ class Workload:
     samples."""
     unit: str = field(default="samples", metadata=_meta(pattern=_UNIT, allowed="a word such as samples, tokens"))
     """What throughput counts: every figure is in ``unit``/s."""
+
+
+@dataclass(kw_only=True)
+class Script:
+    """Your own training script, run unedited in every trial (script mode, instead of ``workload``)."""
+
+    command: list[str]
+    """The command, as a string (split as a shell would, never run through one) or a list. ``{knob}``
+    placeholders (``{num_workers}``, ``{batch_size}``, any knob, or a ``search.extra`` key by its dotted name) are
+    filled per trial; knobs without one are set on the training DataLoader itself."""
+    cwd: str | None = None
+    """Where the command runs (default: the config file's folder)."""
+    env: dict[str, Any] = field(default_factory=dict)
+    """Extra environment variables for the command."""
+    loader: Any = "auto"
+    """The training DataLoader: ``auto`` (the first one iterated with autograd enabled: evaluation runs under
+    no_grad) or N (the N-th DataLoader the script builds, from 1)."""
+    count: str | None = field(default=None, metadata=_meta(import_path=True))
+    """``count(batch) -> int``: the items a batch holds in ``unit``; default: the loader's batch size."""
+    unit: str = field(default="samples", metadata=_meta(pattern=_UNIT, allowed="a word such as samples, tokens"))
+    """What throughput counts: every figure is in ``unit``/s."""
+    baseline: dict[str, Any] = field(default_factory=dict)
+    """Placeholder values of the script's own baseline trial; a placeholder not given here is left out with its
+    flag, so the script's own default applies."""
 
 
 @dataclass(kw_only=True)
@@ -219,8 +285,10 @@ class Config:
     """Run name; the default output folder is results/<name>."""
     device: str = field(default="auto", metadata=_meta(pattern=_DEVICE, allowed="auto, cpu, cuda, cuda:N"))
     """auto (cuda when available), cpu, cuda or cuda:N."""
-    workload: Workload
-    """What to train."""
+    workload: Workload | None = None
+    """What to train, as factories (or ``script``)."""
+    script: Script | None = None
+    """What to train, as your own training script (or ``workload``)."""
     search: Search = field(default_factory=Search)
     """The knobs to sweep."""
     trial: TrialSettings = field(default_factory=TrialSettings)
@@ -242,7 +310,22 @@ class Config:
         """The resolved config as plain data (what config.resolved.yaml holds)."""
         data = dataclasses.asdict(self)
         data.pop("source")
+        for key in ("workload", "script"):
+            if data[key] is None:
+                data.pop(key)
         return data
+
+    @property
+    def unit(self) -> str:
+        """What throughput counts (``workload.unit`` or ``script.unit``)."""
+        return self.script.unit if self.script is not None else self.workload.unit  # type: ignore[union-attr]
+
+
+TOP_LEVEL_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config)
+                                       if not f.metadata.get("internal") and not dataclasses.is_dataclass(f.type)
+                                       and f.name not in ("workload", "script", "search", "trial", "selection",
+                                                          "budget", "cost", "launch"))
+"""The config's keys that hold a value rather than a section (``--set strategy=grid``)."""
 
 
 def cpu_count() -> int:
@@ -359,6 +442,9 @@ def from_dict(
             # per rank: the ranks of a node share its CPUs
             cfg.search.num_workers = auto_workers(max(1, cpu_count() // cfg.launch.nproc_per_node))
         _cross_checks(cfg, source, errors)
+        if cfg.script is not None:  # the command runs where the config lives, unless it says otherwise
+            base = Path(source).parent if source not in ("<dict>", "<config>") else Path.cwd()
+            cfg.script.cwd = str((base / (cfg.script.cwd or ".")).resolve())
         if check_imports and not errors:
             errors.extend(_check_import_paths(cfg, source))
     if errors:
@@ -405,6 +491,13 @@ def _load_dataclass(cls: type, raw: Any, path: str, source: str, errors: list[st
                 ok = False
             continue
         value = raw[name]
+        if cls is Script and name == "command" and isinstance(value, str):
+            try:
+                value = _split(value)
+            except ValueError as exc:  # an unclosed quote
+                errors.append(f"{source}: {key_path}: cannot split {_show(value)} into arguments: {exc}")
+                ok = False
+                continue
         if cls is Search and name == "num_workers" and value == "auto":
             values[name] = auto_workers()
             continue
@@ -494,7 +587,54 @@ def max_workers(cpus: int | None = None) -> int:
 
 
 def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
+    if (cfg.workload is None) == (cfg.script is None):
+        errors.append(f"{source}: workload, script: give exactly one: workload (factories of the model and dataset) "
+                      "or script (your own training command)")
+        return
+    if cfg.script is not None:
+        _check_script(cfg, source, errors)
+    else:
+        _check_workload(cfg, source, errors)
+    _check_common(cfg, source, errors)
+
+
+def _check_script(cfg: Config, source: str, errors: list[str]) -> None:
+    """script: a command, placeholders that name knobs, a loader choice; no workload-only search keys."""
+    script, search = cfg.script, cfg.search
+    assert script is not None
+    if not script.command:
+        errors.append(f"{source}: script.command: must give the command that runs the training script")
+    knobs = set(KNOB_NAMES)
+    for name in sorted(placeholders(script.command) - knobs - set(search.extra)):
+        errors.append(f"{source}: script.command: {{{name}}} is not a knob; allowed: {', '.join(sorted(knobs))}, "
+                      "or a search.extra key")
+    for name in sorted(set(script.baseline) - placeholders(script.command)):
+        errors.append(f"{source}: script.baseline.{name}: the command has no {{{name}}} placeholder")
+    loader = script.loader
+    if loader != "auto" and not (isinstance(loader, int) and not isinstance(loader, bool) and loader >= 1):
+        errors.append(f"{source}: script.loader: {_show(loader)} is not allowed; choose auto or N (an integer, the "
+                      "N-th DataLoader the script builds, from 1)")
+    # what can be neither filled into the command nor set on the DataLoader
+    filled = placeholders(script.command)
+    for key, values in (("grad_accum", search.grad_accum), ("compile", search.compile)):
+        if len(values) > 1 and key not in filled:
+            errors.append(f"{source}: search.{key}: the script sets it itself; searching it needs a {{{key}}} "
+                          "placeholder in script.command")
+    for key in ("threads", "worker_threads"):
+        if getattr(search, key) and key not in filled:
+            errors.append(f"{source}: search.{key}: searching it needs a {{{key}}} placeholder in script.command")
+    for key in search.extra:
+        if key not in filled:
+            errors.append(f"{source}: search.extra.{key}: script mode sets a knob of your own through the command; "
+                          f"add {{{key}}} to script.command")
+    if search.target_effective_batch is not None and "grad_accum" not in filled:
+        errors.append(f"{source}: search.target_effective_batch: needs a {{grad_accum}} placeholder in "
+                      "script.command")
+
+
+def _check_workload(cfg: Config, source: str, errors: list[str]) -> None:
     search, wl = cfg.search, cfg.workload
+    assert wl is not None
     beside = [k for k in ("collate_fn", "sampler", "worker_init_fn") if getattr(wl, k)]
     if wl.loader and beside:
         errors.append(f"{source}: workload.{beside[0]}: workload.loader builds the whole DataLoader; set "
@@ -505,6 +645,12 @@ def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
                       "workload.loader")
     if wl.step_updates and not wl.step:
         errors.append(f"{source}: workload.step_updates: true needs workload.step, the step that updates")
+    _check_extra(cfg, source, errors)
+    _check_gpu_decode(cfg, source, errors)
+
+
+def _check_common(cfg: Config, source: str, errors: list[str]) -> None:
+    search = cfg.search
     if cfg.trial.max_windows < cfg.trial.measure_windows:
         errors.append(f"{source}: trial.max_windows: {cfg.trial.max_windows} is below trial.measure_windows "
                       f"({cfg.trial.measure_windows}); it must be at least that")
@@ -524,8 +670,6 @@ def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
         errors.append(f"{source}: search.num_workers: {max(too_many)} is more than this machine allows ({bound}: "
                       f"{MAX_WORKERS_PER_CPU} per usable CPU, {cpu_count()} usable, and at least "
                       f"{MIN_WORKER_BOUND})")
-    _check_extra(cfg, source, errors)
-    _check_gpu_decode(cfg, source, errors)
     if search.target_effective_batch is not None:
         if search.grad_accum != [1]:
             errors.append(
@@ -617,8 +761,13 @@ IMPORT_PATH_KEYS = tuple(f.name for f in dataclasses.fields(Workload) if f.metad
 
 
 def _check_import_paths(cfg: Config, source: str) -> list[str]:
-    paths = {f"workload.{key}": getattr(cfg.workload, key) for key in IMPORT_PATH_KEYS
-             if getattr(cfg.workload, key) is not None}
+    if cfg.script is not None:
+        paths = {"script.count": cfg.script.count} if cfg.script.count else {}
+    else:
+        paths = {f"workload.{key}": getattr(cfg.workload, key) for key in IMPORT_PATH_KEYS
+                 if getattr(cfg.workload, key) is not None}
+    if not paths:
+        return []
     cmd = [sys.executable, "-m", "tunekit.workloads.resolve", json.dumps(paths)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
@@ -626,3 +775,75 @@ def _check_import_paths(cfg: Config, source: str) -> list[str]:
         return [f"{source}: workload: could not check import paths: {tail}"]
     problems = json.loads(proc.stdout.strip().splitlines()[-1])
     return [f"{source}: {key}: {_show(paths[key])} {msg}" for key, msg in problems.items() if msg]
+
+
+# --- the knobs of one trial ----------------------------------------------------------------------------------
+
+KNOB_HELP: dict[str, str] = {
+    "num_workers": f"DataLoader worker processes (per rank): an integer from 0 up to {MAX_WORKERS_PER_CPU} per "
+                   f"usable CPU (and up to {MIN_WORKER_BOUND} on any machine)",
+    "prefetch_factor": "batches prefetched per worker: an integer of at least 1 (with num_workers > 0)",
+    "pin_memory": "pinned host memory with non_blocking copies: true or false",
+    "batch_size": "micro-batch size: an integer of at least 1",
+    "grad_accum": "micro-batches per optimizer step: an integer of at least 1",
+    "compile": f"torch.compile mode: one of {', '.join(COMPILE_MODES)}",
+    "ranks": "DDP ranks of the trial: 1, or every rank of the config's launch section",
+    "threads": "intra-op threads of the training process: an integer of at least 1, or null for PyTorch's default",
+    "worker_threads": "intra-op threads of each loader worker: an integer of at least 1, or null for one",
+}
+"""Every knob of one trial and what it may be: the one list ``tunekit trial --set``, ``tunekit sweep --set``,
+``tunekit.trial(knobs=...)``, script placeholders and the README's knob paragraph are made from."""
+assert tuple(KNOB_HELP) == KNOB_NAMES, "KNOB_HELP must describe exactly contract.Knobs' fields"
+
+_NULLABLE = ("prefetch_factor", "threads", "worker_threads")
+_AT_LEAST = {"num_workers": 0, "prefetch_factor": 1, "batch_size": 1, "grad_accum": 1, "ranks": 1, "threads": 1,
+             "worker_threads": 1}
+
+
+def _knob_problem(key: str, value: Any) -> str | None:
+    """Why ``value`` is not allowed for knob ``key`` (None when it is)."""
+    if value is None and key in _NULLABLE:
+        return None
+    if key == "pin_memory":
+        return None if isinstance(value, bool) else "expected true or false"
+    if key == "compile":
+        return None if value in COMPILE_MODES else f"choose one of: {', '.join(COMPILE_MODES)}"
+    if not isinstance(value, int) or isinstance(value, bool):
+        return f"expected an integer, got {_kind(value)} {_show(value)}"
+    if value < _AT_LEAST[key]:
+        return f"must be at least {_AT_LEAST[key]}"
+    if key == "num_workers" and value > max_workers():
+        return (f"more than this machine allows ({max_workers()}: {MAX_WORKERS_PER_CPU} per usable CPU, "
+                f"{cpu_count()} usable, and at least {MIN_WORKER_BOUND})")
+    return None
+
+
+def check_knobs(knobs: dict[str, Any], where: str = "knobs") -> dict[str, Any]:
+    """Knob values (typed, as Python or YAML gives them) checked as a config's search lists are: every problem at
+    once, one line each naming ``where``, the knob and what is allowed.
+
+    Raises:
+        UsageError: an unknown knob or a value not allowed.
+    """
+    problems = []
+    for key, value in knobs.items():
+        if key not in KNOB_HELP:
+            problems.append(f"{where}: {key} is not a knob; allowed: {', '.join(KNOB_HELP)}, or a dotted config key")
+        elif (why := _knob_problem(key, value)) is not None:
+            problems.append(f"{where}: {key}={_show(value)}: {why}")
+    if problems:
+        raise UsageError("; ".join(problems))
+    return dict(knobs)
+
+
+def parse_knob(key: str, text: str) -> Any:
+    """A ``--set`` knob value: read as YAML (``4``, ``true``, ``null``), then checked by :func:`check_knobs`."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    if key not in KNOB_HELP:
+        check_knobs({key: value}, where="--set")
+    if (why := _knob_problem(key, value)) is not None:
+        raise UsageError(f"--set {key}={text}: {why}")
+    return value

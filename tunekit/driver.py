@@ -102,7 +102,8 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
 
 @contextlib.contextmanager
 def interrupts_as_keyboard_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt, so a killed command still kills its running trial."""
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, so a killed command still kills its running trial. For a
+    process's main thread (the CLI): signal handlers cannot be installed from any other."""
     previous = {sig: signal.signal(sig, _sigterm_as_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
@@ -112,7 +113,7 @@ def interrupts_as_keyboard_interrupt() -> Iterator[None]:
 
 
 @dataclass
-class _Sweep:
+class _RunningSweep:
     """One sweep in progress: its config, folder, store, the finished trials and how it ends."""
 
     cfg: Config
@@ -148,9 +149,10 @@ class _Sweep:
 
 def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: float, resume: bool,
               quiet: bool = False) -> SweepResult:
-    """Run (or resume) a sweep into ``run_dir`` and write its outputs."""
-    # SIGTERM/SIGHUP act as Ctrl-C from the start: every phase ends its child processes and says so
-    with store.lock_run(run_dir), interrupts_as_keyboard_interrupt():
+    """Run (or resume) a sweep into ``run_dir`` and write its outputs. A KeyboardInterrupt (Ctrl-C, or SIGTERM and
+    SIGHUP under :func:`interrupts_as_keyboard_interrupt`, which the CLI's main thread installs) ends every phase's
+    child processes and still writes the outputs of the finished trials."""
+    with store.lock_run(run_dir):
         return _locked_sweep(cfg, run_dir, strategy=strategy, budget_minutes=budget_minutes, resume=resume,
                              quiet=quiet)
 
@@ -169,7 +171,7 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
     before = sweep_warnings(cfg, env)
     for line in before:
         warn(console, line)
-    sweep = _Sweep(cfg, run_dir, strategy, runs, runs.rows(), probe_cuda(cfg.device), console, started=started,
+    sweep = _RunningSweep(cfg, run_dir, strategy, runs, runs.rows(), probe_cuda(cfg.device), console, started=started,
                    earlier=_invocations(run_dir) if resume else [])
     if sweep.rows:
         console.print(f"resuming: {len(sweep.rows)} finished trial(s) in {run_dir / store.STUDY_FILE} are kept")
@@ -186,7 +188,7 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
     return _finish(sweep, env, before)
 
 
-def _run_trials(sweep: _Sweep, budget: _Budget) -> None:
+def _run_trials(sweep: _RunningSweep, budget: _Budget) -> None:
     """Ask the plan, run one trial, record it; until the plan is done or the budget stops the sweep."""
     estimate = plan.estimate_total(sweep.cfg, sweep.rows, strategy=sweep.strategy, cuda=sweep.cuda)
     with _Progress(sweep.console, estimate, len(sweep.rows)) as bar:
@@ -220,7 +222,7 @@ def _run_trials(sweep: _Sweep, budget: _Budget) -> None:
                 return
 
 
-def _run_one(sweep: _Sweep, req: plan.Request) -> TrialRow:
+def _run_one(sweep: _RunningSweep, req: plan.Request) -> TrialRow:
     cfg = sweep.cfg
     trial, number = sweep.runs.start(cfg, req.stage, req.mode, req.knobs.to_dict())
     spec = TrialSpec(number=number, stage=req.stage, mode=req.mode, knobs=req.knobs, config=cfg.to_dict(),
@@ -237,7 +239,7 @@ def _run_one(sweep: _Sweep, req: plan.Request) -> TrialRow:
     return TrialRow.from_measurement(replace(measurement, number=number))
 
 
-def _finish(sweep: _Sweep, env: dict[str, Any], before: list[str]) -> SweepResult:
+def _finish(sweep: _RunningSweep, env: dict[str, Any], before: list[str]) -> SweepResult:
     """Warnings after the sweep, sweep.json, the outputs, and the knee on the study."""
     after = [w for w in sweep_warnings(sweep.cfg, snapshot(), sweep.rows) if w not in before]
     for line in after:
@@ -287,7 +289,7 @@ def run_single(cfg: Config, knobs: Knobs, mode: str, out: Path,
                announce: Callable[[int], None] = lambda number: None) -> tuple[Measurement, Path]:
     """Exactly one trial into ``out/trials/<n>/`` (``tunekit trial``): its measurement and its folder. A sweep's run
     folder is refused (a resumed sweep would reuse the number). ``announce(number)`` runs once the folder is held."""
-    with store.lock_run(out), interrupts_as_keyboard_interrupt():  # no other sweep or trial writes here meanwhile
+    with store.lock_run(out):  # no other sweep or trial writes here meanwhile
         if (out / store.STUDY_FILE).exists():
             raise UsageError(f"{out}: a sweep's run folder (it holds {store.STUDY_FILE}), whose trial numbers a "
                              "resumed sweep would reuse; give the trial another --out")
@@ -313,32 +315,31 @@ def run_node(cfg: Config, node_rank: int, folder: Path, *, idle_timeout_s: float
     folder.mkdir(parents=True, exist_ok=True)
     cmd = torchrun_command(cfg.to_dict()["launch"], node_rank) + ["-m", "tunekit.worker", "--follow", str(folder)]
     served, last = 0, time.monotonic()
-    with interrupts_as_keyboard_interrupt():
-        while True:
-            for stale in (*folder.glob("measurement.rank*.json"), folder / "trial", folder / "stop"):
-                stale.unlink(missing_ok=True)
-            with open(folder / "node.log", "ab") as log:
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True, env=child_env())
-                try:
-                    rc = _wait_trial(proc, folder / "trial", cfg.trial.timeout_s)
-                finally:  # an interrupt ends this node's ranks and their workers too
-                    kill_tree(proc)
-            if (folder / "stop").exists():
-                say(f"node {node_rank}: the sweep released this node after {served} trial(s)")
-                return served
-            if (folder / "trial").exists():
-                served, last = served + 1, time.monotonic()
-                failed = [Measurement.from_dict(read_json(p)) for p in folder.glob("measurement.rank*.json")]
-                first = min(failed, key=lambda m: float(m.failed_at or 0.0)) if failed else None
-                reason = first.reason if first is not None else None
-                say(f"node {node_rank}: trial {(folder / 'trial').read_text()} "
-                    + (f"failed here: {reason}" if reason else "done" if rc == 0 else f"ended with exit code {rc}"))
-            elif time.monotonic() - last > idle_timeout_s:
-                say(f"node {node_rank}: no trial for {idle_timeout_s:g} s; stopping after {served} trial(s)")
-                return served
-            else:
-                time.sleep(1.0)  # no rendezvous this time (node 0 between trials, or not started yet)
+    while True:
+        for stale in (*folder.glob("measurement.rank*.json"), folder / "trial", folder / "stop"):
+            stale.unlink(missing_ok=True)
+        with open(folder / "node.log", "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, env=child_env())
+            try:
+                rc = _wait_trial(proc, folder / "trial", cfg.trial.timeout_s)
+            finally:  # an interrupt ends this node's ranks and their workers too
+                kill_tree(proc)
+        if (folder / "stop").exists():
+            say(f"node {node_rank}: the sweep released this node after {served} trial(s)")
+            return served
+        if (folder / "trial").exists():
+            served, last = served + 1, time.monotonic()
+            failed = [Measurement.from_dict(read_json(p)) for p in folder.glob("measurement.rank*.json")]
+            first = min(failed, key=lambda m: float(m.failed_at or 0.0)) if failed else None
+            reason = first.reason if first is not None else None
+            say(f"node {node_rank}: trial {(folder / 'trial').read_text()} "
+                + (f"failed here: {reason}" if reason else "done" if rc == 0 else f"ended with exit code {rc}"))
+        elif time.monotonic() - last > idle_timeout_s:
+            say(f"node {node_rank}: no trial for {idle_timeout_s:g} s; stopping after {served} trial(s)")
+            return served
+        else:
+            time.sleep(1.0)  # no rendezvous this time (node 0 between trials, or not started yet)
 
 
 def _wait_trial(proc: subprocess.Popen[Any], started: Path, timeout_s: float) -> int | None:

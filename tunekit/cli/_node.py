@@ -5,7 +5,7 @@ from pathlib import Path
 import click
 
 from tunekit import config as config_mod
-from tunekit.driver import run_node
+from tunekit.driver import interrupts_as_keyboard_interrupt, run_node
 
 
 @click.command()
@@ -22,4 +22,5 @@ def node(config_path: str, node_rank: int, out: str | None, idle_timeout: float)
     folder = Path(out) if out else Path("results") / f"{cfg.name}-node{node_rank}"
     click.echo(f"node {node_rank} of {cfg.launch.nnodes}: waiting for trials at {cfg.launch.rdzv_endpoint} "
                f"(log: {folder / 'node.log'})", err=True)
-    run_node(cfg, node_rank, folder, idle_timeout_s=idle_timeout, say=lambda line: click.echo(line, err=True))
+    with interrupts_as_keyboard_interrupt():  # SIGTERM and SIGHUP end this node's ranks as Ctrl-C does
+        run_node(cfg, node_rank, folder, idle_timeout_s=idle_timeout, say=lambda line: click.echo(line, err=True))

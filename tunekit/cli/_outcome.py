@@ -8,6 +8,7 @@ from typing import Any
 import click
 import yaml
 
+from tunekit import config as config_mod
 from tunekit.errors import UsageError
 
 
@@ -21,15 +22,25 @@ def print_outcome(summary: Any, run_dir: Path) -> None:
     click.echo(f"-> {run_dir / 'recommended.yaml'}")
 
 
-def parse_overrides(sets: tuple[str, ...]) -> dict[str, Any]:
-    """``--set`` items of dotted config keys, values parsed as YAML."""
-    overrides = {}
+def split_sets(sets: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``--set`` items, the same in every subcommand: knobs (``num_workers=4``, checked as ``tunekit.trial``
+    checks them) and dotted config keys (``trial.window_s=5``), each value read as YAML."""
+    knobs: dict[str, Any] = {}
+    overrides: dict[str, Any] = {}
     for item in sets:
         key, sep, value = item.partition("=")
-        if not sep or "." not in key.strip():
-            raise UsageError(f"--set {item!r}: expected a dotted config key, e.g. --set trial.window_s=5")
-        overrides[key.strip()] = parse_value(key.strip(), value)
-    return overrides
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set num_workers=4 or --set trial.window_s=5")
+        if key in config_mod.KNOB_HELP:
+            knobs[key] = config_mod.parse_knob(key, value.strip())
+        elif "." in key or key in config_mod.TOP_LEVEL_KEYS:
+            overrides[key] = parse_value(key, value)
+        else:
+            raise UsageError(f"--set {key}: unknown knob; allowed: {', '.join(config_mod.KNOB_HELP)}, a top-level "
+                             f"config key ({', '.join(config_mod.TOP_LEVEL_KEYS)}) or a dotted one (e.g. "
+                             "trial.window_s)")
+    return knobs, overrides
 
 
 def parse_value(key: str, text: str) -> Any:

@@ -1,41 +1,42 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import click
 
-from tunekit import config as config_mod
-from tunekit.cli._outcome import parse_overrides, print_outcome
+from tunekit.cli._outcome import print_outcome, split_sets
+from tunekit.contract import KNOB_NAMES
 
 
 @click.command()
 @click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Run folder (default results/<name>).")
-@click.option("--budget-min", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Wall-clock budget in minutes (default: budget.minutes).")
+@click.option("--budget-min", type=float, default=None,
+              help="Wall-clock budget in minutes, more than 0 (default: budget.minutes).")
 @click.option("--strategy", type=click.Choice(["staged", "grid"]), default=None,
               help="staged (default from the config) or grid (every combination).")
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Keep the finished trials of an earlier sweep in the same folder, or start again.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="A dotted config key to override (e.g. --set trial.window_s=5 --set 'search.batch_size=[64,128]').")
+              help=f"A knob held at one value for the whole sweep ({', '.join(KNOB_NAMES)}) or a dotted config key "
+                   "(e.g. --set trial.window_s=5 --set 'search.batch_size=[64,128]').")
 @click.option("--quiet", is_flag=True, help="No progress bar or trial log.")
 def sweep(config_path: str, out_dir: str | None, budget_min: float | None, strategy: str | None, resume: bool,
           sets: tuple[str, ...], quiet: bool) -> None:
     """Run short isolated trials, pick the throughput knee, write plots, report.md, trials.csv, study.db and
     recommended.yaml under results/<name>/."""
-    from tunekit.driver import make_console, run_sweep
+    from tunekit import _api
+    from tunekit.driver import interrupts_as_keyboard_interrupt, make_console
     from tunekit.report import console_table
 
-    cfg = config_mod.load(config_path, overrides=parse_overrides(sets))
-    run_dir = Path(out_dir or Path("results") / cfg.name)
-    result = run_sweep(cfg, run_dir, strategy=strategy or cfg.strategy,
-                       budget_minutes=budget_min or cfg.budget.minutes, resume=resume, quiet=quiet)
-    make_console(quiet).print(console_table(result.summary))
-    print_outcome(result.summary, run_dir)
-    if result.interrupted:
+    knobs, overrides = split_sets(sets)
+    with interrupts_as_keyboard_interrupt():  # SIGTERM and SIGHUP end the sweep as Ctrl-C does
+        outcome = _api.sweep(config_path, out=out_dir, budget_min=budget_min, strategy=strategy,
+                             overrides=overrides, knobs=knobs, resume=resume, quiet=quiet)
+    make_console(quiet).print(console_table(outcome.summary))
+    print_outcome(outcome.summary, outcome.run_dir)
+    if outcome.interrupted:
         sys.exit(130)
-    if result.summary.choice.knee is None:
+    if outcome.summary.choice.knee is None:
         sys.exit(1)

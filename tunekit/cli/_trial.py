@@ -1,18 +1,12 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
 
-from tunekit import config as config_mod
-from tunekit.cli._outcome import parse_value
+from tunekit.cli._outcome import split_sets
 from tunekit.contract import KNOB_NAMES, Measurement
-from tunekit.errors import UsageError
-
-_BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,
-               "off": False}
 
 
 @click.command()
@@ -25,60 +19,21 @@ _BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False,
               help="Output folder (default results/<name>-trial).")
 def trial(config_path: str, sets: tuple[str, ...], mode: str, out_dir: str | None) -> None:
     """Run exactly one trial and write OUT/trials/<n>/measurement.json."""
+    from tunekit import _api
+    from tunekit.driver import interrupts_as_keyboard_interrupt
 
-    from tunekit.driver import first_knobs, run_single
+    knobs, overrides = split_sets(sets)
 
-    knob_sets, config_sets = _split_sets(sets)
-    overrides = {key: parse_value(key, value) for key, value in config_sets.items()}
-    cfg = config_mod.load(config_path, overrides=overrides)
-    knobs = first_knobs(cfg, **{key: _parse_knob(key, text) for key, text in knob_sets.items()})
-    out = Path(out_dir or Path("results") / f"{cfg.name}-trial")
-    result, trial_dir = run_single(cfg, knobs, mode, out, announce=lambda number: click.echo(
-        f"trial {number}: {knobs.describe()} ({mode}) on {cfg.device} ...", err=True))
-    click.echo(_summary(result))
-    click.echo(f"-> {trial_dir / 'measurement.json'}")
-    if result.status != "ok":
+    def started(number: int, run: Any, cfg: Any) -> None:
+        click.echo(f"trial {number}: {run.describe()} ({mode}) on {cfg.device} ...", err=True)
+
+    with interrupts_as_keyboard_interrupt():
+        outcome = _api.trial(config_path, knobs=knobs, mode=mode, out=out_dir, overrides=overrides,
+                             on_start=started)
+    click.echo(_summary(outcome.measurement))
+    click.echo(f"-> {outcome.trial_dir / 'measurement.json'}")
+    if not outcome.ok:
         sys.exit(1)
-
-
-def _split_sets(sets: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str]]:
-    knobs: dict[str, str] = {}
-    config: dict[str, str] = {}
-    for item in sets:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set num_workers=4")
-        if key in KNOB_NAMES:
-            knobs[key] = value.strip()
-        elif "." in key:
-            config[key] = value
-        else:
-            raise UsageError(
-                f"--set {key}: unknown knob; allowed: {', '.join(KNOB_NAMES)}, or a dotted config key"
-            )
-    return knobs, config
-
-
-def _parse_knob(key: str, text: str) -> Any:
-    if key == "pin_memory":
-        if text.lower() not in _BOOL_WORDS:
-            raise UsageError(f"--set pin_memory={text}: expected true or false")
-        return _BOOL_WORDS[text.lower()]
-    if key == "compile":
-        if text not in config_mod.COMPILE_MODES:
-            raise UsageError(f"--set compile={text}: choose one of: {', '.join(config_mod.COMPILE_MODES)}")
-        return text
-    minimum = 0 if key == "num_workers" else 1
-    maximum = config_mod.max_workers() if key == "num_workers" else None
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < minimum or (maximum is not None and value > maximum):
-        upper = f" and <= {maximum} (config.max_workers on this machine)" if maximum is not None else ""
-        raise UsageError(f"--set {key}={text}: expected an integer >= {minimum}{upper}")
-    return value
 
 
 def _fmt(value: Any, spec: str = ".3f", scale: float = 1.0, unit: str = "") -> str:
