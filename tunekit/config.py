@@ -75,17 +75,16 @@ def placeholders(command: str | list[str]) -> set[str]:
     return {m.group(1) for part in _split(command) for m in _PLACEHOLDER.finditer(part)}
 
 
-def fill_command(command: str | list[str], values: dict[str, Any] | None) -> list[str]:
-    """The command's arguments with each placeholder filled from ``values``; with ``values`` None, the script's own
-    settings: every argument holding a placeholder dropped, and the flag before a bare placeholder with it
-    (``-j {num_workers}`` and ``--workers={num_workers}`` both go), so the script's own defaults apply."""
+def fill_command(command: str | list[str], values: dict[str, Any]) -> list[str]:
+    """The command's arguments with each placeholder filled from ``values``. An argument whose placeholder has no
+    value is left out, with the flag before it when it stands alone (``-j {num_workers}`` and
+    ``--workers={num_workers}`` both go), so the script's own default applies: ``values = {}`` runs the script with
+    its own settings."""
     parts, out = _split(command), []
     for i, part in enumerate(parts):
-        if values is None:
-            bare_next = i + 1 < len(parts) and _PLACEHOLDER.fullmatch(parts[i + 1]) and part.startswith("-")
-            if _PLACEHOLDER.search(part) or bare_next:
-                continue
-            out.append(part)
+        missing = [m.group(1) for m in _PLACEHOLDER.finditer(part) if m.group(1) not in values]
+        following = _PLACEHOLDER.fullmatch(parts[i + 1]) if i + 1 < len(parts) else None
+        if missing or (part.startswith("-") and following and following.group(1) not in values):
             continue
         out.append(_PLACEHOLDER.sub(lambda m: _text(values[m.group(1)]), part))
     return out

@@ -139,6 +139,8 @@ class _RunningSweep:
         if self.prepared:
             return
         self.prepared = True
+        if self.cfg.script is not None:  # the script builds its own data, in each trial
+            return
         t0 = time.monotonic()
         start_fork_server(self.cfg.to_dict())
         try:

@@ -35,8 +35,8 @@ from tunekit._files import read_json, write_json_atomic
 from tunekit.contract import STATUSES, Measurement, TrialSpec, failed_measurement
 from tunekit.outcome import classify_error
 
-__all__ = ["run_trial", "kill_tree", "worker_command", "torchrun_command", "release_nodes", "child_env",
-           "REQUIRED_FIELDS", "LOG_KEEP_BYTES"]
+__all__ = ["run_trial", "kill_tree", "worker_command", "script_command", "torchrun_command", "release_nodes",
+           "child_env", "REQUIRED_FIELDS", "LOG_KEEP_BYTES", "BOOTSTRAP"]
 
 REQUIRED_FIELDS = ("rate", "rate_windows", "noise_cv", "step_time_s", "data_wait_frac", "headroom", "warmup_s")
 """The fields of :class:`Measurement` an ``ok`` measurement must hold, non-null and finite."""
@@ -110,8 +110,15 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
         env = child_env()
         # the worker counts its start-up from here: interpreter and imports, or the fork
         trial_env = {**env, "TUNEKIT_STARTED_AT": repr(time.time())}
-        proc: Any = _fork_trial(spec, [str(spec_path), str(out_path)], env, trial_env)
-        if proc is None:
+        script = spec.config.get("script")
+        proc: Any = None if script else _fork_trial(spec, [str(spec_path), str(out_path)], env, trial_env)
+        if script:
+            proc = subprocess.Popen(
+                script_command(spec), cwd=script.get("cwd") or None,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                env=_script_env(script, trial_env, spec_path, out_path),
+            )
+        elif proc is None:
             proc = subprocess.Popen(
                 worker_command(spec) + [str(spec_path), str(out_path)],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -133,6 +140,8 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
             pid_file.unlink(missing_ok=True)
     wall = time.perf_counter() - t0
     result = _outcome(spec, proc.returncode, timed_out, timeout_s, out_path, trial_dir / "worker.log")
+    if script and result.status != "ok" and proc.returncode and not timed_out:
+        result = _script_exit(result, proc.returncode, trial_dir / "worker.log")
     result.returncode, result.launcher_wall_s, result.pid = proc.returncode, wall, proc.pid
     result.started_by = "fork server" if isinstance(proc, _Forked) else "interpreter"
     refused = _SERVERS.get("server")
@@ -281,7 +290,7 @@ def start_fork_server(config: dict[str, Any]) -> None:
     """Start the fork server before the first trial asks for it, so that its imports (the interpreter, torch, the
     worker's modules: seconds on a fresh machine) run beside the sweep's dataset preparation rather than inside
     the first trial. Nothing with ``trial.fork_server: false``."""
-    if bool((config.get("trial") or {}).get("fork_server", True)):
+    if bool((config.get("trial") or {}).get("fork_server", True)) and not config.get("script"):
         _server(child_env())
 
 
@@ -320,6 +329,43 @@ def worker_command(spec: TrialSpec) -> list[str]:
     launch = dict(spec.config.get("launch") or {})
     launch["nproc_per_node"] = spec.knobs.ranks // int(launch.get("nnodes") or 1)
     return torchrun_command(launch) + ["-m", "tunekit.worker"]
+
+
+BOOTSTRAP = Path(tunekit.__file__).resolve().parent / "worker" / "_bootstrap"
+"""The folder of script mode's ``sitecustomize``: first on a script trial's PYTHONPATH, it loads the meter into the
+user's own process (and every process the command starts: torchrun's ranks too)."""
+
+
+def script_command(spec: TrialSpec) -> list[str]:
+    """A script trial's command: ``script.command`` with the trial's knobs filled in; for the script's own
+    baseline (stage ``baseline``), only ``script.baseline``'s values, every other placeholder left out with its flag."""
+    from tunekit.config import fill_command
+
+    script = spec.config["script"]
+    if spec.stage == "baseline":
+        return fill_command(script["command"], dict(script.get("baseline") or {}))
+    knobs = spec.knobs.to_dict()
+    extra = knobs.pop("extra")
+    baselines = {key: (value.get("values") or [None])[0]
+                 for key, value in ((spec.config.get("search") or {}).get("extra") or {}).items()}
+    return fill_command(script["command"], {**knobs, **baselines, **extra})
+
+
+def _script_env(script: dict[str, Any], env: dict[str, str], spec_path: Path, out_path: Path) -> dict[str, str]:
+    extra = {str(k): str(v) for k, v in (script.get("env") or {}).items()}
+    path = os.pathsep.join([str(BOOTSTRAP), env.get("PYTHONPATH", "")])
+    return {**env, **extra, "PYTHONPATH": path, "TUNEKIT_SCRIPT_SPEC": str(spec_path),
+            "TUNEKIT_SCRIPT_MEASUREMENT": str(out_path)}
+
+
+def _script_exit(result: Measurement, rc: int, log_path: Path) -> Measurement:
+    """A script that exited by itself: its exit code and its last line (an argparse error names the flag) join
+    the reason."""
+    lines = [line for line in _tail(log_path, 4000).splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else "no output"
+    if f"exit code {rc}" in result.reason:
+        return result
+    return dataclasses.replace(result, reason=f"{result.reason} (the script exited with code {rc}: {last})")
 
 
 def release_nodes(config: dict[str, Any], timeout_s: float = 120.0) -> bool:

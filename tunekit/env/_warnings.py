@@ -56,7 +56,7 @@ def _gpu_warnings(gpu: dict[str, Any]) -> list[str]:
 def sweep_warnings(cfg: Config, env: dict[str, Any], rows: list[TrialRow] | None = None) -> list[str]:
     """The warnings for a sweep of ``cfg`` on this machine; with finished trials, also the host memory they used."""
     s = cfg.search
-    crop = cfg.workload.dataset_args.get("crop")
+    crop = cfg.workload.dataset_args.get("crop") if cfg.workload is not None else None
     batch_bytes = 3 * int(crop) ** 2 * 4 * max(s.batch_size) if isinstance(crop, int) else None
     out = environment_warnings(env, max_workers=max(s.num_workers), batch_bytes=batch_bytes,
                                prefetch=max(s.prefetch_factor))

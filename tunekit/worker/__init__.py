@@ -22,7 +22,7 @@ from tunekit._files import read_json, write_json_atomic
 from tunekit.contract import TrialSpec, failed_measurement
 from tunekit.outcome import classify_error
 
-__all__ = ["main", "EXIT_FAILED"]
+__all__ = ["main", "EXIT_FAILED", "watch_parent"]
 
 EXIT_FAILED = 3
 """Exit code of a worker that classified its own failure and wrote measurement.json."""
@@ -38,7 +38,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _die_with_parent() -> None:
+def watch_parent() -> None:
     """Kill this trial's process group if its parent (the launcher, or torchrun for a rank) or the sweep that
     launched it dies (SIGKILL, a lost terminal): a trial never outlives the sweep that started it."""
     parent = os.getppid()
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         from tunekit.worker._forkserver import serve
 
         return serve(int(args[1]))
-    _die_with_parent()
+    watch_parent()
     rank = _rank()
     spec, out_path = _spec_and_paths(args, rank)
     if spec is None:

@@ -1,0 +1,319 @@
+"""Script mode, inside the user's own training process: the training DataLoader found, the trial's knobs set on
+it, and the meter run on its batches while the script's own loop trains them.
+
+The bootstrap (``_bootstrap/sitecustomize.py``) calls :func:`install` at interpreter start when the launcher set
+``TUNEKIT_SCRIPT_SPEC`` (the trial's spec.json) and ``TUNEKIT_SCRIPT_MEASUREMENT`` (where measurement.json goes).
+From then on every ``DataLoader`` the script builds is counted, and the first one iterated for training is
+measured: with ``script.loader: auto`` the first iterated with autograd enabled (evaluation runs under
+``no_grad`` or ``inference_mode``), with ``script.loader: N`` the N-th built. The script's loop then gets its
+batches through the meter; the epochs of the loader are chained, so an epoch that ends inside the trial is counted
+(and its worker restart paid) without the script seeing it. At the batch request after the last window the
+measurement is written and the process ends (``os._exit``): the script's remaining epochs, evaluation and
+checkpoints never run.
+
+Modes: ``train`` measures the script's own step; ``compute`` feeds it the loader's first batch again and again,
+the loader stopped (the script's step on a ready batch); ``loader`` drains the loader in the bootstrap alone
+(with the host-to-device copy on a GPU) before the script's loop gets any batch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import sys
+import time
+import traceback
+import weakref
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader
+
+from tunekit._files import read_json, write_json_atomic
+from tunekit.config import placeholders
+from tunekit.contract import Measurement, TrialSpec, failed_measurement
+from tunekit.outcome import classify_error
+from tunekit.worker._loader import LoaderBatches, tensors
+from tunekit.worker._meter import Meter, MeterSettings
+from tunekit.worker._monitor import Monitor, TreeCpu
+from tunekit.worker._record import assemble, device_memory
+from tunekit.workloads import resolve
+
+__all__ = ["install", "SPEC_ENV", "OUT_ENV"]
+
+SPEC_ENV = "TUNEKIT_SCRIPT_SPEC"
+OUT_ENV = "TUNEKIT_SCRIPT_MEASUREMENT"
+INJECTED = ("num_workers", "batch_size", "pin_memory", "prefetch_factor")
+"""The knobs set on the training DataLoader itself when the command has no placeholder for them."""
+
+_original_init = DataLoader.__init__
+_original_iter = DataLoader.__iter__
+
+
+class _Own:
+    """The training loader as the adapter iterates it: the DataLoader's own iterator, not the metered one."""
+
+    def __init__(self, loader: DataLoader):
+        self.loader = loader
+        self.persistent_workers = loader.persistent_workers
+
+    def __iter__(self) -> Any:
+        return _original_iter(self.loader)
+
+
+class _Session:
+    """This process's trial: the spec, the loaders the script built, the one measured."""
+
+    def __init__(self, spec: TrialSpec, out_path: str):
+        self.spec, self.out_path = spec, out_path
+        script = spec.config.get("script") or {}
+        self.which = script.get("loader", "auto")
+        self.count_path = script.get("count")
+        self.unit = str(script.get("unit") or "samples")
+        command = script.get("command") or []
+        self.filled = placeholders(command) if command else set()
+        self.started = time.time()
+        self.built: list[weakref.ref[DataLoader]] = []
+        self.yielded: dict[int, int] = {}
+        """Batches each passed-through loader gave (by its build index), for the failure messages."""
+        self.training: DataLoader | None = None
+        self.stream: Any = None
+        self.loader: LoaderBatches | None = None
+        self.monitor: Monitor | None = None
+        self.meter: Meter | None = None
+        self.facts: dict[str, Any] = {}
+        self.handed_out = 0
+        self.done = False
+
+    # -- which loader ---------------------------------------------------------------------------------------
+
+    def index(self, loader: DataLoader) -> int:
+        """The loader's build order, 1-based (0: built before the bootstrap, or not a DataLoader it saw)."""
+        return next((i for i, ref in enumerate(self.built, 1) if ref() is loader), 0)
+
+    def is_training(self, loader: DataLoader) -> bool:
+        if self.which == "auto":
+            return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+        return self.index(loader) == int(self.which)
+
+    # -- the measured loader --------------------------------------------------------------------------------
+
+    def start(self, loader: DataLoader) -> Any:
+        """Set the knobs on the training loader and meter its batches; the iterator the script's loop gets."""
+        self.training = loader
+        t_start = time.time()
+        self.facts = {"build_s": max(0.0, t_start - self.started)}
+        params = _apply(loader, self.spec, set() if self.spec.stage == "baseline" else set(INJECTED) - self.filled)
+        self.facts["params"] = params
+        self.facts["loader"] = {"index": self.index(loader), "found_by": "autograd enabled"
+                                if self.which == "auto" else f"script.loader = {self.which}",
+                                "dataset": type(loader.dataset).__name__, "length": _length(loader.dataset),
+                                "batch_size": params["batch_size"], "num_workers": params["num_workers"],
+                                "pin_memory": params["pin_memory"], "prefetch_factor": params["prefetch_factor"]}
+        device = _device()
+        self.facts["device"] = device
+        self.loader = LoaderBatches(_Own(loader))
+        count = _counter(self.count_path, params["batch_size"])
+        batches, ready, fill = self.loader, self.loader.ready, params["num_workers"] * (params["prefetch_factor"] or 2)
+        if self.spec.mode == "compute":  # the script's step on one ready batch: the loader stands aside
+            first = next(self.loader)
+            self.loader.close()
+            batches, ready, fill = itertools.repeat(first), (lambda: 0), 0
+        self.monitor = Monitor(_nvml_sampler(device)).start()
+        t = self.spec.config.get("trial") or {}
+        settings = MeterSettings(window_s=float(t.get("window_s", 10.0)),
+                                 measure_windows=int(t.get("measure_windows", 3)),
+                                 max_windows=int(t.get("max_windows", t.get("measure_windows", 3))),
+                                 precision=t.get("precision"), warmup_steps=int(t.get("warmup_steps", 1)),
+                                 round_batches=max(1, params["num_workers"]), fill=fill,
+                                 needed=self.spec.needed)
+        self.meter = Meter(batches, settings, device=device, count=count, cpu=TreeCpu(), ready=ready,
+                           epochs=lambda: self.loader.epochs_ended if self.loader else 0,
+                           measuring=lambda: self._measuring(device))
+        if self.spec.mode == "loader":  # drained here, before the script's loop gets a batch
+            for batch in self.meter:
+                _copy(batch, device, params["pin_memory"])
+            self.finish()
+        self.stream = self._handed(self.meter)
+        return self.stream
+
+    def _measuring(self, device: torch.device) -> None:
+        self.facts["warmup_memory"] = device_memory(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        if self.monitor is not None:
+            self.monitor.measuring = True
+
+    def _handed(self, meter: Meter) -> Any:
+        for batch in meter:
+            self.handed_out += 1
+            yield batch
+        self.finish()
+
+    def finish(self) -> None:
+        """The windows are done: write the measurement and end the process, its loader workers first."""
+        assert self.meter is not None and self.monitor is not None and self.loader is not None
+        self.done = True
+        reading, device = self.meter.reading, self.facts["device"]
+        monitor = self.monitor
+        monitor.sample_now()
+        monitor.measuring = False
+        memory = device_memory(device)
+        self.loader.close()
+        monitor.stop()
+        now = time.perf_counter()
+        started_at = float(os.environ.get("TUNEKIT_STARTED_AT") or self.started)
+        times = {"startup_s": max(0.0, self.started - started_at), "cuda_init_s": 0.0,
+                 "build_s": self.facts["build_s"], "loop_setup_s": 0.0,
+                 "teardown_s": now - reading.windows_end, "trial_s": time.time() - self.started}
+        params = {**self.spec.knobs.to_dict(), **self.facts["params"]}
+        out = assemble(self.spec, reading, monitor, device=device, dataset=self.training.dataset if self.training
+                       else None, workers=params["num_workers"], unit=self.unit, times=times, memory=memory,
+                       warmup_memory=self.facts.get("warmup_memory", {}), epochs_ended=self.loader.epochs_ended,
+                       warnings=self.loader.warnings, sync_share=None, params=params)
+        out["loader_measured"] = self.facts["loader"]
+        write_json_atomic(self.out_path, Measurement(**out).to_dict())
+        sys.stdout.flush()
+        sys.stderr.write(f"tunekit: trial {self.spec.number} measured; the script ends here\n")
+        sys.stderr.flush()
+        os._exit(0)
+
+    # -- the script ending on its own ---------------------------------------------------------------------
+
+    def failure(self, exc: BaseException | None = None) -> None:
+        """Write why the trial has no measurement when the script ends before its windows are done."""
+        if self.done or os.path.exists(self.out_path):
+            return
+        self.done = True
+        if exc is not None:
+            text = "".join(traceback.format_exception(exc))
+            status, reason = classify_error(f"{type(exc).__name__}: {exc}\n{text}")
+            extra = {"exception": type(exc).__name__}
+        else:
+            status, reason, extra = "crashed", self._why_no_measurement(), {}
+        if self.loader is not None:
+            self.loader.close()
+        write_json_atomic(self.out_path, failed_measurement(self.spec, status, reason, **extra).to_dict())
+
+    def _why_no_measurement(self) -> str:
+        if self.training is not None:
+            return (f"the script's loop ended after {self.handed_out} batch(es) of the training loader, before the "
+                    "windows were done: give it more batches (more epochs or steps), or shorter trial.window_s / "
+                    "trial.measure_windows")
+        if not self.built:
+            return "the script ended without building a torch DataLoader: script mode measures the training loader"
+        seen = ", ".join(f"#{i} ({n} batches)" for i, n in sorted(self.yielded.items())) or "none iterated"
+        which = ("none was iterated with autograd enabled (evaluation runs under no_grad); name it with "
+                 "script.loader: N (the N-th DataLoader the script builds)" if self.which == "auto"
+                 else f"script.loader = {self.which} was never iterated")
+        return f"the script ended without training on a DataLoader: it built {len(self.built)} ({seen}); {which}"
+
+
+_SESSION: _Session | None = None
+
+
+def _length(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def _device() -> torch.device:
+    """The script's training device: its current CUDA device once it has initialised CUDA, else the CPU."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _nvml_sampler(device: torch.device) -> Any | None:
+    if device.type != "cuda":
+        return None
+    try:
+        from tunekit.env import NvmlSampler
+
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        return NvmlSampler.for_uuid(uuid, fallback_index=device.index or 0)
+    except Exception:  # noqa: BLE001 - NVML missing means no NVML figures, not a failed trial
+        return None
+
+
+def _counter(path: str | None, batch_size: int) -> Any:
+    if path is None:
+        return lambda batch: batch_size
+    count = resolve(path)
+    return lambda batch: float(count(batch))
+
+
+def _copy(batch: Any, device: torch.device, pinned: bool) -> None:
+    if device.type == "cuda":
+        for t in tensors(batch):
+            t.to(device, non_blocking=pinned)
+
+
+def _apply(loader: DataLoader, spec: TrialSpec, inject: set[str]) -> dict[str, Any]:
+    """Set the knobs in ``inject`` on the loader (before its iterator starts its workers); what it runs with."""
+    knobs = spec.knobs
+    if "num_workers" in inject:
+        object.__setattr__(loader, "num_workers", knobs.num_workers)
+    workers = loader.num_workers
+    if "prefetch_factor" in inject and workers > 0:
+        object.__setattr__(loader, "prefetch_factor", knobs.prefetch_factor or 2)
+    if workers > 0 and loader.prefetch_factor is None:
+        object.__setattr__(loader, "prefetch_factor", 2)
+    if "pin_memory" in inject:
+        object.__setattr__(loader, "pin_memory", knobs.pin_memory and torch.cuda.is_available())
+    if inject & set(INJECTED) and workers > 0:  # the workers live as long as the trial, as recommended
+        object.__setattr__(loader, "persistent_workers", True)
+    if "batch_size" in inject and loader.batch_size is not None and loader.batch_size != knobs.batch_size:
+        sampler = BatchSampler(loader.sampler, knobs.batch_size, loader.drop_last)
+        object.__setattr__(loader, "batch_sampler", sampler)
+        object.__setattr__(loader, "batch_size", knobs.batch_size)
+    return {"num_workers": workers, "batch_size": loader.batch_size or knobs.batch_size,
+            "pin_memory": bool(loader.pin_memory), "prefetch_factor": loader.prefetch_factor if workers else None}
+
+
+def _init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
+    _original_init(self, *args, **kwargs)
+    if _SESSION is not None:
+        _SESSION.built.append(weakref.ref(self))
+
+
+def _iter(self: DataLoader) -> Any:
+    session = _SESSION
+    if session is None or session.done:
+        return _original_iter(self)
+    if session.training is self:  # the script's next iter() of the measured loader: the measurement goes on
+        return session.stream
+    if session.training is not None or not session.is_training(self):
+        return _passed_through(session, self)
+    return session.start(self)
+
+
+def _passed_through(session: _Session, loader: DataLoader) -> Any:
+    index = session.index(loader)
+    for batch in _original_iter(loader):
+        session.yielded[index] = session.yielded.get(index, 0) + 1
+        yield batch
+
+
+def install() -> None:
+    """Hook torch's DataLoader for the trial named by the environment; write a failure if the script ends first."""
+    global _SESSION
+    from tunekit.worker import watch_parent
+
+    watch_parent()  # the script dies with the sweep that launched it, as a worker does
+    spec = TrialSpec.from_dict(read_json(os.environ[SPEC_ENV]))
+    _SESSION = _Session(spec, os.environ[OUT_ENV])
+    DataLoader.__init__ = _init  # type: ignore[method-assign]
+    DataLoader.__iter__ = _iter  # type: ignore[method-assign]
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        previous(kind, exc, tb)
+        if _SESSION is not None:
+            _SESSION.failure(exc)
+
+    sys.excepthook = excepthook
+    atexit.register(lambda: _SESSION.failure() if _SESSION is not None else None)
