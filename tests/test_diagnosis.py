@@ -26,25 +26,26 @@ CEILINGS = [
 ]
 
 CASES = {
-    "data-starved": measurement(10, "train", "train", 600, num_workers=4, data_wait_frac=0.6),
-    "cpu-preprocessing": measurement(10, "train", "train", 900, num_workers=16, data_wait_frac=0.4, cpu_util_frac=0.97),
-    "compute-bound": measurement(10, "train", "train", 1950, num_workers=8, data_wait_frac=0.02),
-    "overhead-bound": measurement(10, "train", "train", 480, batch_size=16, num_workers=8, data_wait_frac=0.01),
-    "memory-wall": measurement(10, "train", "train", 1900, num_workers=8, headroom=0.12),
-    "h2d-copy": measurement(10, "train", "train", 1500, num_workers=8, data_wait_frac=0.1),
+    "data-starved": measurement(10, "end_to_end", "train", 600, num_workers=4, data_wait_frac=0.6),
+    "cpu-preprocessing": measurement(10, "end_to_end", "train", 900, num_workers=16, data_wait_frac=0.4,
+                                     cpu_util_frac=0.97),
+    "compute-bound": measurement(10, "end_to_end", "train", 1950, num_workers=8, data_wait_frac=0.02),
+    "overhead-bound": measurement(10, "end_to_end", "train", 480, batch_size=16, num_workers=8, data_wait_frac=0.01),
+    "memory-wall": measurement(10, "end_to_end", "train", 1900, num_workers=8, headroom=0.12),
+    "h2d-copy": measurement(10, "end_to_end", "train", 1500, num_workers=8, data_wait_frac=0.1),
     # 87 % of the compute ceiling with 3 % data wait and no small-batch penalty: no bound stands out
-    "unattributed": measurement(10, "train", "train", 1740, num_workers=8, data_wait_frac=0.03),
+    "unattributed": measurement(10, "end_to_end", "train", 1740, num_workers=8, data_wait_frac=0.03),
     # decode: gpu (the dataset moves its batches itself): 73 % of the ceiling, the stream busy, no data wait
-    "gpu-preprocessing": measurement(10, "train", "train", 1460, num_workers=8, pin_memory=True,
+    "gpu-preprocessing": measurement(10, "end_to_end", "train", 1460, num_workers=8, pin_memory=True,
                                      data_wait_frac=0.04, gpu_busy_frac=0.995, input_on_device=True),
     # two ranks at 70 % of twice one GPU's throughput (trial 11), 40 % of a step in gradient sync, no data wait
-    "communication-bound": measurement(10, "train", "train", 2800, num_workers=8, ranks=2, data_wait_frac=0.02,
+    "communication-bound": measurement(10, "end_to_end", "train", 2800, num_workers=8, ranks=2, data_wait_frac=0.02,
                                        sync_share=0.4),
     "shared-gpu": measurement(
-        10, "train", "train", 1500, num_workers=8, noise_cv=0.2, nvml={"throttle_reasons": ["hw_slowdown"]}
+        10, "end_to_end", "train", 1500, num_workers=8, noise_cv=0.2, nvml={"throttle_reasons": ["hw_slowdown"]}
     ),
     # half the compute ceiling, hardly any data wait, the CPUs 97 % busy: the step itself is starved of CPU
-    "cpu-contention": measurement(10, "train", "train", 1000, num_workers=8, data_wait_frac=0.05,
+    "cpu-contention": measurement(10, "end_to_end", "train", 1000, num_workers=8, data_wait_frac=0.05,
                                   cpu_util_frac=0.97),
 }
 
@@ -60,7 +61,7 @@ FIX_WORDS = {"shared-gpu": "idle GPU", "memory-wall": "accumulation", "h2d-copy"
 def test_every_verdict_on_fixtures(name: str):
     ms = [*CEILINGS, CASES[name]]
     if name == "h2d-copy":
-        ms.append(measurement(11, "train", "train", 1800, num_workers=8, pin_memory=True, data_wait_frac=0.05))
+        ms.append(measurement(11, "end_to_end", "train", 1800, num_workers=8, pin_memory=True, data_wait_frac=0.05))
     if name == "communication-bound":
         ms.append(measurement(11, "scaling", "train", 2000, num_workers=8, data_wait_frac=0.02))
     verdict = trial_verdicts(rows_from_measurements(ms), SELECTION)[10]
@@ -76,15 +77,16 @@ def test_a_zero_worker_trial_is_data_starved_unless_the_workers_measured_were_no
     """Loading in the main process, the loop waits 65 % of the time: adding workers is the data verdict's fix. When
     the run measured workers that kept the CPUs busy and were no faster (a 2-core box whose model also runs on the
     CPU), that fix is refuted by the run itself: the CPUs are shared, and the verdict says so with that trial."""
-    zero = measurement(10, "train", "train", 600, data_wait_frac=0.65, cpu_util_frac=0.77)
-    workers = measurement(11, "train", "train", workers_rate, num_workers=4, data_wait_frac=0.08, cpu_util_frac=0.97)
+    zero = measurement(10, "end_to_end", "train", 600, data_wait_frac=0.65, cpu_util_frac=0.77)
+    workers = measurement(11, "end_to_end", "train", workers_rate, num_workers=4, data_wait_frac=0.08,
+                          cpu_util_frac=0.97)
     verdicts = trial_verdicts(rows_from_measurements([*CEILINGS, zero, workers]), SELECTION)
     assert verdicts[10].name == expected
     if expected == "cpu-contention":
         assert verdicts[11].name == "cpu-contention"  # the workers' own trial: slowed, not waiting on data
         assert "4 workers, 580.0 samples/s at batch 64, CPU busy 97%: no faster" in verdicts[10].sentence()
     # workers that left the CPUs free refute nothing: more of them may still help
-    idle = measurement(11, "train", "train", 580, num_workers=4, data_wait_frac=0.5, cpu_util_frac=0.4)
+    idle = measurement(11, "end_to_end", "train", 580, num_workers=4, data_wait_frac=0.5, cpu_util_frac=0.4)
     assert trial_verdicts(rows_from_measurements([*CEILINGS, zero, idle]), SELECTION)[10].name == "data-starved"
 
 
@@ -109,7 +111,7 @@ def test_evidence_carries_the_numbers():
 
 def test_zero_workers_is_data_starved_however_busy_the_main_process():
     rows = rows_from_measurements(
-        [*CEILINGS, measurement(10, "train", "train", 200, data_wait_frac=0.95, cpu_util_frac=0.95)]
+        [*CEILINGS, measurement(10, "end_to_end", "train", 200, data_wait_frac=0.95, cpu_util_frac=0.95)]
     )
     assert trial_verdicts(rows, SELECTION)[10].name == "data-starved"
 
@@ -117,11 +119,11 @@ def test_zero_workers_is_data_starved_however_busy_the_main_process():
 def test_noisy_windows_blame_the_gpu_only_when_the_loop_does_not_wait_on_data():
     # H200, 12 loader workers on 16 CPUs: 55 % window noise from CPU contention, GPU alone and at full clocks
     starved = measurement(
-        10, "train", "train", 900, num_workers=12, data_wait_frac=0.54, noise_cv=0.55, cpu_util_frac=0.82
+        10, "end_to_end", "train", 900, num_workers=12, data_wait_frac=0.54, noise_cv=0.55, cpu_util_frac=0.82
     )
     verdict = trial_verdicts(rows_from_measurements([*CEILINGS, starved]), SELECTION)[10]
     assert verdict.name == "data-starved" and verdict.evidence["window noise (CV)"] == 0.55
-    gpu_bound = measurement(10, "train", "train", 1500, num_workers=8, data_wait_frac=0.02, noise_cv=0.2)
+    gpu_bound = measurement(10, "end_to_end", "train", 1500, num_workers=8, data_wait_frac=0.02, noise_cv=0.2)
     verdict = trial_verdicts(rows_from_measurements([*CEILINGS, gpu_bound]), SELECTION)[10]
     assert verdict.name == "shared-gpu" and verdict.evidence["window noise (CV)"] == 0.2
 
@@ -130,9 +132,9 @@ def test_pinning_that_beats_more_workers_is_h2d_copy_not_data_starved():
     # H200, ResNet-50 on cheap tensors: unpinned runs wait on data at every worker count; 0 workers pinned is faster
     ms = [
         *CEILINGS,
-        measurement(10, "train", "train", 1300, num_workers=2, data_wait_frac=0.27),
-        measurement(11, "train", "train", 1350, num_workers=8, data_wait_frac=0.27),
-        measurement(12, "train", "train", 1850, pin_memory=True, data_wait_frac=0.6),
+        measurement(10, "end_to_end", "train", 1300, num_workers=2, data_wait_frac=0.27),
+        measurement(11, "end_to_end", "train", 1350, num_workers=8, data_wait_frac=0.27),
+        measurement(12, "end_to_end", "train", 1850, pin_memory=True, data_wait_frac=0.6),
     ]
     verdicts = trial_verdicts(rows_from_measurements(ms), SELECTION)
     assert verdicts[10].name == verdicts[11].name == "h2d-copy"
@@ -142,8 +144,8 @@ def test_pinning_that_beats_more_workers_is_h2d_copy_not_data_starved():
     # a pinned config with more workers is no evidence: more workers may be what helped
     ms = [
         *CEILINGS,
-        measurement(10, "train", "train", 600, num_workers=2, data_wait_frac=0.6),
-        measurement(11, "train", "train", 1850, num_workers=8, pin_memory=True, data_wait_frac=0.05),
+        measurement(10, "end_to_end", "train", 600, num_workers=2, data_wait_frac=0.6),
+        measurement(11, "end_to_end", "train", 1850, num_workers=8, pin_memory=True, data_wait_frac=0.05),
     ]
     assert trial_verdicts(rows_from_measurements(ms), SELECTION)[10].name == "data-starved"
 
@@ -194,7 +196,7 @@ def test_environment_warnings():
 
 
 def _trial(tmp: Path, cfg: dict, n: int, mode: str, **knobs) -> Measurement:
-    spec = TrialSpec(number=n, stage=mode, mode=mode, knobs=Knobs(**knobs), config=config.from_dict(cfg).to_dict())
+    spec = TrialSpec(number=n, stage="single", mode=mode, knobs=Knobs(**knobs), config=config.from_dict(cfg).to_dict())
     m = run_trial(spec, tmp / str(n), 60)
     assert m.status == "ok", m
     return dataclasses.replace(m, number=n)
@@ -245,9 +247,9 @@ def test_fewer_workers_doing_as_well_unpinned_is_not_h2d_copy():
     # 16 workers oversubscribe 16 CPUs; 8 workers do as well unpinned as pinned: pinning is not what helps
     ms = [
         *CEILINGS,
-        measurement(10, "train", "train", 900, num_workers=16, data_wait_frac=0.4, cpu_util_frac=0.97),
-        measurement(11, "train", "train", 1480, num_workers=8, data_wait_frac=0.1),
-        measurement(12, "train", "train", 1500, num_workers=8, pin_memory=True),
+        measurement(10, "end_to_end", "train", 900, num_workers=16, data_wait_frac=0.4, cpu_util_frac=0.97),
+        measurement(11, "end_to_end", "train", 1480, num_workers=8, data_wait_frac=0.1),
+        measurement(12, "end_to_end", "train", 1500, num_workers=8, pin_memory=True),
     ]
     assert trial_verdicts(rows_from_measurements(ms), SELECTION)[10].name == "cpu-preprocessing"
 
@@ -256,27 +258,28 @@ def test_a_full_stream_below_the_ceiling_unpinned_is_h2d_copy_until_pinning_is_m
     # Unpinned, the stream is busy 97 % at 60 % of the compute ceiling (the pageable copy of each batch sits on it)
     # while the host waits 34 % on data, with CPUs to spare: pinning, never measured, is the first thing to try.
     copy = measurement(
-        10, "train", "train", 1200, num_workers=8, data_wait_frac=0.34, cpu_util_frac=0.4, gpu_busy_frac=0.97
+        10, "end_to_end", "train", 1200, num_workers=8, data_wait_frac=0.34, cpu_util_frac=0.4, gpu_busy_frac=0.97
     )
     alone = trial_verdicts(rows_from_measurements([*CEILINGS, copy]), SELECTION)[10]
     assert alone.name == "h2d-copy" and alone.evidence["pinned"] == "not measured at this batch"
     assert alone.evidence["GPU busy (events)"] == 0.97
     # measured pinned at another batch only: still not measured for this one
-    other = measurement(11, "train", "train", 1900, batch_size=128, num_workers=8, pin_memory=True, gpu_busy_frac=0.99)
+    other = measurement(11, "end_to_end", "train", 1900, batch_size=128, num_workers=8, pin_memory=True,
+                        gpu_busy_frac=0.99)
     assert trial_verdicts(rows_from_measurements([*CEILINGS, copy, other]), SELECTION)[10].name == "h2d-copy"
 
 
 def test_a_full_stream_on_saturated_cpus_stays_cpu_preprocessing_with_what_pinning_measured():
     # The H200 knee of configs/resnet.yaml: 16 workers on 16 CPUs at 97 %; events also hold late launches there
     knee = measurement(
-        10, "train", "train", 1200, num_workers=16, data_wait_frac=0.34, cpu_util_frac=0.97, gpu_busy_frac=0.97
+        10, "end_to_end", "train", 1200, num_workers=16, data_wait_frac=0.34, cpu_util_frac=0.97, gpu_busy_frac=0.97
     )
     alone = trial_verdicts(rows_from_measurements([*CEILINGS, knee]), SELECTION)[10]
     assert alone.name == "cpu-preprocessing" and alone.evidence["pinned"] == "not measured at this batch"
     # measured pinned, it lost (the pin-memory thread competes with 16 decoding workers)
     pinned = measurement(
         11,
-        "train",
+        "end_to_end",
         "train",
         1030,
         num_workers=16,
@@ -287,7 +290,7 @@ def test_a_full_stream_on_saturated_cpus_stays_cpu_preprocessing_with_what_pinni
     )
     faster = measurement(
         12,
-        "train",
+        "end_to_end",
         "train",
         1260,
         num_workers=16,
@@ -312,7 +315,7 @@ def test_a_full_stream_on_saturated_cpus_stays_cpu_preprocessing_with_what_pinni
 
 
 def test_an_idle_stream_keeps_the_data_verdict():
-    starved = measurement(10, "train", "train", 600, num_workers=4, data_wait_frac=0.6, gpu_busy_frac=0.3)
+    starved = measurement(10, "end_to_end", "train", 600, num_workers=4, data_wait_frac=0.6, gpu_busy_frac=0.3)
     verdict = trial_verdicts(rows_from_measurements([*CEILINGS, starved]), SELECTION)[10]
     assert verdict.name == "data-starved" and "GPU busy (events)" not in verdict.evidence
 
@@ -345,7 +348,7 @@ def test_waiting_workers_are_data_starved_and_computing_workers_cpu_preprocessin
 def test_a_loader_ceiling_that_stopped_rising_on_busy_cpus_is_cpu_preprocessing():
     ceilings = [measurement(20 + i, "loader", "loader", rate, num_workers=w, data_wait_frac=0.99)
                 for i, (w, rate) in enumerate([(2, 400), (4, 700), (8, 710)])]
-    trial = measurement(10, "train", "train", 690, num_workers=8, data_wait_frac=0.5, cpu_util_frac=0.6)
+    trial = measurement(10, "end_to_end", "train", 690, num_workers=8, data_wait_frac=0.5, cpu_util_frac=0.6)
     verdict = trial_verdicts(rows_from_measurements([*CEILINGS, *ceilings, trial]), SELECTION)[10]
     assert verdict.name == "cpu-preprocessing" and "710.0 at 8 workers vs 700.0 at 4" in verdict.evidence[
         "loader ceiling"]
@@ -398,9 +401,9 @@ def test_storage_and_cpu_bound_loaders_get_their_verdict_and_fix_in_every_output
 def test_window_noise_from_variable_batches_is_not_blamed_on_the_gpu():
     """Tokens/s of padded text varies with each window's documents: 11 % window noise with a 9 % spread of tokens
     per batch is the data's; the same noise with fixed-size batches is the machine's."""
-    text = measurement(10, "train", "train", 1950, num_workers=8, noise_cv=0.11, items_per_batch_cv=0.09)
+    text = measurement(10, "end_to_end", "train", 1950, num_workers=8, noise_cv=0.11, items_per_batch_cv=0.09)
     assert trial_verdicts(rows_from_measurements([*CEILINGS, text]), SELECTION)[10].name == "compute-bound"
-    fixed = measurement(10, "train", "train", 1950, num_workers=8, noise_cv=0.11)
+    fixed = measurement(10, "end_to_end", "train", 1950, num_workers=8, noise_cv=0.11)
     assert trial_verdicts(rows_from_measurements([*CEILINGS, fixed]), SELECTION)[10].name == "shared-gpu"
 
 
@@ -409,11 +412,11 @@ def test_pinning_is_judged_among_trials_of_the_same_user_knobs():
     copy is not what differs between them. And a step that decodes on the device keeps its stream busy with that
     work: no h2d-copy from the stream alone."""
     gpu = {"workload.dataset_args.decode": "gpu"}
-    unpinned = measurement(10, "train", "train", 1000, num_workers=8, data_wait_frac=0.1)
-    pinned_gpu = measurement(11, "train", "train", 1800, num_workers=8, pin_memory=True, data_wait_frac=0.02,
+    unpinned = measurement(10, "end_to_end", "train", 1000, num_workers=8, data_wait_frac=0.1)
+    pinned_gpu = measurement(11, "end_to_end", "train", 1800, num_workers=8, pin_memory=True, data_wait_frac=0.02,
                              extra=gpu, input_on_device=True)
     verdicts = trial_verdicts(rows_from_measurements([*CEILINGS, unpinned, pinned_gpu]), SELECTION)
     assert verdicts[10].name != "h2d-copy"
-    busy_gpu = measurement(12, "train", "train", 1460, num_workers=8, data_wait_frac=0.04, gpu_busy_frac=0.995,
+    busy_gpu = measurement(12, "end_to_end", "train", 1460, num_workers=8, data_wait_frac=0.04, gpu_busy_frac=0.995,
                            extra=gpu, input_on_device=True)
     assert trial_verdicts(rows_from_measurements([*CEILINGS, busy_gpu]), SELECTION)[12].name == "gpu-preprocessing"

@@ -23,7 +23,8 @@ SLEEPY = {"workload.model_args": {"step_wait_s": 0.05}, "workload.dataset_args":
 
 
 def _spec(cfg: dict, **knobs) -> TrialSpec:
-    return TrialSpec(number=0, stage="test", mode="train", knobs=Knobs(**knobs), config=config.from_dict(cfg).to_dict())
+    return TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(**knobs),
+                     config=config.from_dict(cfg).to_dict())
 
 
 def test_two_ranks_give_twice_one_rank(tmp_path: Path):
@@ -91,11 +92,11 @@ def test_launch_config_is_checked():
 
 def test_torchrun_command_per_launch():
     one = config.from_dict(sleepy_config()).to_dict()
-    assert worker_command(TrialSpec(number=0, stage="s", mode="train", knobs=Knobs(), config=one))[-2:] == [
+    assert worker_command(TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(), config=one))[-2:] == [
         "-m", "tunekit.worker"]
     nodes = config.from_dict(sleepy_config(**{"launch.nnodes": 2, "launch.nproc_per_node": 2,
                                               "launch.rdzv_endpoint": "node0:29400"})).to_dict()
-    cmd = worker_command(TrialSpec(number=0, stage="s", mode="train", knobs=Knobs(ranks=4), config=nodes))
+    cmd = worker_command(TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(ranks=4), config=nodes))
     assert "torch.distributed.run" in cmd and "--nproc-per-node=2" in cmd and "--nnodes=2" in cmd
     assert "--master-addr=node0" in cmd and "--master-port=29400" in cmd and "--node-rank=0" in cmd
 

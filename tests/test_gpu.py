@@ -28,7 +28,7 @@ def _cnn_config() -> dict:
 
 def test_cuda_trial_fills_gpu_fields(tmp_path: Path):
     cfg = config.from_dict(_cnn_config()).to_dict()
-    spec = TrialSpec(number=0, stage="test", mode="train", config=cfg,
+    spec = TrialSpec(number=0, stage="single", mode="train", config=cfg,
                      knobs=Knobs(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=64))
     m = run_trial(spec, tmp_path / "t", 120)
     assert m.status == "ok", m
@@ -44,7 +44,7 @@ def test_cuda_oom_is_classified(tmp_path: Path):
     cfg = _cnn_config()
     cfg["workload"]["model_args"] = {"num_classes": 10, "width": 512}
     cfg["workload"]["dataset_args"] = {"shape": [3, 512, 512], "num_samples": 4096}
-    spec = TrialSpec(number=0, stage="test", mode="compute", config=config.from_dict(cfg).to_dict(),
+    spec = TrialSpec(number=0, stage="single", mode="compute", config=config.from_dict(cfg).to_dict(),
                      knobs=Knobs(batch_size=2048))
     m = run_trial(spec, tmp_path / "t", 300)
     assert m.status == "oom", m
@@ -60,7 +60,7 @@ def _gpus() -> int:
 def test_two_ranks_over_nccl_one_gpu_each(tmp_path: Path):
     cfg = config.from_dict({**_cnn_config(), "launch": {"nproc_per_node": 2}}).to_dict()
     knobs = dict(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=64)
-    two = run_trial(TrialSpec(number=0, stage="test", mode="train", config=cfg, knobs=Knobs(ranks=2, **knobs)),
+    two = run_trial(TrialSpec(number=0, stage="single", mode="train", config=cfg, knobs=Knobs(ranks=2, **knobs)),
                     tmp_path / "two", 180)
     assert two.status == "ok", two
     assert two.backend == "nccl" and two.ranks == 2
@@ -69,7 +69,7 @@ def test_two_ranks_over_nccl_one_gpu_each(tmp_path: Path):
     assert all(p["pinned_peak_bytes"] for p in two.per_rank)  # the pin-memory thread's buffers, per rank
     assert 0 < two.headroom < 1 and two.gpu_busy_frac > 0
     # accumulation syncs once per two micro-batches: the share of a micro-step spent in sync cannot grow
-    accum = run_trial(TrialSpec(number=1, stage="test", mode="train", config=cfg,
+    accum = run_trial(TrialSpec(number=1, stage="single", mode="train", config=cfg,
                                 knobs=Knobs(ranks=2, grad_accum=2, **knobs)), tmp_path / "accum", 180)
     assert accum.status == "ok", accum
     print("sync share: accum 1", two.sync_share, "accum 2", accum.sync_share)
@@ -80,13 +80,13 @@ def test_cuda_trials_forked_by_the_fork_server_and_its_refusal(tmp_path: Path):
     CUDA when imported makes the server refuse (a child forked after that could not use the GPU), and the trial runs
     in a fresh interpreter instead."""
     cfg = config.from_dict(_cnn_config()).to_dict()
-    spec = TrialSpec(number=0, stage="test", mode="train", config=cfg,
+    spec = TrialSpec(number=0, stage="single", mode="train", config=cfg,
                      knobs=Knobs(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=64))
     forked = run_trial(spec, tmp_path / "forked", 120)
     assert forked.status == "ok" and forked.started_by == "fork server", forked
     cuda_at_import = _cnn_config()
     cuda_at_import["workload"]["loss"] = "tests._cuda_at_import:loss"
-    spec = TrialSpec(number=1, stage="test", mode="train",
+    spec = TrialSpec(number=1, stage="single", mode="train",
                      config=config.from_dict(cuda_at_import, check_imports=False).to_dict(),
                      knobs=Knobs(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=64))
     fresh = run_trial(spec, tmp_path / "fresh", 120)
@@ -106,7 +106,7 @@ def test_jpegs_decoded_and_augmented_on_the_gpu(tmp_path: Path, decode: str):
     resolved = config.from_dict(cfg).to_dict()
     for number, (mode, workers) in enumerate([("train", 2), ("compute", 0)]):
         knobs = Knobs(num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=True, batch_size=64)
-        m = run_trial(TrialSpec(number=number, stage="test", mode=mode, config=resolved, knobs=knobs),
+        m = run_trial(TrialSpec(number=number, stage="single", mode=mode, config=resolved, knobs=knobs),
                       tmp_path / mode, 300)
         assert m.status == "ok", m
         assert m.rate > 0 and 0 < m.gpu_busy_frac <= 1

@@ -23,7 +23,7 @@ from tunekit.workloads.synthetic import expected_samples_per_s, sleepy_dataset, 
 
 def _spec(cfg: dict, number: int = 0, mode: str = "train", **knobs) -> TrialSpec:
     resolved = config.from_dict(cfg).to_dict()
-    return TrialSpec(number=number, stage="test", mode=mode, knobs=Knobs(**knobs), config=resolved)
+    return TrialSpec(number=number, stage="single", mode=mode, knobs=Knobs(**knobs), config=resolved)
 
 
 def _plain_loop_rate(num_workers: int, prefetch: int, batch: int, sample_wait: float, step_wait: float,

@@ -9,16 +9,75 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from enum import Enum
+from typing import Any
 
-__all__ = ["Knobs", "TrialSpec", "Measurement", "MEASUREMENT_VERSION", "STATUSES", "KNOB_NAMES",
+__all__ = ["Stage", "Mode", "Knobs", "TrialSpec", "Measurement", "MEASUREMENT_VERSION", "STATUSES", "KNOB_NAMES",
            "failed_measurement", "skipped_measurement"]
 
 STATUSES: tuple[str, ...] = ("ok", "oom", "timeout", "crashed", "illegal_access", "bad_output", "diverged",
                              "skipped")
 """How a trial ended: ok (measured), a failure (oom ... diverged: a NaN or Inf loss), or skipped (the plan showed
 it could not be the knee, so it never ran)."""
-Mode = Literal["train", "compute", "loader"]
+
+
+class _Word(str, Enum):
+    """A closed set of words that files hold as plain strings: a member is the str itself, so JSON, optuna's user
+    attributes, CSV and f-strings see its value; an unknown word is a ValueError naming the ones there are."""
+
+    # Python 3.11 formats a mixed-in enum as ``Stage.compute``; the files and the console want the word
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+    @classmethod
+    def _missing_(cls, value: object) -> None:
+        raise ValueError(f"{value!r} is not a {cls.__name__.lower()}: one of {', '.join(m.value for m in cls)}")
+
+
+class Stage(_Word):
+    """The plan stage that asked for a trial (docs/plan.md). The staged plan runs the first nine in this order;
+    ``grid`` is the grid plan's one stage, ``single`` a ``tunekit trial``."""
+
+    compute = "compute"
+    loader = "loader"
+    end_to_end = "end_to_end"
+    prefetch = "prefetch"
+    batch = "batch"
+    compile = "compile"
+    extra = "extra"
+    accumulation = "accumulation"
+    scaling = "scaling"
+    grid = "grid"
+    single = "single"
+
+    @property
+    def knee(self) -> bool:
+        """Whether its trials run the job end to end and may be chosen as the knee: not the ceilings, not the
+        scaling trial (the knee's config on one GPU: another job), not a lone trial."""
+        return self not in (Stage.compute, Stage.loader, Stage.scaling, Stage.single)
+
+    @property
+    def raced(self) -> bool:
+        """Whether its trials stop measuring once clearly below the band of the best knee candidate so far: every
+        knee stage but ``accumulation``, whose trials are judged among themselves, against the target effective
+        batch."""
+        return self.knee and self is not Stage.accumulation
+
+
+class Mode(_Word):
+    """What a trial measures."""
+
+    train = "train"
+    """The job end to end: the loader feeding the training step."""
+    compute = "compute"
+    """The model alone on one batch staged on the device: the compute ceiling."""
+    loader = "loader"
+    """The loader alone, with its host-to-device copy: the loader ceiling."""
+
+    @property
+    def ceiling(self) -> bool:
+        """Whether the trial measures a bound (the model or the loader alone), not a config to choose."""
+        return self is not Mode.train
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,7 +173,7 @@ class TrialSpec:
 
     number: int
     """Trial number within the run."""
-    stage: str
+    stage: Stage
     """Sweep stage that asked for this trial (``single`` for ``tunekit trial``)."""
     mode: Mode
     """train (end to end), compute (model on a pre-staged device batch) or loader (the loader alone)."""
@@ -126,17 +185,22 @@ class TrialSpec:
     """The throughput (all ranks) this trial must reach to come within the band of the best config so far; with
     trial.precision it stops measuring once its windows' interval lies wholly below (None: no such bound)."""
 
+    def __post_init__(self) -> None:
+        # callers may pass the words (``tunekit trial --mode``); a typo is an error here, not in the trial
+        self.stage, self.mode = Stage(self.stage), Mode(self.mode)
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["knobs"] = self.knobs.to_dict()
+        data["stage"], data["mode"] = self.stage.value, self.mode.value  # plain words: YAML refuses an Enum
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialSpec:
         return cls(
             number=data["number"],
-            stage=data["stage"],
-            mode=data["mode"],
+            stage=Stage(data["stage"]),
+            mode=Mode(data["mode"]),
             knobs=Knobs(**data["knobs"]),
             config=data["config"],
             needed=data.get("needed"),
@@ -178,10 +242,11 @@ class Measurement:
     number: int = -1
     """Run-wide trial number (the ``trials/<n>/`` folder); -1 when unknown."""
     stage: str = ""
-    """The plan stage that asked for the trial (``single`` for ``tunekit trial``)."""
+    """The plan stage that asked for the trial (``single`` for ``tunekit trial``): a :class:`Stage`'s word, kept as
+    the file holds it (``records.TrialRow`` parses it)."""
     mode: str = "train"
     """``train`` (end to end), ``compute`` (model on a batch staged on the device) or ``loader`` (the loader
-    alone)."""
+    alone): a :class:`Mode`'s word."""
     params: dict[str, Any] = field(default_factory=dict)
     """The knobs as run (``Knobs.to_dict()``), plus ``non_blocking`` (equal to ``pin_memory``) when measured."""
     changes_result: list[str] | None = None
@@ -440,6 +505,7 @@ class Measurement:
         first, then the :attr:`other` keys as they came."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "other"}
         data["version"] = MEASUREMENT_VERSION
+        data["stage"], data["mode"] = str(self.stage), str(self.mode)  # a Stage or Mode as its plain word
         return {**data, **{k: v for k, v in self.other.items() if k not in data}}
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunekit.contract import Knobs, Measurement
+from tunekit.contract import Knobs, Measurement, Mode, Stage
 
 __all__ = ["TrialRow", "rows_from_measurements", "compute_ceiling"]
 
@@ -19,8 +19,8 @@ class TrialRow:
     """One finished trial: its stage, mode, knobs and how it ended, with the figures every rule reads."""
 
     number: int
-    stage: str
-    mode: str
+    stage: Stage
+    mode: Mode
     knobs: Knobs
     status: str
     measurement: Measurement = field(compare=False, repr=False)
@@ -33,6 +33,11 @@ class TrialRow:
     headroom: float | None = None
     """Share of memory left free at the peak (device memory on a GPU, host memory on the CPU)."""
     compile_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        # the words a file holds: a stage or mode no plan has (a typo, an edited file) is an error, not a row
+        object.__setattr__(self, "stage", Stage(self.stage))
+        object.__setattr__(self, "mode", Mode(self.mode))
 
     @property
     def ok(self) -> bool:
@@ -79,4 +84,4 @@ def rows_from_measurements(measurements: Iterable[Measurement | Mapping[str, Any
 
 def compute_ceiling(rows: Iterable[TrialRow], batch: int) -> TrialRow | None:
     """The completed compute ceiling (the model on a batch staged on the device) at ``batch``, or None."""
-    return next((r for r in rows if r.ok and r.mode == "compute" and r.knobs.batch_size == batch), None)
+    return next((r for r in rows if r.ok and r.mode == Mode.compute and r.knobs.batch_size == batch), None)

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from statistics import median
 
 from tunekit.config import Selection
+from tunekit.contract import Stage
 from tunekit.records import TrialRow
 
 __all__ = [
@@ -34,14 +35,15 @@ __all__ = [
 
 # --- selection -----------------------------------------------------------------------------------------------
 
-KNEE_STAGES: tuple[str, ...] = ("end_to_end", "prefetch", "batch", "compile", "extra", "accumulation", "grid")
-"""The stages whose trials run end to end and may be chosen as the knee, in the order the staged plan runs them."""
+KNEE_STAGES: tuple[Stage, ...] = tuple(s for s in Stage if s.knee)
+"""The stages whose trials run end to end and may be chosen as the knee (``Stage.knee``), in the order the staged
+plan runs them (the enum's)."""
 
 MIN_POINTS = 2
 """Completed candidates a knee needs: with one point there is nothing to compare."""
 
 
-def knee_stages(before: str | None = None) -> tuple[str, ...]:
+def knee_stages(before: Stage | None = None) -> tuple[Stage, ...]:
     """The knee stages that run before ``before`` (all of them for None): the trials a stage refines."""
     return KNEE_STAGES if before is None else KNEE_STAGES[: KNEE_STAGES.index(before)]
 

@@ -34,7 +34,7 @@ from optuna.trial import TrialState
 
 from tunekit import __version__
 from tunekit.config import COMPILE_MODES, Config, extra_knobs
-from tunekit.contract import Knobs, Measurement
+from tunekit.contract import Knobs, Measurement, Mode, Stage
 from tunekit.errors import StorageError, UsageError
 from tunekit.records import TrialRow
 
@@ -45,7 +45,6 @@ STUDY_FILE = "study.db"
 LOCK_FILE = ".tunekit.lock"
 MAIN_STUDY = "tunekit"
 CEILINGS_STUDY = "tunekit-ceilings"
-_CEILING_MODES = ("compute", "loader")
 _INTERRUPTED = "interrupted"
 _FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 _T = TypeVar("_T")
@@ -131,8 +130,8 @@ class RunStore:
     def _studies(self) -> list[optuna.Study]:
         return [s for s in (self.main, self.ceilings) if s is not None]
 
-    def _study_for(self, mode: str) -> optuna.Study:
-        if mode in _CEILING_MODES and self.ceilings is not None:
+    def _study_for(self, mode: Mode) -> optuna.Study:
+        if Mode(mode).ceiling and self.ceilings is not None:
             return self.ceilings
         return self.main
 
@@ -141,13 +140,13 @@ class RunStore:
         return sum(len(s.get_trials(deepcopy=False)) for s in self._studies())
 
     @_guarded
-    def start(self, cfg: Config, stage: str, mode: str, knobs: dict[str, Any]) -> tuple[optuna.Trial, int]:
+    def start(self, cfg: Config, stage: Stage, mode: Mode, knobs: dict[str, Any]) -> tuple[optuna.Trial, int]:
         """Ask for a trial with exactly these knobs, tagged with its number, stage and mode; it is RUNNING."""
         study = self._study_for(mode)
         number = self.next_number()
         knobs = _params(cfg, Knobs(**knobs))  # every knob, the defaults of those not given included
-        study.enqueue_trial(knobs, user_attrs={"number": number, "stage": stage, "mode": mode},
-                            skip_if_exists=False)
+        tags = {"number": number, "stage": Stage(stage).value, "mode": Mode(mode).value}  # the words, checked
+        study.enqueue_trial(knobs, user_attrs=tags, skip_if_exists=False)
         trial = study.ask()
         for name, choices in _choices(cfg).items():
             got = trial.suggest_categorical(name, choices)
@@ -157,7 +156,7 @@ class RunStore:
         return trial, number
 
     @_guarded
-    def finish(self, trial: optuna.Trial, mode: str, measurement: Measurement) -> None:
+    def finish(self, trial: optuna.Trial, mode: Mode, measurement: Measurement) -> None:
         """Record a trial's measurement (``to_dict()``, version 2): COMPLETE with its rate (``unit``/s) when ok,
         PRUNED when skipped (with the reason), FAIL (with status and reason) otherwise."""
         study = self._study_for(mode)
@@ -170,7 +169,7 @@ class RunStore:
         study.tell(trial, state=TrialState.PRUNED if measurement.status == "skipped" else TrialState.FAIL)
 
     @_guarded
-    def interrupt(self, trial: optuna.Trial, mode: str) -> None:
+    def interrupt(self, trial: optuna.Trial, mode: Mode) -> None:
         """The sweep stopped while this trial ran: it does not count as finished and will be asked for again."""
         trial.set_user_attr("status", _INTERRUPTED)
         self._study_for(mode).tell(trial, state=TrialState.FAIL)

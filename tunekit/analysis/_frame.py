@@ -26,7 +26,7 @@ def trials_frame(rows: list[TrialRow], extra: dict[int, dict[str, Any]] | None =
     for row in sorted(rows, key=lambda r: r.number):
         knobs = row.knobs.to_dict()
         chosen = knobs.pop("extra")
-        rec: dict[str, Any] = {"number": row.number, "stage": row.stage, "mode": row.mode, **knobs,
+        rec: dict[str, Any] = {"number": row.number, "stage": row.stage.value, "mode": row.mode.value, **knobs,
                                **{key: chosen.get(key, base) for key, base in (user_knobs or {}).items()},
                                "non_blocking": row.knobs.non_blocking, "status": row.status, "reason": row.reason}
         held = row.measurement.held

@@ -5,6 +5,7 @@ from typing import Any
 
 from tunekit import rules
 from tunekit.config import Config, Selection
+from tunekit.contract import Mode, Stage
 from tunekit.records import TrialRow
 
 
@@ -34,7 +35,7 @@ def cost_key(row: TrialRow) -> tuple[Any, ...]:
 
 def select_knee(rows: list[TrialRow], selection: Selection) -> Choice:
     """The cheapest config within the run's band of the best (see the package docstring)."""
-    completed = [r for r in rows if r.ok and r.mode == "train"]
+    completed = [r for r in rows if r.ok and r.mode == Mode.train]
     fitting = [r for r in completed if rules.fits(r, selection)]
     too_tight = tuple(r for r in completed if not rules.fits(r, selection))
     if not completed:
@@ -67,10 +68,10 @@ def select(cfg: Config, rows: list[TrialRow]) -> Choice:
     """The run's recommendation: the knee over the knee stages; with ``search.target_effective_batch``, only among
     trials that reach that effective batch, the accumulation stage deciding when it ran."""
     target = cfg.search.target_effective_batch
-    candidates = [r for r in rows if r.stage in rules.KNEE_STAGES and not rules.changes_result(r)]
+    candidates = [r for r in rows if r.stage.knee and not rules.changes_result(r)]
     if not target:
         return select_knee(candidates, cfg.selection)
-    accumulation = [r for r in rows if r.stage == "accumulation" and r.ok and rules.fits(r, cfg.selection)]
+    accumulation = [r for r in rows if r.stage == Stage.accumulation and r.ok and rules.fits(r, cfg.selection)]
     if accumulation:  # same loader settings, different micro-batch x steps: the fastest wins
         best = max(accumulation, key=lambda r: r.rate)
         return Choice(best, best, 1.0, None,
@@ -99,7 +100,7 @@ def single_gpu_twin(rows: list[TrialRow], row: TrialRow) -> TrialRow | None:
     if row.knobs.ranks < 2:
         return None
     want = {**row.knobs.to_dict(), "ranks": 1}
-    return next((r for r in rows if r.ok and r.mode == "train" and r.knobs.to_dict() == want), None)
+    return next((r for r in rows if r.ok and r.mode == Mode.train and r.knobs.to_dict() == want), None)
 
 
 def defaults_trial(rows: list[TrialRow], knee: TrialRow | None) -> TrialRow | None:
@@ -108,7 +109,7 @@ def defaults_trial(rows: list[TrialRow], knee: TrialRow | None) -> TrialRow | No
     batch and accumulation when there is one, else the end-to-end one (the batch stage can move the knee off the
     swept batch)."""
     ranks = knee.knobs.ranks if knee is not None else max((r.knobs.ranks for r in rows), default=1)
-    found = [r for r in rows if r.ok and r.mode == "train" and r.knobs.loader_defaults and r.knobs.compile == "none"
+    found = [r for r in rows if r.ok and r.mode == Mode.train and r.knobs.loader_defaults and r.knobs.compile == "none"
              and r.knobs.ranks == ranks and not r.knobs.extra and r.knobs.threads is None
              and r.knobs.worker_threads is None]
     if knee is not None:
@@ -116,5 +117,5 @@ def defaults_trial(rows: list[TrialRow], knee: TrialRow | None) -> TrialRow | No
                 == (knee.knobs.batch_size, knee.knobs.grad_accum)]
         if same:
             return same[0]
-    found.sort(key=lambda r: (r.stage != "end_to_end", r.number))
+    found.sort(key=lambda r: (r.stage != Stage.end_to_end, r.number))
     return found[0] if found else None

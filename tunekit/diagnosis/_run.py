@@ -5,6 +5,7 @@ from typing import Any
 from tunekit import rules
 from tunekit.analysis import defaults_trial
 from tunekit.config import Selection
+from tunekit.contract import Mode
 from tunekit.diagnosis._trial import Trials
 from tunekit.diagnosis._verdicts import Verdict, verdict
 from tunekit.records import TrialRow
@@ -45,7 +46,7 @@ def _memory_boundary(rows: list[TrialRow], trials: Trials) -> Verdict | None:
         # the compute stage walks down past the memory limit: a batch below the OOM may be over the headroom limit
         fitting = [b for b, r in trials.compute.items() if b < wall and rules.fits(r, trials.selection)]
         return verdict("memory-wall", {"OOM at batch": wall, "largest batch that fits": max(fitting, default=None)})
-    tight = sorted((r for r in rows if r.mode == "compute" and rules.past_memory_limit(r, trials.selection)),
+    tight = sorted((r for r in rows if r.mode == Mode.compute and rules.past_memory_limit(r, trials.selection)),
                    key=lambda r: r.knobs.batch_size)
     if not tight:
         return None

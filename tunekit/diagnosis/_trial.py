@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 from tunekit import rules
 from tunekit.analysis import single_gpu_twin
 from tunekit.config import Selection
+from tunekit.contract import Mode, Stage
 from tunekit.diagnosis._verdicts import VERDICTS, Verdict, verdict
 from tunekit.records import TrialRow, compute_ceiling
 
@@ -41,7 +42,7 @@ class Trials:
     def pinned_gain(self, row: TrialRow) -> PinnedGain | None:
         """For an unpinned end-to-end trial: when pinning beats every unpinned config with as many workers or fewer,
         the copy is the bound; when fewer workers alone do as well, it is not (oversubscribed CPUs, say)."""
-        if row.knobs.pin_memory or row.mode != "train":
+        if row.knobs.pin_memory or row.mode != Mode.train:
             return None
         k = row.knobs
         peers = [o for o in self.rows if o.ok and o.mode == row.mode and o.knobs.num_workers <= k.num_workers
@@ -58,10 +59,10 @@ class Trials:
         """For an end-to-end trial without loader workers: the fastest trial of the same pipeline with workers (any
         batch), when it kept the CPUs busy (rules.keeps_cpus_busy) and was no faster beyond both trials' margin:
         adding workers, the data verdict's fix, was measured and did not help. None otherwise."""
-        if row.mode != "train" or row.knobs.num_workers:
+        if row.mode != Mode.train or row.knobs.num_workers:
             return None
         k = row.knobs
-        with_workers = [o for o in self.rows if o.ok and o.mode == "train" and o.stage != "scaling"
+        with_workers = [o for o in self.rows if o.ok and o.mode == Mode.train and o.stage != Stage.scaling
                         and o.knobs.num_workers > 0 and o.knobs.ranks == k.ranks and o.knobs.compile == k.compile
                         and o.knobs.extra == k.extra and o.knobs.threads == k.threads]
         if not with_workers:
@@ -74,7 +75,7 @@ class Trials:
     def loader_plateau(self, row: TrialRow) -> tuple[TrialRow, TrialRow] | None:
         """The loader ceilings at this trial's worker count and the next smaller one measured (same batch), when
         the larger count is not faster beyond their margin: more workers stopped helping."""
-        ceilings = sorted((r for r in self.rows if r.ok and r.mode == "loader" and r.knobs.extra == row.knobs.extra
+        ceilings = sorted((r for r in self.rows if r.ok and r.mode == Mode.loader and r.knobs.extra == row.knobs.extra
                            and r.knobs.batch_size == row.knobs.batch_size and 0 < r.knobs.num_workers
                            and r.knobs.num_workers <= row.knobs.num_workers), key=lambda r: r.knobs.num_workers)
         if len(ceilings) < 2 or ceilings[-1].knobs.num_workers != row.knobs.num_workers:
@@ -145,7 +146,7 @@ def _facts(row: TrialRow, trials: Trials) -> Facts:
         worker_share=rules.worker_core_share(row),
         cpus=int(m.cpu_count or 0),
         twin=trials.pinned_gain(row),
-        plateau=trials.loader_plateau(row) if k.num_workers and row.mode == "train" else None,
+        plateau=trials.loader_plateau(row) if k.num_workers and row.mode == Mode.train else None,
     )
 
 
@@ -156,13 +157,13 @@ def _shared_gpu(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     throttle = sorted(set((row.measurement.nvml or {}).get("throttle_reasons") or []) - rules.BENIGN_THROTTLE)
     # Noisy windows point at the GPU only when the loop is not waiting on data: a saturated input pipeline (CPU
     # contention among loader workers) makes windows jitter on its own, with the GPU to itself.
-    gpu_bound = row.mode == "compute" or (row.mode == "train" and f.wait <= rules.STARVED_WAIT)
+    gpu_bound = row.mode == Mode.compute or (row.mode == Mode.train and f.wait <= rules.STARVED_WAIT)
     if not (throttle or (rules.machine_noise(row) and gpu_bound)):
         return None
     ev: Evidence = {"window noise (CV)": row.noise_cv}
     if row.measurement.items_per_batch_cv:
         ev["items per batch, CV across windows"] = row.measurement.items_per_batch_cv
-    if row.mode == "train":
+    if row.mode == Mode.train:
         ev["data wait"] = f.wait
     if throttle:
         ev["clock throttle reasons"] = ", ".join(throttle)
@@ -180,7 +181,7 @@ def _memory_wall(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
 
 
 def _h2d_copy(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
-    if row.mode != "train":
+    if row.mode != Mode.train:
         return None
     twin = f.twin
     if twin is not None and twin.gain > rules.trial_margin(trials.selection, row, twin.pinned):
@@ -213,7 +214,7 @@ def _data_evidence(row: TrialRow, f: Facts) -> Evidence:
 
 def _cpu_preprocessing(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     # with no workers the first fix is to add some, however busy the main process is
-    if row.mode != "train" or not f.data_bound or not row.knobs.num_workers or not f.cpus_saturated:
+    if row.mode != Mode.train or not f.data_bound or not row.knobs.num_workers or not f.cpus_saturated:
         return None
     ev = {**_data_evidence(row, f), "workers": row.knobs.num_workers, "usable CPUs": f.cpus, "CPU busy": f.cpu_busy}
     if not f.trial_saturates and f.workers_compute:  # the machine's load counted too
@@ -228,7 +229,7 @@ def _cpu_preprocessing(row: TrialRow, f: Facts, trials: Trials) -> Evidence | No
 
 def _data_starved(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     # without workers, the fix is to add some, unless the run measured that: then the CPUs are shared
-    if row.mode != "train" or not f.data_bound or trials.workers_no_faster(row) is not None:
+    if row.mode != Mode.train or not f.data_bound or trials.workers_no_faster(row) is not None:
         return None
     ev = {**_data_evidence(row, f), "workers": row.knobs.num_workers}
     if f.cpu_busy is not None:
@@ -243,7 +244,7 @@ def _data_starved(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
 
 
 def _communication_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
-    if row.mode != "train" or row.knobs.ranks < 2:
+    if row.mode != Mode.train or row.knobs.ranks < 2:
         return None
     single = single_gpu_twin(trials.rows, row)
     efficiency = rules.scaling_efficiency(row, single) if single is not None else None
@@ -261,7 +262,7 @@ def _communication_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | 
 def _gpu_preprocessing(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     # the compute ceiling stages a batch already decoded: at a step that does not wait for data, the time beyond
     # the ceiling's step is the decoding and augmentation the step does on the device
-    if row.mode != "train" or not row.measurement.input_on_device or f.data_bound:
+    if row.mode != Mode.train or not row.measurement.input_on_device or f.data_bound:
         return None
     if f.of_ceiling is None or f.of_ceiling >= rules.NEAR_CEILING:
         return None
@@ -277,12 +278,13 @@ def _gpu_preprocessing(row: TrialRow, f: Facts, trials: Trials) -> Evidence | No
 
 
 def _overhead_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
-    if row.mode == "loader" or (row.mode == "train" and (f.of_ceiling is None or f.of_ceiling < rules.NEAR_CEILING)):
+    below = f.of_ceiling is None or f.of_ceiling < rules.NEAR_CEILING
+    if row.mode == Mode.loader or (row.mode == Mode.train and below):
         return None
     ratio = trials.overhead_ratio(row.knobs.batch_size)
     if ratio is None or ratio <= rules.OVERHEAD_RATIO:
         return None
-    ev: Evidence = {"of compute ceiling": f.of_ceiling} if row.mode == "train" else {}
+    ev: Evidence = {"of compute ceiling": f.of_ceiling} if row.mode == Mode.train else {}
     ev[f"per-{row.item} time vs the best batch"] = f"{ratio:.2f}x"
     return ev
 
@@ -291,7 +293,7 @@ def _cpu_contention(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     """With workers: below the compute ceiling, not waiting on data, the CPUs kept busy (the step itself is slowed,
     by launches a CPU-starved process makes late on a GPU, by its arithmetic on a CPU device). Without: waiting on
     its own loading, while the trials with workers kept the CPUs busy and were no faster."""
-    if row.mode != "train" or row.knobs.ranks > 1:
+    if row.mode != Mode.train or row.knobs.ranks > 1:
         return None  # several ranks below the ceiling without waiting: gradient sync is the first suspect
     ev: Evidence = {**({"of compute ceiling": f.of_ceiling} if f.of_ceiling is not None else {}), "data wait": f.wait,
                     "CPU busy": f.cpu_busy, "usable CPUs": f.cpus}
@@ -308,15 +310,15 @@ def _cpu_contention(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
 
 
 def _compute_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
-    if row.mode == "compute":
+    if row.mode == Mode.compute:
         return {"data wait": f.wait}
-    if row.mode == "train" and f.of_ceiling is not None and f.of_ceiling >= rules.NEAR_CEILING:
+    if row.mode == Mode.train and f.of_ceiling is not None and f.of_ceiling >= rules.NEAR_CEILING:
         return {"of compute ceiling": f.of_ceiling, "data wait": f.wait}
     return None
 
 
 def _unattributed(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
-    if row.mode != "train":
+    if row.mode != Mode.train:
         return None  # a loader-alone trial measures a ceiling, not the job
     ev: Evidence = {"of compute ceiling": f.of_ceiling if f.of_ceiling is not None else "not measured",
                     "data wait": f.wait}

@@ -12,6 +12,7 @@ runs every valid combination. docs/plan.md gives the reasons for each stage.
 from __future__ import annotations
 
 from tunekit.config import Config
+from tunekit.contract import Mode, Stage
 from tunekit.plan._grid import grid_requests
 from tunekit.plan._request import Request, pending
 from tunekit.plan._staged import (
@@ -48,11 +49,6 @@ def estimate_total(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bo
     return max(estimate_staged(cfg, rows, cuda), len(rows))
 
 
-RACED_STAGES = ("end_to_end", "prefetch", "batch", "compile", "extra", "grid")
-"""Knee stages whose trials may stop measuring once they are clearly out of the band (accumulation trials are
-judged among themselves, against the target effective batch)."""
-
-
 def needed_rate(cfg: Config, rows: list[TrialRow], req: Request) -> float | None:
     """The throughput ``req`` must reach to matter, or None: for a knee-stage trial, the band of the best fitting
     knee-stage trial so far; for a loader ceiling, the rate at which it reaches the compute ceiling at its batch
@@ -60,9 +56,9 @@ def needed_rate(cfg: Config, rows: list[TrialRow], req: Request) -> float | None
     (``rules.window_stop``); the PyTorch-defaults baseline too, which runs after the start of the end-to-end walk
     for that reason. None for the compute ceilings, the scaling trial, or while there is nothing to compare
     with."""
-    if req.stage == "loader" and req.mode == "loader":
+    if req.stage == Stage.loader and req.mode == Mode.loader:
         compute = compute_ceiling(rows, req.knobs.batch_size)
         return reach_rate(compute, cfg.selection) if compute is not None else None
-    if req.stage not in RACED_STAGES:
+    if not req.stage.raced:  # the ceilings and the scaling trial measure in full (Stage.raced says why)
         return None
     return band_target(rows, cfg.selection)

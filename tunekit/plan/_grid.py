@@ -3,7 +3,7 @@ from __future__ import annotations
 import itertools
 
 from tunekit.config import Config, extra_knobs
-from tunekit.contract import Knobs
+from tunekit.contract import Knobs, Mode, Stage
 from tunekit.plan._request import Request, pins
 
 
@@ -25,5 +25,5 @@ def grid_requests(cfg: Config, cuda: bool) -> list[Request]:
                                         [None, *(s.worker_threads or [])] if w > 0 else [None]):
             knobs = Knobs(num_workers=w, prefetch_factor=pf, pin_memory=pin, batch_size=batch, grad_accum=accum,
                           compile=comp, ranks=cfg.launch.world, threads=threads, worker_threads=wt, extra=extra)
-            out.append(Request("grid", "train", knobs))
+            out.append(Request(Stage.grid, Mode.train, knobs))
     return out

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunekit.config import Config
-from tunekit.contract import Knobs
+from tunekit.contract import Knobs, Mode, Stage
 from tunekit.records import TrialRow
 
 
@@ -12,11 +12,15 @@ from tunekit.records import TrialRow
 class Request:
     """One trial the plan wants: its stage, mode and knobs. Equal requests are the same trial."""
 
-    stage: str
-    mode: str
+    stage: Stage
+    mode: Mode
     knobs: Knobs
     skip: str | None = None
     """Why this trial need not run (it is recorded as skipped with this reason), or None."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stage", Stage(self.stage))  # a word given for a stage must name one
+        object.__setattr__(self, "mode", Mode(self.mode))
 
     @property
     def key(self) -> tuple[Any, ...]:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from tunekit import rules
 from tunekit.analysis import choose_batch, select_knee
 from tunekit.config import Config, Selection, extra_knobs
-from tunekit.contract import Knobs
+from tunekit.contract import Knobs, Mode, Stage
 from tunekit.plan._request import Request, base_knobs, pending, pins
 from tunekit.records import TrialRow, compute_ceiling
 
@@ -20,12 +20,12 @@ class _Sweep:
         self.base = base_knobs(cfg)
         self.world = cfg.launch.world
         """Ranks of the end-to-end trials (the ceilings run on one GPU)."""
-        self._knees: dict[str | None, TrialRow | None] = {}
+        self._knees: dict[Stage | None, TrialRow | None] = {}
         self.skips: dict[tuple, str] = {}
         """End-to-end requests above a confirmed plateau or below a count that fell out of the band, with the
         reason they need not run."""
 
-    def done(self, *stages: str) -> list[TrialRow]:
+    def done(self, *stages: Stage) -> list[TrialRow]:
         return [r for r in self.rows if r.stage in stages]
 
     def find(self, req: Request) -> TrialRow | None:
@@ -33,9 +33,9 @@ class _Sweep:
 
     @property
     def batch(self) -> int | None:
-        return choose_batch(self.done("compute"), self.selection)
+        return choose_batch(self.done(Stage.compute), self.selection)
 
-    def knee(self, before: str | None) -> TrialRow | None:
+    def knee(self, before: Stage | None) -> TrialRow | None:
         """The knee of the knee stages that run before ``before`` (of all of them for None; the best config while
         there is no knee yet: a single config can still be refined)."""
         if before not in self._knees:
@@ -45,8 +45,8 @@ class _Sweep:
         return self._knees[before]
 
 
-Stage = Callable[[_Sweep], "list[Request] | None"]
-"""A stage: its pending requests, [] when it is complete, None when the sweep cannot go on."""
+StagePlan = Callable[[_Sweep], "list[Request] | None"]
+"""A stage's planner: its pending requests, [] when it is complete, None when the sweep cannot go on."""
 
 
 def _compute(s: _Sweep) -> list[Request] | None:
@@ -55,7 +55,7 @@ def _compute(s: _Sweep) -> list[Request] | None:
     out of it (per-sample throughput does not rise as the batch shrinks, and the batch chosen is the smallest within
     the band: the smaller ones cannot be it). With target_effective_batch every batch is measured: the accumulation
     stage weighs each micro-batch against its ceiling. Stage 4b measures a smaller batch's ceiling when it needs it."""
-    done = {r.knobs.batch_size: r for r in s.done("compute")}
+    done = {r.knobs.batch_size: r for r in s.done(Stage.compute)}
     for batch in sorted(s.search.batch_size, reverse=True):
         row = done.get(batch)
         if row is None:
@@ -69,7 +69,7 @@ def _compute(s: _Sweep) -> list[Request] | None:
 
 
 def _ceiling_request(s: _Sweep, batch: int) -> Request:
-    return Request("compute", "compute", Knobs(num_workers=0, batch_size=batch, **s.base))
+    return Request(Stage.compute, Mode.compute, Knobs(num_workers=0, batch_size=batch, **s.base))
 
 
 def _loader(s: _Sweep) -> list[Request] | None:
@@ -81,7 +81,7 @@ def _loader(s: _Sweep) -> list[Request] | None:
     if batch is None:
         return None
     pin = pins(s.cfg, s.cuda)[-1]
-    reqs = {w: Request("loader", "loader", Knobs(num_workers=w, batch_size=batch, pin_memory=pin, **s.base))
+    reqs = {w: Request(Stage.loader, Mode.loader, Knobs(num_workers=w, batch_size=batch, pin_memory=pin, **s.base))
             for w in s.search.num_workers}
     compute = _compute_at(s, batch)
     counts = sorted(w for w in reqs if w)
@@ -119,8 +119,8 @@ def _loader(s: _Sweep) -> list[Request] | None:
 def _fitting_batches(s: _Sweep) -> list[int]:
     """The searched batch sizes that fit, largest first: each measured one that fits the headroom limit, and each
     the compute stage left unmeasured under the smallest of those (a smaller batch needs less memory)."""
-    fitting = {r.knobs.batch_size for r in s.done("compute") if r.ok and rules.fits(r, s.selection)}
-    measured = {r.knobs.batch_size for r in s.done("compute")}
+    fitting = {r.knobs.batch_size for r in s.done(Stage.compute) if r.ok and rules.fits(r, s.selection)}
+    measured = {r.knobs.batch_size for r in s.done(Stage.compute)}
     if not fitting:
         return []
     smallest = min(fitting)
@@ -129,13 +129,13 @@ def _fitting_batches(s: _Sweep) -> list[int]:
 
 
 def _compute_at(s: _Sweep, batch: int) -> TrialRow | None:
-    return compute_ceiling(s.done("compute"), batch)
+    return compute_ceiling(s.done(Stage.compute), batch)
 
 
 def band_target(rows: list[TrialRow], selection: Selection) -> float | None:
     """The rate a config must reach to come within the band of the best knee candidate so far (completed
     knee-stage trials that fit and keep the training result, as analysis.select takes them); None without one."""
-    fitting = [r for r in rows if r.ok and r.stage in rules.KNEE_STAGES and rules.fits(r, selection)
+    fitting = [r for r in rows if r.ok and r.stage.knee and rules.fits(r, selection)
                and not rules.changes_result(r)]
     if not fitting:
         return None
@@ -154,8 +154,8 @@ def _reaches(s: _Sweep, loader: TrialRow, compute: TrialRow) -> bool:
 
 def _defaults(s: _Sweep, batch: int) -> Request:
     """PyTorch's DataLoader defaults at the chosen batch: every report's baseline."""
-    return Request("end_to_end", "train", Knobs(num_workers=0, batch_size=batch, pin_memory=False, ranks=s.world,
-                                                **{**s.base, "compile": "none"}))
+    return Request(Stage.end_to_end, Mode.train, Knobs(num_workers=0, batch_size=batch, pin_memory=False,
+                                                       ranks=s.world, **{**s.base, "compile": "none"}))
 
 
 def _end_to_end(s: _Sweep) -> list[Request] | None:
@@ -199,7 +199,7 @@ def baseline_request(cfg: Config, rows: list[TrialRow], cuda: bool) -> Request |
 def _below_band(s: _Sweep, batch: int, workers: int, fewer: list[int]) -> None:
     """Walking down: once a worker count falls out of the band of the best with one pin setting, fewer workers with
     that setting will not climb back into it; they are skipped with that evidence."""
-    fitting = [r for r in s.done("end_to_end") if r.ok and rules.fits(r, s.selection)]
+    fitting = [r for r in s.done(Stage.end_to_end) if r.ok and rules.fits(r, s.selection)]
     if not fitting or not fewer:
         return
     best = max(fitting, key=lambda r: r.rate)
@@ -218,8 +218,9 @@ def _below_band(s: _Sweep, batch: int, workers: int, fewer: list[int]) -> None:
 
 def _at_count(s: _Sweep, batch: int, workers: int) -> list[Request]:
     """The end-to-end requests at one worker count, pinned first."""
-    return [Request("end_to_end", "train", Knobs(num_workers=workers, batch_size=batch, pin_memory=p, ranks=s.world,
-                                                 **s.base)) for p in reversed(pins(s.cfg, s.cuda))]
+    return [Request(Stage.end_to_end, Mode.train, Knobs(num_workers=workers, batch_size=batch, pin_memory=p,
+                                                        ranks=s.world, **s.base))
+            for p in reversed(pins(s.cfg, s.cuda))]
 
 
 def _start_count(s: _Sweep, batch: int, counts: list[int]) -> int:
@@ -229,14 +230,14 @@ def _start_count(s: _Sweep, batch: int, counts: list[int]) -> int:
     if compute is None:
         return counts[-1]
     for w in counts:
-        loader = [r for r in s.done("loader") if r.ok and r.knobs.num_workers == w and r.knobs.batch_size == batch]
+        loader = [r for r in s.done(Stage.loader) if r.ok and r.knobs.num_workers == w and r.knobs.batch_size == batch]
         if w and any(_reaches(s, r, compute) for r in loader):
             return w
     return counts[-1]
 
 
 def _best_at(s: _Sweep, batch: int, workers: int) -> TrialRow | None:
-    found = [r for r in s.done("end_to_end") if r.ok and r.knobs.num_workers == workers
+    found = [r for r in s.done(Stage.end_to_end) if r.ok and r.knobs.num_workers == workers
              and r.knobs.batch_size == batch and rules.fits(r, s.selection)]
     return max(found, key=lambda r: r.rate) if found else None
 
@@ -249,7 +250,7 @@ def _climb(s: _Sweep, batch: int, counts: list[int], start: int) -> list[int]:
         low, high = _best_at(s, batch, lower), _best_at(s, batch, upper)
         if low is None or high is None:
             break  # not measured yet: _end_to_end runs them in this order first
-        allowed = rules.band([r for r in s.done("end_to_end") if r.ok], s.selection)
+        allowed = rules.band([r for r in s.done(Stage.end_to_end) if r.ok], s.selection)
         if high.rate <= low.rate * (1.0 + allowed):
             _skip_above(s, batch, [c for c in above if c > upper], low, high, allowed)
             break
@@ -274,9 +275,9 @@ def _maybe_skip(req: Request, s: _Sweep) -> Request:
     # The ceiling bounds only trials with its own pin_memory setting: pinning moves work onto the main process (the
     # pin-memory thread), so the loader can be slower pinned than unpinned when the CPUs are saturated.
     # the ceiling at this count, else at the fewest measured workers above it: more workers deliver no less
-    ceiling = min((r for r in s.done("loader") if r.ok and r.knobs.num_workers >= req.knobs.num_workers
+    ceiling = min((r for r in s.done(Stage.loader) if r.ok and r.knobs.num_workers >= req.knobs.num_workers
                    and r.knobs.pin_memory == req.knobs.pin_memory), key=lambda r: r.knobs.num_workers, default=None)
-    fitting = [r for r in s.done("end_to_end") if r.ok and rules.fits(r, s.selection)]
+    fitting = [r for r in s.done(Stage.end_to_end) if r.ok and rules.fits(r, s.selection)]
     if ceiling is None or not fitting:
         return req
     best = max(fitting, key=lambda r: r.rate)
@@ -298,13 +299,13 @@ def _prefetch(s: _Sweep) -> list[Request] | None:
     """The other prefetch factors at the knee (only with workers); skipped with the evidence when the knee hardly
     waits on data, or keeps the CPUs busy (the search's smallest factor runs first: the others only put more
     batches in flight)."""
-    knee = s.knee("prefetch")
+    knee = s.knee(Stage.prefetch)
     if knee is None:
         return None
     k = knee.knobs
     if k.num_workers == 0:
         return []
-    left = pending([Request("prefetch", "train", Knobs(**{**k.to_dict(), "prefetch_factor": pf}))
+    left = pending([Request(Stage.prefetch, Mode.train, Knobs(**{**k.to_dict(), "prefetch_factor": pf}))
                     for pf in s.search.prefetch_factor if pf != k.prefetch_factor], s.rows)
     m = knee.measurement
     wait = m.data_wait_frac if m.data_wait_frac_max is None else m.data_wait_frac_max  # the rank that waits most
@@ -324,21 +325,21 @@ def _smaller_batches(s: _Sweep) -> list[Request] | None:
     """Stage 4b: when the knee runs below :data:`rules.NEAR_CEILING` of its compute ceiling, its config at the next
     smaller batch that fits, then the next, while each keeps within the band of the best. A batch the compute stage
     did not reach gets its ceiling once it keeps within the band, before the next smaller batch."""
-    knee = s.knee("batch")
+    knee = s.knee(Stage.batch)
     if knee is None or s.search.target_effective_batch:
         return []  # with a target, the accumulation stage chooses the micro-batch
-    ceilings = {r.knobs.batch_size: r for r in s.done("compute") if r.ok and rules.fits(r, s.selection)}
+    ceilings = {r.knobs.batch_size: r for r in s.done(Stage.compute) if r.ok and rules.fits(r, s.selection)}
     if not rules.input_bound(knee, ceilings.get(knee.knobs.batch_size)):
         return []  # the model is the bound (or unknown): a smaller batch only adds per-step overhead
-    measured = {r.knobs.batch_size: r for r in s.done("compute")}
+    measured = {r.knobs.batch_size: r for r in s.done(Stage.compute)}
     for batch in sorted((b for b in s.search.batch_size if b < knee.knobs.batch_size), reverse=True):
         if batch in measured and batch not in ceilings:
             return []  # a smaller batch whose ceiling failed or does not fit: the stage ends there
-        req = Request("batch", "train", Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))
+        req = Request(Stage.batch, Mode.train, Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))
         # judged against this batch and the larger ones only: a smaller batch that later ran faster must not
         # make this one look as if it fell behind
-        trials = [r for r in s.done(*rules.knee_stages("compile")) if r.ok and rules.fits(r, s.selection)
-                  and (r.stage != "batch" or r.knobs.batch_size >= batch)]
+        trials = [r for r in s.done(*rules.knee_stages(Stage.compile)) if r.ok and rules.fits(r, s.selection)
+                  and (r.stage != Stage.batch or r.knobs.batch_size >= batch)]
         best = max(trials, key=lambda r: r.rate)
         allowed = rules.band(trials, s.selection)
         target = rules.needed(best, allowed)
@@ -363,11 +364,11 @@ def _smaller_batches(s: _Sweep) -> list[Request] | None:
 def _compile(s: _Sweep) -> list[Request] | None:
     """The other compile modes at the knee; skipped with the evidence when the knee waits on data below its compute
     ceiling (a faster model changes nothing then, and compiling costs tens of seconds a trial)."""
-    knee = s.knee("compile")
+    knee = s.knee(Stage.compile)
     if knee is None:
         return None
     k = knee.knobs
-    left = pending([Request("compile", "train", Knobs(**{**k.to_dict(), "compile": c}))
+    left = pending([Request(Stage.compile, Mode.train, Knobs(**{**k.to_dict(), "compile": c}))
                     for c in s.search.compile if c != k.compile], s.rows)
     ceiling = _compute_at(s, k.batch_size)
     share, wait = rules.of_ceiling(knee, ceiling), knee.measurement.data_wait_frac or 0.0
@@ -389,14 +390,14 @@ def _extra(s: _Sweep) -> list[Request] | None:
     knobs = extra_knobs(s.cfg)
     if not knobs and not s.search.threads and not s.search.worker_threads:  # null or not searched
         return []
-    knee = s.knee("extra")
+    knee = s.knee(Stage.extra)
     if knee is None:
         return None
-    tries = [Request("extra", "train", knee.knobs.with_extra(k.key, v, k.baseline))
+    tries = [Request(Stage.extra, Mode.train, knee.knobs.with_extra(k.key, v, k.baseline))
              for k in knobs for v in k.values if v != dict(knee.knobs.extra).get(k.key, k.baseline)]
-    tries += [Request("extra", "train", Knobs(**{**knee.knobs.to_dict(), "threads": t}))
+    tries += [Request(Stage.extra, Mode.train, Knobs(**{**knee.knobs.to_dict(), "threads": t}))
               for t in s.search.threads or [] if t != knee.knobs.threads]
-    tries += [Request("extra", "train", Knobs(**{**knee.knobs.to_dict(), "worker_threads": t}))
+    tries += [Request(Stage.extra, Mode.train, Knobs(**{**knee.knobs.to_dict(), "worker_threads": t}))
               for t in s.search.worker_threads or [] if t != knee.knobs.worker_threads and knee.knobs.num_workers]
     left = pending(tries, s.rows)
     ceiling = _compute_at(s, knee.knobs.batch_size)
@@ -427,7 +428,7 @@ def _fewer_workers(s: _Sweep, knee: TrialRow, tried: list[TrialRow | None]) -> l
     lo, hi = 0, len(counts)  # counts[hi] (top's own count when hi == len) is within the band; below lo none is
     while lo < hi:
         mid = (lo + hi) // 2
-        req = Request("extra", "train", Knobs(**{**top.knobs.to_dict(), "num_workers": counts[mid]}))
+        req = Request(Stage.extra, Mode.train, Knobs(**{**top.knobs.to_dict(), "num_workers": counts[mid]}))
         row = s.find(req)
         if row is None:
             return [req]
@@ -441,23 +442,23 @@ def _batch_after_knobs(s: _Sweep) -> list[Request]:
     was the bound) that is no longer input-bound: its config at the sweep's batch, once. The model is the bound
     now, and the larger batch has the higher compute ceiling that a smaller one gave up for nothing while the loader
     held both back."""
-    knee, batch = s.knee("accumulation"), s.batch
-    if knee is None or batch is None or knee.stage != "extra" or knee.knobs.batch_size >= batch:
+    knee, batch = s.knee(Stage.accumulation), s.batch
+    if knee is None or batch is None or knee.stage != Stage.extra or knee.knobs.batch_size >= batch:
         return []
     here, there = _compute_at(s, knee.knobs.batch_size), _compute_at(s, batch)
     if here is None or there is None or there.rate <= here.rate or rules.input_bound(knee, here):
         return []
-    return pending([Request("extra", "train", Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))], s.rows)
+    return pending([Request(Stage.extra, Mode.train, Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))], s.rows)
 
 
 def _accumulation(s: _Sweep) -> list[Request] | None:
     """Micro-batch x steps pairs that reach target_effective_batch, at the knee's loader settings."""
     target = s.search.target_effective_batch
-    knee = s.knee("accumulation")
+    knee = s.knee(Stage.accumulation)
     if not target or knee is None:
         return []
     fit = set(_fitting_batches(s))
-    return pending([Request("accumulation", "train",
+    return pending([Request(Stage.accumulation, Mode.train,
                             Knobs(**{**knee.knobs.to_dict(), "batch_size": b, "grad_accum": target // b}))
                     for b in s.search.batch_size if target % b == 0 and b in fit], s.rows)
 
@@ -467,7 +468,7 @@ def _scaling(s: _Sweep) -> list[Request] | None:
     knee = s.knee(None)
     if s.world < 2 or knee is None or knee.knobs.ranks < 2:
         return []
-    return pending([Request("scaling", "train", Knobs(**{**knee.knobs.to_dict(), "ranks": 1}))], s.rows)
+    return pending([Request(Stage.scaling, Mode.train, Knobs(**{**knee.knobs.to_dict(), "ranks": 1}))], s.rows)
 
 
 def scaling_requests(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
@@ -475,11 +476,12 @@ def scaling_requests(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Requ
     return _scaling(_Sweep(cfg, rows, cuda)) or []
 
 
-STAGES: tuple[tuple[str, Stage], ...] = (
-    ("compute", _compute), ("loader", _loader), ("end_to_end", _end_to_end), ("prefetch", _prefetch),
-    ("batch", _smaller_batches), ("compile", _compile), ("extra", _extra), ("accumulation", _accumulation),
-    ("scaling", _scaling),
+STAGES: tuple[tuple[Stage, StagePlan], ...] = (
+    (Stage.compute, _compute), (Stage.loader, _loader), (Stage.end_to_end, _end_to_end), (Stage.prefetch, _prefetch),
+    (Stage.batch, _smaller_batches), (Stage.compile, _compile), (Stage.extra, _extra),
+    (Stage.accumulation, _accumulation), (Stage.scaling, _scaling),
 )
+"""Each stage of the staged plan with its planner, in the order they run (the enum's)."""
 
 
 def staged_requests(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
@@ -497,7 +499,7 @@ def staged_requests(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Reque
 def estimate_staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> int:
     """Trials a staged sweep will likely run in all: every stage at its usual size."""
     s = cfg.search
-    computed = [r for r in rows if r.stage == "compute"]
+    computed = [r for r in rows if r.stage == Stage.compute]
     over = computed and _compute(_Sweep(cfg, rows, cuda)) == []
     n_compute = len(computed) if over else len(s.batch_size)  # at most every batch, down from the largest
     counts = len([w for w in s.num_workers if w])

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tunekit.contract import Mode, Stage
 from tunekit.records import TrialRow, compute_ceiling
 from tunekit.report._summary import RunSummary
 from tunekit.report._tables import fmt, rate_or_none
@@ -84,7 +85,7 @@ def _user_knobs(s: RunSummary) -> list[str]:
            "workers | note |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for knob in s.extra_knobs:
         for value in knob.values:
-            runs = [r for r in s.rows if r.ok and r.mode == "train" and r.stage != "scaling"
+            runs = [r for r in s.rows if r.ok and r.mode == Mode.train and r.stage != Stage.scaling
                     and dict(r.knobs.extra).get(knob.key, knob.baseline) == value]
             same = [r for r in runs if ref is not None and r.knobs == ref.knobs.with_extra(knob.key, value,
                                                                                            knob.baseline)]
@@ -105,7 +106,7 @@ def _user_knobs(s: RunSummary) -> list[str]:
         out += [f"The recommendation sets {sets} (recommended.yaml's `config:` section): set the same in your job.",
                 ""]
         out += _loop_closed(s, knee)
-    skipped = [r for r in s.rows if r.stage == "extra" and r.status == "skipped"]
+    skipped = [r for r in s.rows if r.stage == Stage.extra and r.status == "skipped"]
     if skipped:
         out += [f"Skipped: {skipped[0].reason}.", ""]
     return out
@@ -159,7 +160,7 @@ def _ranks(s: RunSummary, k: TrialRow) -> list[str]:
 def _ceilings(rows: tuple[TrialRow, ...], k: TrialRow, u: str) -> list[str]:
     ceiling = compute_ceiling(rows, k.knobs.batch_size)
     compute = [ceiling] if ceiling is not None else []
-    loader = [r for r in rows if r.ok and r.mode == "loader" and r.knobs.num_workers == k.knobs.num_workers
+    loader = [r for r in rows if r.ok and r.mode == Mode.loader and r.knobs.num_workers == k.knobs.num_workers
               and r.knobs.batch_size == k.knobs.batch_size]
     if not (compute or loader):
         return []

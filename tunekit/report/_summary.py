@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 from tunekit import rules
 from tunekit.analysis import Choice, defaults_trial, select, select_knee, single_gpu_twin
 from tunekit.config import Config, ExtraKnob, extra_knobs
+from tunekit.contract import Stage
 from tunekit.diagnosis import Verdict, run_verdicts, trial_verdicts
 from tunekit.records import TrialRow
 
@@ -85,7 +86,7 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
         verdicts=tuple(run_verdicts(rows, choice.knee, per_trial, cfg.selection, env)),
         trial_verdicts=per_trial, per_hour=cfg.cost.per_hour, warnings=tuple(warnings),
         scaling=_scaling(rows, choice.knee), extra_knobs=knobs,
-        knee_before_extra=select_knee([r for r in rows if r.stage in rules.knee_stages("extra")],
+        knee_before_extra=select_knee([r for r in rows if r.stage in rules.knee_stages(Stage.extra)],
                                       cfg.selection).knee if knobs else None,
     )
 

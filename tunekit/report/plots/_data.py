@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from tunekit.analysis import Choice
+from tunekit.contract import Mode, Stage
 from tunekit.records import TrialRow, compute_ceiling
 
 _GIB = 2**30
@@ -73,7 +74,7 @@ class UtilPoint(NamedTuple):
     util_pct: float
     rate: float
     """Throughput, ``unit``/s."""
-    stage: str
+    stage: Stage
     trial: int
 
 
@@ -155,7 +156,7 @@ def _knee_batch(choice: Choice) -> int | None:
 
 
 def _train_at(rows: list[TrialRow], batch: int | None) -> list[TrialRow]:
-    return [r for r in rows if r.ok and r.mode == "train" and r.knobs.compile == "none" and r.knobs.grad_accum == 1
+    return [r for r in rows if r.ok and r.mode == Mode.train and r.knobs.compile == "none" and r.knobs.grad_accum == 1
             and (batch is None or r.knobs.batch_size == batch)]
 
 
@@ -189,10 +190,10 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
         where = f", batch {r.knobs.batch_size}" if other else ""
         groups.setdefault((other, f"{gpus}pin_memory={'on' if r.knobs.pin_memory else 'off'}, {pf}{mine}{where}"),
                           []).append(_point(r))
-    loader = tuple(sorted((_point(r) for r in rows if r.ok and r.mode == "loader"
+    loader = tuple(sorted((_point(r) for r in rows if r.ok and r.mode == Mode.loader
                            and (batch is None or r.knobs.batch_size == batch)), key=lambda p: p.workers))
     compute = compute_ceiling(rows, batch) if batch is not None else next(
-        (r for r in rows if r.ok and r.mode == "compute"), None)
+        (r for r in rows if r.ok and r.mode == Mode.compute), None)
 
     def at(row: TrialRow) -> str:
         return "" if row.knobs.batch_size == batch else f", batch {row.knobs.batch_size}"
@@ -221,7 +222,7 @@ def _peak_gib(r: TrialRow) -> float | None:
 
 
 def batch_data(rows: list[TrialRow], choice: Choice, title: str, min_headroom: float) -> BatchPlot | str:
-    source = [r for r in rows if r.mode == "compute"] or [r for r in rows if r.mode == "train"
+    source = [r for r in rows if r.mode == Mode.compute] or [r for r in rows if r.mode == Mode.train
                                                            and r.knobs.compile == "none"]
     best_by_batch: dict[int, TrialRow] = {}
     for r in source:
@@ -254,7 +255,7 @@ def util_data(rows: list[TrialRow], choice: Choice, title: str) -> UtilPlot | st
 
 
 def step_time_data(rows: list[TrialRow], title: str) -> StepTimePlot | str:
-    compute = sorted((r for r in rows if r.ok and r.mode == "compute"), key=lambda r: r.knobs.batch_size)
+    compute = sorted((r for r in rows if r.ok and r.mode == Mode.compute), key=lambda r: r.knobs.batch_size)
     if len(compute) < 2:
         return "the run has fewer than two compute-ceiling trials (batch sizes)"
     return StepTimePlot(unit=_unit(rows), title=title, points=tuple(
@@ -283,7 +284,7 @@ def compile_data(rows: list[TrialRow], choice: Choice, title: str) -> CompilePlo
     if ref is None:
         return "no end-to-end config completed"
     k = ref.knobs
-    same = [r for r in rows if r.ok and r.mode == "train" and r.knobs.num_workers == k.num_workers
+    same = [r for r in rows if r.ok and r.mode == Mode.train and r.knobs.num_workers == k.num_workers
             and r.knobs.prefetch_factor == k.prefetch_factor and r.knobs.pin_memory == k.pin_memory
             and r.knobs.batch_size == k.batch_size and r.knobs.grad_accum == k.grad_accum]
     order = {m: i for i, m in enumerate(("none", "default", "reduce-overhead", "max-autotune-no-cudagraphs",
