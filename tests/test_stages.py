@@ -1,5 +1,5 @@
 """The plan's stages and the trials' modes: one enum each (``contract.Stage``, ``contract.Mode``), whose members are
-the plain words every file holds."""
+the plain words every file holds, and the plan's skip decisions as values, not state."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import json
 import pytest
 import yaml
 
-from tests.conftest import measurement
-from tunekit import rules
+from tests.conftest import measurement, sleepy_config
+from tunekit import config, rules
 from tunekit.analysis import trials_frame
 from tunekit.contract import Knobs, Measurement, Mode, Stage, TrialSpec, skipped_measurement
 from tunekit.plan import Request, _staged
@@ -59,3 +59,23 @@ def test_a_request_and_a_row_of_the_same_trial_have_equal_keys():
     assert row.key == Request("end_to_end", "train", row.knobs).key == Request(Stage.end_to_end, Mode.train,
                                                                                row.knobs).key
 
+
+def test_the_walk_returns_its_skips_instead_of_keeping_them():
+    """The plateau above and the band below are decided by functions that return the requests to skip; the
+    finished trials they read are left as they were."""
+    cfg = config.from_dict(sleepy_config(**{
+        "search.num_workers": [0, 1, 2, 3, 4, 5], "search.batch_size": [8], "search.pin_memory": [False],
+        "search.compile": ["none"], "search.prefetch_factor": [2]}))
+    ms = [_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 900, num_workers=5)]
+    ms += [_m(10, "end_to_end", "train", 80), _m(11, "end_to_end", "train", 400, num_workers=1),
+           _m(12, "end_to_end", "train", 401, num_workers=2), _m(13, "end_to_end", "train", 300, num_workers=3)]
+    finished = _staged._Finished(cfg, rows_from_measurements(ms), cuda=False)
+    before = vars(finished).copy()
+    up, plateau = _staged._climb(finished, 8, [0, 1, 2, 3, 4, 5], 1)
+    assert up == [1, 2, 3, 4, 5]
+    assert sorted(key[2].num_workers for key in plateau) == [3, 4, 5]
+    assert all("on its plateau" in reason for reason in plateau.values())
+    below = _staged._below_band(finished, 8, 3, [2, 1, 0])
+    assert sorted(key[2].num_workers for key in below) == [0, 1, 2]
+    assert all("3 workers (trial 13, 300.0 samples/s) already fell out" in reason for reason in below.values())
+    assert vars(finished).keys() == before.keys() and finished.rows == before["rows"]

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from tunekit import rules
 from tunekit.analysis import choose_batch, select_knee
@@ -11,8 +12,10 @@ from tunekit.plan._request import Request, base_knobs, pending, pins
 from tunekit.records import TrialRow, compute_ceiling
 
 
-class _Sweep:
-    """What the stages share: the config, the finished trials, the chosen batch and the knee before each stage."""
+class _Finished:
+    """The finished trials as every stage reads them, under one config: the trials of a stage, the chosen batch and
+    the knee before each stage. Made afresh on every ask and never written by a stage: what a stage decides it
+    returns."""
 
     def __init__(self, cfg: Config, rows: list[TrialRow], cuda: bool):
         self.cfg, self.rows, self.cuda = cfg, rows, cuda
@@ -21,9 +24,7 @@ class _Sweep:
         self.world = cfg.launch.world
         """Ranks of the end-to-end trials (the ceilings run on one GPU)."""
         self._knees: dict[Stage | None, TrialRow | None] = {}
-        self.skips: dict[tuple, str] = {}
-        """End-to-end requests above a confirmed plateau or below a count that fell out of the band, with the
-        reason they need not run."""
+        """:meth:`knee`'s answers, kept: each is a function of the rows, which do not change."""
 
     def done(self, *stages: Stage) -> list[TrialRow]:
         return [r for r in self.rows if r.stage in stages]
@@ -45,11 +46,14 @@ class _Sweep:
         return self._knees[before]
 
 
-StagePlan = Callable[[_Sweep], "list[Request] | None"]
+StagePlan = Callable[[_Finished], "list[Request] | None"]
 """A stage's planner: its pending requests, [] when it is complete, None when the sweep cannot go on."""
 
+Skips = Mapping[tuple[Any, ...], str]
+"""End-to-end requests (by ``Request.key``) that the walk's own evidence says need not run, with the reason."""
 
-def _compute(s: _Sweep) -> list[Request] | None:
+
+def _compute(s: _Finished) -> list[Request] | None:
     """Batch sizes from the largest down: past those that run out of memory or over the headroom limit, then down
     while each stays within the band of the best that fits at its size or above, stopping at the first that falls
     out of it (per-sample throughput does not rise as the batch shrinks, and the batch chosen is the smallest within
@@ -68,11 +72,11 @@ def _compute(s: _Sweep) -> list[Request] | None:
     return []
 
 
-def _ceiling_request(s: _Sweep, batch: int) -> Request:
+def _ceiling_request(s: _Finished, batch: int) -> Request:
     return Request(Stage.compute, Mode.compute, Knobs(num_workers=0, batch_size=batch, **s.base))
 
 
-def _loader(s: _Sweep) -> list[Request] | None:
+def _loader(s: _Finished) -> list[Request] | None:
     """The loader alone (pinned when pinning is searched on a GPU), only where its ceiling decides something: the
     most workers first; when that ceiling reaches the compute ceiling, a bisection of the counts for the fewest that
     does (the start of the end-to-end walk; loader ceilings rise with workers). The other counts are skipped with
@@ -116,7 +120,7 @@ def _loader(s: _Sweep) -> list[Request] | None:
     return [req.skipped(reason) for req in pending(list(reqs.values()), s.rows)]
 
 
-def _fitting_batches(s: _Sweep) -> list[int]:
+def _fitting_batches(s: _Finished) -> list[int]:
     """The searched batch sizes that fit, largest first: each measured one that fits the headroom limit, and each
     the compute stage left unmeasured under the smallest of those (a smaller batch needs less memory)."""
     fitting = {r.knobs.batch_size for r in s.done(Stage.compute) if r.ok and rules.fits(r, s.selection)}
@@ -128,7 +132,7 @@ def _fitting_batches(s: _Sweep) -> list[int]:
                   reverse=True)
 
 
-def _compute_at(s: _Sweep, batch: int) -> TrialRow | None:
+def _compute_at(s: _Finished, batch: int) -> TrialRow | None:
     return compute_ceiling(s.done(Stage.compute), batch)
 
 
@@ -147,18 +151,18 @@ def reach_rate(compute: TrialRow, selection: Selection) -> float:
     return compute.rate * (1.0 - selection.tolerance)
 
 
-def _reaches(s: _Sweep, loader: TrialRow, compute: TrialRow) -> bool:
+def _reaches(s: _Finished, loader: TrialRow, compute: TrialRow) -> bool:
     """Whether a one-rank loader ceiling reaches the one-GPU compute ceiling within the tolerance."""
     return loader.ok and loader.rate >= reach_rate(compute, s.selection)
 
 
-def _defaults(s: _Sweep, batch: int) -> Request:
+def _defaults(s: _Finished, batch: int) -> Request:
     """PyTorch's DataLoader defaults at the chosen batch: every report's baseline."""
     return Request(Stage.end_to_end, Mode.train, Knobs(num_workers=0, batch_size=batch, pin_memory=False,
                                                        ranks=s.world, **{**s.base, "compile": "none"}))
 
 
-def _end_to_end(s: _Sweep) -> list[Request] | None:
+def _end_to_end(s: _Finished) -> list[Request] | None:
     """Workers x pin_memory at the chosen batch, planned from the ceilings: the fewest workers whose loader ceiling
     reaches the compute ceiling (the most workers when none does); then PyTorch's defaults (every report's
     baseline, raced against the band the start gave: it is almost always far below it, and a 0-worker trial's
@@ -177,18 +181,21 @@ def _end_to_end(s: _Sweep) -> list[Request] | None:
     if pending([defaults], s.rows):
         return [defaults]
     below = sorted((c for c in counts if c < start), reverse=True)
-    for w in _climb(s, batch, counts, start) + below:
+    up, skips = _climb(s, batch, counts, start)
+    for w in up + below:
         left = pending(_at_count(s, batch, w), s.rows)
         if left:
-            return [_maybe_skip(left[0], s)]
-        _below_band(s, batch, w, [c for c in below if c < w])
+            return [_walked(left[0], s, skips)]
+        # a count measured in full: fewer workers with a pin setting that fell out of the band are skipped too;
+        # the first reason found for a request stands
+        skips = {**_below_band(s, batch, w, [c for c in below if c < w]), **skips}
     return []
 
 
 def baseline_request(cfg: Config, rows: list[TrialRow], cuda: bool) -> Request | None:
     """The PyTorch-defaults trial when a staged sweep has chosen its batch but not run it yet (None otherwise): the
     driver runs it before a budget ends the sweep, so no report lacks its baseline."""
-    s = _Sweep(cfg, rows, cuda)
+    s = _Finished(cfg, rows, cuda)
     batch = s.batch if _compute(s) == [] else None  # the compute stage over: the batch is final
     if batch is None:
         return None
@@ -196,14 +203,15 @@ def baseline_request(cfg: Config, rows: list[TrialRow], cuda: bool) -> Request |
     return found[0] if found else None
 
 
-def _below_band(s: _Sweep, batch: int, workers: int, fewer: list[int]) -> None:
+def _below_band(s: _Finished, batch: int, workers: int, fewer: list[int]) -> Skips:
     """Walking down: once a worker count falls out of the band of the best with one pin setting, fewer workers with
-    that setting will not climb back into it; they are skipped with that evidence."""
+    that setting will not climb back into it: the requests at ``fewer`` counts to skip with that evidence."""
     fitting = [r for r in s.done(Stage.end_to_end) if r.ok and rules.fits(r, s.selection)]
     if not fitting or not fewer:
-        return
+        return {}
     best = max(fitting, key=lambda r: r.rate)
     allowed = rules.band(fitting, s.selection)
+    skips: dict[tuple[Any, ...], str] = {}
     for req in _at_count(s, batch, workers):
         here = s.find(req)
         if here is None or not here.ok or not rules.fits(here, s.selection) or here.rate >= rules.needed(best, allowed):
@@ -212,18 +220,19 @@ def _below_band(s: _Sweep, batch: int, workers: int, fewer: list[int]) -> None:
         reason = (f"{workers} workers {pinned}(trial {here.number}, {here.rate:.1f} {here.unit}/s) already fell out "
                   f"of the band ({allowed:.1%}) of the best config so far ({best.rate:.1f}, trial {best.number}): "
                   f"fewer workers {pinned}do not deliver more")
-        s.skips.update({r.key: reason for w in fewer for r in _at_count(s, batch, w)
-                        if r.knobs.pin_memory == req.knobs.pin_memory and r.key not in s.skips})
+        skips.update({r.key: reason for w in fewer for r in _at_count(s, batch, w)
+                      if r.knobs.pin_memory == req.knobs.pin_memory})
+    return skips
 
 
-def _at_count(s: _Sweep, batch: int, workers: int) -> list[Request]:
+def _at_count(s: _Finished, batch: int, workers: int) -> list[Request]:
     """The end-to-end requests at one worker count, pinned first."""
     return [Request(Stage.end_to_end, Mode.train, Knobs(num_workers=workers, batch_size=batch, pin_memory=p,
                                                         ranks=s.world, **s.base))
             for p in reversed(pins(s.cfg, s.cuda))]
 
 
-def _start_count(s: _Sweep, batch: int, counts: list[int]) -> int:
+def _start_count(s: _Finished, batch: int, counts: list[int]) -> int:
     """The fewest workers whose one-rank loader ceiling reaches the one-GPU compute ceiling within the tolerance (per
     rank, both), or the most workers when none does (or the ceilings are missing)."""
     compute = _compute_at(s, batch)
@@ -236,42 +245,48 @@ def _start_count(s: _Sweep, batch: int, counts: list[int]) -> int:
     return counts[-1]
 
 
-def _best_at(s: _Sweep, batch: int, workers: int) -> TrialRow | None:
+def _best_at(s: _Finished, batch: int, workers: int) -> TrialRow | None:
     found = [r for r in s.done(Stage.end_to_end) if r.ok and r.knobs.num_workers == workers
              and r.knobs.batch_size == batch and rules.fits(r, s.selection)]
     return max(found, key=lambda r: r.rate) if found else None
 
 
-def _climb(s: _Sweep, batch: int, counts: list[int], start: int) -> list[int]:
-    """The start and every count above it, in order. The next one up confirms the plateau; further up runs only
-    while the last step up gained more than the band, the rest above being skipped with that evidence."""
-    above = [c for c in counts if c > start]
-    for lower, upper in itertools.pairwise([start, *above]):
+def _climb(s: _Finished, batch: int, counts: list[int], start: int) -> tuple[list[int], Skips]:
+    """The start and every count above it, in order, and the requests to skip above a confirmed plateau. The next
+    one up confirms the plateau; further up runs only while the last step up gained more than the band, the rest
+    above being skipped with that evidence."""
+    up = [start, *(c for c in counts if c > start)]
+    for lower, upper in itertools.pairwise(up):
         low, high = _best_at(s, batch, lower), _best_at(s, batch, upper)
         if low is None or high is None:
             break  # not measured yet: _end_to_end runs them in this order first
         allowed = rules.band([r for r in s.done(Stage.end_to_end) if r.ok], s.selection)
         if high.rate <= low.rate * (1.0 + allowed):
-            _skip_above(s, batch, [c for c in above if c > upper], low, high, allowed)
-            break
-    return [start, *above]
+            return up, _above_plateau(s, batch, [c for c in up if c > upper], low, high, allowed)
+    return up, {}
 
 
-def _skip_above(s: _Sweep, batch: int, counts: list[int], low: TrialRow, high: TrialRow, allowed: float) -> None:
-    """Record the counts above a confirmed plateau as skipped requests (the plan returns them one by one)."""
+def _above_plateau(s: _Finished, batch: int, counts: list[int], low: TrialRow, high: TrialRow,
+                   allowed: float) -> Skips:
+    """The requests at ``counts``, above a confirmed plateau, to skip (the plan returns them one by one)."""
     reason = (f"{high.knobs.num_workers} workers (trial {high.number}, {high.rate:.1f} {high.unit}/s) gained no more "
               f"than the band ({allowed:.1%}) over {low.knobs.num_workers} (trial {low.number}, {low.rate:.1f}): "
               "the throughput is on its plateau, more workers only add cost")
-    s.skips.update({r.key: reason for w in counts for r in _at_count(s, batch, w)})
+    return {r.key: reason for w in counts for r in _at_count(s, batch, w)}
 
 
-def _maybe_skip(req: Request, s: _Sweep) -> Request:
-    """Skip an end-to-end trial above a confirmed plateau, or whose loader ceiling cannot reach the band of the best
-    end-to-end trial so far."""
+def _walked(req: Request, s: _Finished, skips: Skips) -> Request:
+    """A request of the walk as it is returned: skipped with the walk's own evidence (a plateau above, a count
+    below the band) when it has some, else as :func:`_maybe_skip` judges it."""
+    if req.key in skips and not req.knobs.loader_defaults:  # the defaults run whatever the walk found
+        return req.skipped(skips[req.key])
+    return _maybe_skip(req, s)
+
+
+def _maybe_skip(req: Request, s: _Finished) -> Request:
+    """Skip an end-to-end trial whose loader ceiling cannot reach the band of the best end-to-end trial so far."""
     if req.knobs.loader_defaults:
         return req  # PyTorch's defaults: always measured, the baseline of every report
-    if req.key in s.skips:
-        return req.skipped(s.skips[req.key])
     # The ceiling bounds only trials with its own pin_memory setting: pinning moves work onto the main process (the
     # pin-memory thread), so the loader can be slower pinned than unpinned when the CPUs are saturated.
     # the ceiling at this count, else at the fewest measured workers above it: more workers deliver no less
@@ -295,7 +310,7 @@ def _maybe_skip(req: Request, s: _Sweep) -> Request:
         f"end-to-end config so far ({best.rate:.1f}, trial {best.number})")
 
 
-def _prefetch(s: _Sweep) -> list[Request] | None:
+def _prefetch(s: _Finished) -> list[Request] | None:
     """The other prefetch factors at the knee (only with workers); skipped with the evidence when the knee hardly
     waits on data, or keeps the CPUs busy (the search's smallest factor runs first: the others only put more
     batches in flight)."""
@@ -321,7 +336,7 @@ def _prefetch(s: _Sweep) -> list[Request] | None:
     return left
 
 
-def _smaller_batches(s: _Sweep) -> list[Request] | None:
+def _smaller_batches(s: _Finished) -> list[Request] | None:
     """Stage 4b: when the knee runs below :data:`rules.NEAR_CEILING` of its compute ceiling, its config at the next
     smaller batch that fits, then the next, while each keeps within the band of the best. A batch the compute stage
     did not reach gets its ceiling once it keeps within the band, before the next smaller batch."""
@@ -361,7 +376,7 @@ def _smaller_batches(s: _Sweep) -> list[Request] | None:
     return []
 
 
-def _compile(s: _Sweep) -> list[Request] | None:
+def _compile(s: _Finished) -> list[Request] | None:
     """The other compile modes at the knee; skipped with the evidence when the knee waits on data below its compute
     ceiling (a faster model changes nothing then, and compiling costs tens of seconds a trial)."""
     knee = s.knee(Stage.compile)
@@ -379,7 +394,7 @@ def _compile(s: _Sweep) -> list[Request] | None:
     return left
 
 
-def _extra(s: _Sweep) -> list[Request] | None:
+def _extra(s: _Finished) -> list[Request] | None:
     """The user-defined knobs (search.extra) and the thread counts (search.threads, search.worker_threads, the
     latter only with workers) at the knee, one at a time, each value other than its baseline, when the knee is
     input-bound (skipped with the evidence otherwise: a knob of the pipeline cannot speed up a model
@@ -411,7 +426,7 @@ def _extra(s: _Sweep) -> list[Request] | None:
     return _fewer_workers(s, knee, [s.find(r) for r in tries]) or _batch_after_knobs(s)
 
 
-def _fewer_workers(s: _Sweep, knee: TrialRow, tried: list[TrialRow | None]) -> list[Request]:
+def _fewer_workers(s: _Finished, knee: TrialRow, tried: list[TrialRow | None]) -> list[Request]:
     """The fastest user-knob trial that keeps the training result and beats the knee, with fewer workers: the
     fewest that stay within the band of the best, found by bisection of the smaller counts (throughput does not
     rise as workers are taken away, as the end-to-end walk down assumes), so five smaller counts cost three
@@ -437,7 +452,7 @@ def _fewer_workers(s: _Sweep, knee: TrialRow, tried: list[TrialRow | None]) -> l
     return []
 
 
-def _batch_after_knobs(s: _Sweep) -> list[Request]:
+def _batch_after_knobs(s: _Finished) -> list[Request]:
     """A user knob's knee at a smaller batch than the sweep's (stage 4b moved it there while the input pipeline
     was the bound) that is no longer input-bound: its config at the sweep's batch, once. The model is the bound
     now, and the larger batch has the higher compute ceiling that a smaller one gave up for nothing while the loader
@@ -451,7 +466,7 @@ def _batch_after_knobs(s: _Sweep) -> list[Request]:
     return pending([Request(Stage.extra, Mode.train, Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))], s.rows)
 
 
-def _accumulation(s: _Sweep) -> list[Request] | None:
+def _accumulation(s: _Finished) -> list[Request] | None:
     """Micro-batch x steps pairs that reach target_effective_batch, at the knee's loader settings."""
     target = s.search.target_effective_batch
     knee = s.knee(Stage.accumulation)
@@ -463,7 +478,7 @@ def _accumulation(s: _Sweep) -> list[Request] | None:
                     for b in s.search.batch_size if target % b == 0 and b in fit], s.rows)
 
 
-def _scaling(s: _Sweep) -> list[Request] | None:
+def _scaling(s: _Finished) -> list[Request] | None:
     """A multi-rank knee's config on one GPU, for the scaling efficiency (never a knee candidate: another job)."""
     knee = s.knee(None)
     if s.world < 2 or knee is None or knee.knobs.ranks < 2:
@@ -473,7 +488,7 @@ def _scaling(s: _Sweep) -> list[Request] | None:
 
 def scaling_requests(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
     """The scaling trial of a sweep under ``launch`` once its knee stages are done (a grid's too)."""
-    return _scaling(_Sweep(cfg, rows, cuda)) or []
+    return _scaling(_Finished(cfg, rows, cuda)) or []
 
 
 STAGES: tuple[tuple[Stage, StagePlan], ...] = (
@@ -486,9 +501,9 @@ STAGES: tuple[tuple[Stage, StagePlan], ...] = (
 
 def staged_requests(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
     """The first stage's pending requests; [] when every stage is complete or one cannot go on."""
-    sweep = _Sweep(cfg, rows, cuda)
+    finished = _Finished(cfg, rows, cuda)
     for _, stage in STAGES:
-        requests = stage(sweep)
+        requests = stage(finished)
         if requests is None:
             return []
         if requests:
@@ -500,7 +515,7 @@ def estimate_staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> int:
     """Trials a staged sweep will likely run in all: every stage at its usual size."""
     s = cfg.search
     computed = [r for r in rows if r.stage == Stage.compute]
-    over = computed and _compute(_Sweep(cfg, rows, cuda)) == []
+    over = computed and _compute(_Finished(cfg, rows, cuda)) == []
     n_compute = len(computed) if over else len(s.batch_size)  # at most every batch, down from the largest
     counts = len([w for w in s.num_workers if w])
     n_loader = 1 + max(0, counts - 1).bit_length()  # the most workers, then a bisection at worst
