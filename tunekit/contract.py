@@ -36,7 +36,8 @@ class _Word(str, Enum):
 
 class Stage(_Word):
     """The plan stage that asked for a trial (docs/plan.md). The staged plan runs the first nine in this order;
-    ``grid`` is the grid plan's one stage, ``single`` a ``tunekit trial``."""
+    ``grid`` is the grid plan's one stage, ``single`` a ``tunekit trial``, ``baseline`` script mode's run of the
+    user's script with its own settings (``launcher.script_command``)."""
 
     compute = "compute"
     loader = "loader"
@@ -49,12 +50,14 @@ class Stage(_Word):
     scaling = "scaling"
     grid = "grid"
     single = "single"
+    baseline = "baseline"
 
     @property
     def knee(self) -> bool:
         """Whether its trials run the job end to end and may be chosen as the knee: not the ceilings, not the
-        scaling trial (the knee's config on one GPU: another job), not a lone trial."""
-        return self not in (Stage.compute, Stage.loader, Stage.scaling, Stage.single)
+        scaling trial (the knee's config on one GPU: another job), not a lone trial, not a script's own baseline
+        (it runs the script's settings, not its knobs)."""
+        return self not in (Stage.compute, Stage.loader, Stage.scaling, Stage.single, Stage.baseline)
 
     @property
     def raced(self) -> bool:
