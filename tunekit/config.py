@@ -768,7 +768,9 @@ def _check_import_paths(cfg: Config, source: str) -> list[str]:
     if not paths:
         return []
     cmd = [sys.executable, "-m", "tunekit.workloads.resolve", json.dumps(paths)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    # a script's count resolves where the script runs (its folder is on its path), a factory's where tunekit does
+    cwd = cfg.script.cwd if cfg.script is not None else None
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return [f"{source}: workload: could not check import paths: {tail}"]

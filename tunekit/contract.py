@@ -353,6 +353,10 @@ class Measurement:
     """A ``train`` trial whose dataset moved each batch with its own ``batch_to_device`` (GPU decode)."""
     input_ahead: bool | None = None
     """That move ran one batch ahead, in a thread on a CUDA stream of its own."""
+    loader_measured: dict[str, Any] | None = None
+    """Script mode: the training DataLoader the trial measured, as the script built it and the knobs left it:
+    ``index`` (its build order, from 1), ``found_by``, ``dataset`` (class name), ``length`` (samples),
+    ``batch_size``, ``num_workers``, ``pin_memory``, ``prefetch_factor``; None for a factory workload."""
 
     # --- host memory, CPUs ----------------------------------------------------------------------------------
     host_mem_peak_bytes: int | None = None
@@ -500,8 +504,9 @@ class Measurement:
         return record
 
     held = None  # not a field (no annotation): from_dict sets it on the instance
-    """frozenset of the fields the file held (:meth:`from_dict`), None for a record made in this process (it holds every field):
-    trials.csv has a column for what some trial of the run recorded, so older runs rebuild with their columns."""
+    """frozenset of the fields the file held (:meth:`from_dict`), None for a record made in this process (it
+    holds every field): trials.csv has a column for what some trial of the run recorded, so older runs rebuild
+    with their columns."""
 
     def to_dict(self) -> dict[str, Any]:
         """measurement.json as written: every field (None ones included) under version 2's names, ``version``

@@ -82,7 +82,7 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
         defaults=defaults_trial(rows, choice.knee) if choice.knee else None, rows=tuple(rows),
         device=m.device_name if m else None, versions=(m.versions if m else None) or {},
         date=date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        min_headroom=cfg.selection.min_headroom, unit=cfg.workload.unit, stop_reason=stop_reason,
+        min_headroom=cfg.selection.min_headroom, unit=cfg.unit, stop_reason=stop_reason,
         verdicts=tuple(run_verdicts(rows, choice.knee, per_trial, cfg.selection, env)),
         trial_verdicts=per_trial, per_hour=cfg.cost.per_hour, warnings=tuple(warnings),
         scaling=_scaling(rows, choice.knee), extra_knobs=knobs,

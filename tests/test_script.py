@@ -1,0 +1,221 @@
+"""Script mode: the user's own training script, run unedited in every trial, measured from inside its loop."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tunekit import config
+from tunekit.contract import Knobs, TrialSpec
+from tunekit.launcher import run_trial, script_command
+from tunekit.workloads.synthetic import expected_samples_per_s
+
+QUICK = {"window_s": 0.5, "measure_windows": 2, "precision": None, "warmup_steps": 1, "timeout_s": 120}
+
+# a plain training loop over the known-answer workload: 5 ms of wall time per sample, 20 ms per step
+SLEEPY_SCRIPT = """
+import argparse, torch
+from torch.utils.data import DataLoader
+from tunekit.workloads.synthetic import sleepy_dataset, sleepy_model
+
+parser = argparse.ArgumentParser()
+parser.add_argument("-j", type=int, default=0)
+parser.add_argument("-b", type=int, default=8)
+parser.add_argument("--epochs", type=int, default=1000)
+parser.add_argument("--eval-first", action="store_true")
+args = parser.parse_args()
+model = sleepy_model(step_wait_s=0.02)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+if args.eval_first:  # evaluation before training, under no_grad: not the loader to measure
+    with torch.no_grad():
+        for x, y in DataLoader(sleepy_dataset(num_samples=64, sample_wait_s=0.0), batch_size=16):
+            model(x)
+train = DataLoader(sleepy_dataset(sample_wait_s=0.005), batch_size=args.b, num_workers=args.j, shuffle=True)
+for epoch in range(args.epochs):
+    for x, y in train:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    torch.save(model.state_dict(), f"epoch{epoch}.pt")
+"""
+
+
+def _script_config(tmp_path: Path, command: list[str], **search: Any) -> dict[str, Any]:
+    return {"name": "script", "device": "cpu", "script": {"command": command, "cwd": str(tmp_path)},
+            "search": {"num_workers": [0, 2], "batch_size": [8], "pin_memory": [False], **search},
+            "trial": dict(QUICK)}
+
+
+def _trial(tmp_path: Path, raw: dict[str, Any], name: str = "t", stage: str = "single", **knobs: Any):
+    cfg = config.from_dict(raw, source=str(tmp_path / "cfg.yaml")).to_dict()
+    spec = TrialSpec(number=0, stage=stage, mode=knobs.pop("mode", "train"), knobs=Knobs(**knobs), config=cfg)
+    return run_trial(spec, tmp_path / name, 120)
+
+
+def _no_process_runs(marker: str) -> bool:
+    mine = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            mine += [proc] if marker in " ".join(proc.info["cmdline"] or []) else []
+        except psutil.Error:
+            continue
+    return not mine
+
+
+@pytest.fixture
+def sleepy_script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(SLEEPY_SCRIPT)
+    return path
+
+
+def test_a_script_trial_measures_the_known_answer_inside_the_scripts_own_loop(tmp_path: Path, sleepy_script: Path):
+    """The script's loop, metered from inside: 2 workers x 5 ms per sample deliver 400/s against a 20 ms step of 8
+    samples (400/s); the measurement agrees with the factory workload's trial of the same job, the script never
+    reached its checkpoint, and its process tree is gone."""
+    raw = _script_config(tmp_path, [sys.executable, str(sleepy_script), "-j", "{num_workers}", "-b", "{batch_size}"])
+    m = _trial(tmp_path, raw, num_workers=2, prefetch_factor=2, batch_size=8)
+    assert m.status == "ok", m.reason
+    assert m.params["num_workers"] == 2 and m.params["batch_size"] == 8
+    assert m.loader_measured["dataset"] == "_SleepyDataset" and m.loader_measured["index"] == 1
+    analytic = expected_samples_per_s(2, 8, 0.005, 0.02)
+    assert 0.6 * analytic < m.rate < 1.1 * analytic
+    factory = config.from_dict({"name": "f", "device": "cpu", "workload": {
+        "model": "tunekit.workloads.synthetic:sleepy_model", "model_args": {"step_wait_s": 0.02},
+        "dataset": "tunekit.workloads.synthetic:sleepy_dataset", "dataset_args": {"sample_wait_s": 0.005}},
+        "trial": dict(QUICK)}).to_dict()
+    f = run_trial(TrialSpec(number=1, stage="single", mode="train", config=factory,
+                            knobs=Knobs(num_workers=2, prefetch_factor=2, batch_size=8)), tmp_path / "f", 120)
+    assert f.status == "ok" and 0.8 < m.rate / f.rate < 1.25  # the same job, the same figure within noise
+    assert not list(tmp_path.glob("epoch*.pt"))  # the script ended at the batch request after the last window
+    assert _no_process_runs(str(sleepy_script))
+
+
+def test_the_training_loader_is_the_one_iterated_with_autograd_not_the_evaluation_one(tmp_path, sleepy_script):
+    command = [sys.executable, str(sleepy_script), "-j", "{num_workers}", "-b", "{batch_size}", "--eval-first"]
+    m = _trial(tmp_path, _script_config(tmp_path, command), num_workers=0, batch_size=8)
+    assert m.status == "ok", m.reason
+    assert m.loader_measured["index"] == 2 and m.loader_measured["found_by"] == "autograd enabled"
+    assert m.loader_measured["batch_size"] == 8  # not the evaluation loader's 16
+
+
+def test_knobs_without_a_placeholder_are_set_on_the_training_loader(tmp_path: Path, sleepy_script: Path):
+    """The command carries no flag for the workers: the trial sets them on the DataLoader the script built."""
+    m = _trial(tmp_path, _script_config(tmp_path, [sys.executable, str(sleepy_script), "-b", "{batch_size}"]),
+               num_workers=2, prefetch_factor=3, batch_size=8)
+    assert m.status == "ok", m.reason
+    assert m.loader_measured["num_workers"] == 2 and m.loader_measured["prefetch_factor"] == 3
+
+
+def test_the_baseline_runs_the_script_with_its_own_settings(tmp_path: Path, sleepy_script: Path):
+    raw = _script_config(tmp_path, [sys.executable, str(sleepy_script), "-j", "{num_workers}", "-b",
+                                    "{batch_size}"])
+    spec = TrialSpec(number=0, stage="baseline", mode="train", knobs=Knobs(num_workers=2, batch_size=8),
+                     config=config.from_dict(raw).to_dict())
+    assert script_command(spec) == [sys.executable, str(sleepy_script)]  # -j and -b left out with their values
+    m = run_trial(spec, tmp_path / "baseline", 120)
+    assert m.status == "ok", m.reason
+    assert m.loader_measured["num_workers"] == 0 and m.loader_measured["batch_size"] == 8  # the script's defaults
+
+
+@pytest.mark.parametrize(("body", "args", "expected"), [
+    ("import sys\nprint('no loader here')\n", [], "without building a torch DataLoader"),
+    (SLEEPY_SCRIPT, ["--epochs", "0"], "without training on a DataLoader"),
+    (SLEEPY_SCRIPT, ["--workers", "2"], "exited with code 2: "),
+])
+def test_a_script_that_ends_before_its_windows_says_why_in_one_line(tmp_path: Path, body: str, args: list[str],
+                                                                    expected: str):
+    script = tmp_path / "train.py"
+    script.write_text(body)
+    m = _trial(tmp_path, _script_config(tmp_path, [sys.executable, str(script), *args]), num_workers=0, batch_size=8)
+    assert m.status == "crashed" and expected in m.reason, m.reason
+    assert "\n" not in m.reason
+    if "--workers" in args:
+        assert "unrecognized arguments: --workers 2" in m.reason  # argparse's own words
+
+
+def test_a_loop_that_ends_early_names_the_batches_it_gave(tmp_path: Path):
+    """A script that trains 3 steps and stops, long before the windows are done: the reason says how many batches
+    it gave and what to raise."""
+    script = tmp_path / "train.py"
+    script.write_text(SLEEPY_SCRIPT.replace("    for x, y in train:", "    for step, (x, y) in enumerate(train):\n"
+                                            "        if step == 3:\n            raise SystemExit(0)"))
+    m = _trial(tmp_path, _script_config(tmp_path, [sys.executable, str(script)]), num_workers=0, batch_size=8)
+    assert m.status == "crashed", m
+    assert "ended after 4 batch(es)" in m.reason and "give it more batches" in m.reason  # steps 0 to 3
+
+
+def _example_sweep(tmp_path: Path, folder: str, command: list[str], **extra: Any) -> tuple[subprocess.CompletedProcess,
+                                                                                         Path]:
+    raw = {"name": folder, "device": "cpu", "strategy": "grid",
+           "script": {"command": command, "cwd": str(REPO / "examples" / folder), **extra},
+           "search": {"num_workers": [0, 1], "batch_size": [8], "pin_memory": [False]},
+           "trial": dict(QUICK)}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "run"
+    run = subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(path), "--out", str(out), "--quiet"],
+                         capture_output=True, text=True, timeout=600)
+    return run, out
+
+
+def test_the_image_example_is_swept_unedited(tmp_path: Path):
+    ckpt = tmp_path / "ckpt"
+    run, out = _example_sweep(tmp_path, "image_classifier", [
+        sys.executable, "train.py", "--data", str(tmp_path / "data"), "--make-data", "48", "--crop", "32",
+        "--epochs", "1000", "--out", str(ckpt), "-j", "{num_workers}", "-b", "{batch_size}"])
+    assert run.returncode == 0, run.stderr + run.stdout
+    measured = [json.loads(p.read_text()) for p in (out / "trials").glob("*/measurement.json")]
+    assert len(measured) == 2 and all(m["status"] == "ok" for m in measured)
+    assert {m["loader_measured"]["dataset"] for m in measured} == {"ImageFolder"}
+    rec = yaml.safe_load((out / "recommended.yaml").read_text())
+    assert rec["dataloader"]["num_workers"] in (0, 1)
+    assert not list(ckpt.glob("*.pt"))  # no epoch finished, no checkpoint written
+    assert _no_process_runs(str(ckpt))
+
+
+def test_the_text_example_is_swept_in_tokens(tmp_path: Path):
+    run, out = _example_sweep(tmp_path, "text_lm", [
+        sys.executable, "train.py", "--steps", "100000", "--dim", "32", "--max-len", "64", "-j", "{num_workers}",
+        "-b", "{batch_size}"], count="data:count_tokens", unit="tokens")
+    assert run.returncode == 0, run.stderr + run.stdout
+    measured = [json.loads(p.read_text()) for p in (out / "trials").glob("*/measurement.json")]
+    assert all(m["status"] == "ok" and m["unit"] == "tokens" for m in measured), measured
+    # documents of 16 to 64 tokens: a batch of 8 holds 128 to 512 real ones
+    assert all(128 <= m["items_per_batch_mean"] <= 512 for m in measured)
+    assert "tokens/s" in (out / "report.md").read_text()
+    assert not (REPO / "examples" / "text_lm" / "lm.pt").exists()
+
+
+def test_validate_names_placeholders_that_are_not_knobs(write_config):
+    path = write_config({"name": "s", "script": {"command": "python train.py -j {workers}"},
+                         "search": {"compile": ["none", "default"]}})
+    bad = subprocess.run([sys.executable, "-m", "tunekit", "validate", str(path)], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2
+    lines = bad.stderr.strip().splitlines()
+    assert any("script.command: {workers} is not a knob" in line for line in lines)
+    assert any("search.compile: the script sets it itself" in line for line in lines)
+    both = write_config({"name": "s", "script": {"command": "python t.py"}, "workload": {
+        "model": "a:b", "dataset": "a:c"}}, "both.yaml")
+    refused = subprocess.run([sys.executable, "-m", "tunekit", "validate", str(both)], capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 2 and "give exactly one" in refused.stderr
+
+
+def test_fill_command_leaves_out_a_placeholder_without_a_value_with_its_flag():
+    command = "python train.py --data /d -j {num_workers} --batch={batch_size} --amp"
+    assert config.fill_command(command, {"num_workers": 4, "batch_size": 64}) == [
+        "python", "train.py", "--data", "/d", "-j", "4", "--batch=64", "--amp"]
+    assert config.fill_command(command, {}) == ["python", "train.py", "--data", "/d", "--amp"]
+    assert config.placeholders(textwrap.dedent(command)) == {"num_workers", "batch_size"}
