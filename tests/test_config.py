@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -20,9 +21,23 @@ def _problems(write_config, data) -> list[str]:
 def test_shipped_configs_load():
     shipped = sorted((REPO / "configs").glob("*.yaml"))
     assert {p.stem for p in shipped} >= {"quickstart", "resnet", "resnet-cheapdata", "gpt-tokens"}
+    paths = {}
     for path in shipped:
-        cfg = config.load(path)
+        cfg = config.load(path, check_imports=False)
         assert cfg.workload.model and cfg.search.batch_size
+        paths.update({f"{path.name}: workload.{key}": getattr(cfg.workload, key) for key in config.IMPORT_PATH_KEYS
+                      if getattr(cfg.workload, key) is not None})
+    # every import path of every shipped config resolves: checked by the resolver config.load runs, in one
+    # subprocess for all of them (test_unresolvable_import_paths checks that load runs it); a path that does not
+    # resolve rides along, so a resolver that found nothing wrong with anything would fail here
+    paths["control: workload.model"] = "tunekit.workloads.synthetic:no_such_model"
+    resolved = subprocess.run([sys.executable, "-m", "tunekit.workloads.resolve", json.dumps(paths)],
+                              capture_output=True, text=True, timeout=300)
+    assert resolved.returncode == 0, resolved.stderr
+    problems = json.loads(resolved.stdout.strip().splitlines()[-1])
+    assert set(problems) == set(paths) and "no_such_model" in problems.pop("control: workload.model")
+    assert not {key: msg for key, msg in problems.items() if msg}
+    assert len(problems) >= 2 * len(shipped)  # a model and a dataset at least, each
     text = config.load(REPO / "configs" / "gpt-tokens.yaml", check_imports=False)
     assert text.workload.unit == "tokens" and text.workload.count and text.workload.collate_fn
     resnet = config.load(REPO / "configs" / "resnet.yaml", check_imports=False)

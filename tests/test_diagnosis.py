@@ -204,14 +204,17 @@ def _trial(tmp: Path, cfg: dict, n: int, mode: str, **knobs) -> Measurement:
 
 def test_real_cpu_scenarios(tmp_path: Path):
     """Per-sample waits with one worker -> data-starved; a heavy step on cheap data -> compute-bound."""
+    # half-second windows: 6 steps of the loader-bound pipeline (80 ms a batch), 8 of the 60-ms step
     slow_data = sleepy_config(
-        **{"workload.dataset_args": {"sample_wait_s": 0.01}, "workload.model_args": {"step_wait_s": 0.005}}
+        **{"workload.dataset_args": {"sample_wait_s": 0.01}, "workload.model_args": {"step_wait_s": 0.005},
+           "trial.window_s": 0.5}
     )
     cheap_data = sleepy_config(
         **{
             "workload.dataset": "tunekit.workloads.synthetic:tensor_dataset",
             "workload.dataset_args": {"shape": [3, 8, 8]},
             "workload.model_args": {"step_wait_s": 0.06},
+            "trial.window_s": 0.5,
         }
     )
     starved = [
@@ -323,7 +326,8 @@ def test_an_idle_stream_keeps_the_data_verdict():
 def _loader_bound(tmp_path: Path, dataset_args: dict, workers: int, first: int) -> dict:
     """A compute ceiling and one end-to-end trial of a sleepy model fed by ``dataset_args`` at ``workers``. The model
     (1 ms per step of 8) stays far above what the loaders deliver on any box up to a few dozen cores."""
-    cfg = sleepy_config(**{"workload.dataset_args": dataset_args, "workload.model_args": {"step_wait_s": 0.001}})
+    cfg = sleepy_config(**{"workload.dataset_args": dataset_args, "workload.model_args": {"step_wait_s": 0.001},
+                           "trial.window_s": 0.5})  # a window: at least a whole round of the workers' batches
     rows = rows_from_measurements([
         _trial(tmp_path, cfg, first, "compute", batch_size=8),
         _trial(tmp_path, cfg, first + 1, "train", num_workers=workers, prefetch_factor=2, batch_size=8)])
@@ -386,7 +390,7 @@ def test_storage_and_cpu_bound_loaders_get_their_verdict_and_fix_in_every_output
     for expected, (dataset_args, fix) in cases.items():
         cfg = write_config(sleepy_config(**{
             "workload.dataset_args": dataset_args, "workload.model_args": {"step_wait_s": 0.001},
-            "search.num_workers": workers, "strategy": "grid"}), name=f"{expected}.yaml")
+            "search.num_workers": workers, "strategy": "grid", "trial.window_s": 0.5}), name=f"{expected}.yaml")
         out = tmp_path / expected
         run = subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(out), "--quiet"],
                              capture_output=True, text=True, timeout=300)

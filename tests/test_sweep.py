@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
+import yaml
 
 import tunekit
 from tests.conftest import sleepy_config, study_trials, trial_number
@@ -46,7 +48,9 @@ def _knee_config(**overrides) -> dict:
         "search.num_workers": [0, 2, 6, 8],
         "search.batch_size": [8],
         "search.pin_memory": [False, True],
-        "trial.window_s": 0.5,
+        # windows of at least 3 steps: 0.3 s at 0 workers (100 ms a step), 12 steps at the plateau; the rates the
+        # tests bound are the sleeps' (they only slow a trial down), whatever the window's length
+        "trial.window_s": 0.25,
         "trial.measure_windows": 2,
         "selection.tolerance": 0.05,
     }
@@ -59,8 +63,21 @@ def _sweep(config: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[
                           capture_output=True, text=True, timeout=600)
 
 
-def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path):
+@pytest.fixture(scope="module")
+def knee_grid(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One grid sweep of the known-answer workload for the module: the grid half of the knee test reads it, the
+    resume test reruns a copy of it."""
+    base = tmp_path_factory.mktemp("grid")
+    config = base / "cfg.yaml"
+    config.write_text(yaml.safe_dump(_knee_config(**{"cost.per_hour": 3.6}), sort_keys=False))
+    result = _sweep(config, base / "run", "--strategy", "grid")
+    assert result.returncode == 0, result.stderr
+    return {"config": config, "out": base / "run"}
+
+
+def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path, knee_grid: dict):
     config = write_config(_knee_config(**{"cost.per_hour": 3.6}))
+    assert config.read_text() == knee_grid["config"].read_text()  # the grid below swept this same config
     staged = _sweep(config, tmp_path / "staged")
     assert staged.returncode == 0, staged.stderr
     rec = tunekit.load_recommended(tmp_path / "staged" / "recommended.yaml")
@@ -91,46 +108,54 @@ def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path):
         assert (tmp_path / "staged" / name).exists(), name
     assert "## Recommendation" in (tmp_path / "staged" / "report.md").read_text()
 
-    grid = _sweep(config, tmp_path / "grid", "--strategy", "grid")
-    assert grid.returncode == 0, grid.stderr
-    _check_knee(tunekit.load_recommended(tmp_path / "grid" / "recommended.yaml"),
-                pd.read_csv(tmp_path / "grid" / "trials.csv"))
-    assert len(pd.read_csv(tmp_path / "grid" / "trials.csv")) == 4
+    grid = knee_grid["out"]
+    _check_knee(tunekit.load_recommended(grid / "recommended.yaml"), pd.read_csv(grid / "trials.csv"))
+    grid_trials = pd.read_csv(grid / "trials.csv")
+    assert len(grid_trials) == 4 and set(grid_trials["stage"]) == {"grid"}
+    assert sorted(grid_trials["num_workers"]) == [0, 2, 6, 8]  # pinning is not tried on the CPU
 
 
-def test_rerun_resumes_without_repeating_and_report_rebuilds_from_the_study(write_config, tmp_path: Path):
-    config = write_config(_knee_config(**{"search.num_workers": [0, 2]}))
-    first = _sweep(config, tmp_path / "run", "--strategy", "grid")
-    assert first.returncode == 0, first.stderr
-    before = [(trial_number(t), t.value) for t in study_trials(tmp_path / "run")]
-    again = _sweep(config, tmp_path / "run", "--strategy", "grid")
-    assert again.returncode == 0
-    assert [(trial_number(t), t.value) for t in study_trials(tmp_path / "run")] == before
-    changed = write_config(_knee_config(**{"search.num_workers": [0, 2], "search.batch_size": [16]}), "other.yaml")
-    refused = _sweep(changed, tmp_path / "run", "--strategy", "grid")
+def test_rerun_resumes_without_repeating_and_report_rebuilds_from_the_study(write_config, tmp_path: Path,
+                                                                            knee_grid: dict):
+    out = tmp_path / "run"
+    shutil.copytree(knee_grid["out"], out)  # a copy of the module's finished grid sweep
+    config = knee_grid["config"]
+    before = [(trial_number(t), t.value) for t in study_trials(out)]
+    assert len(before) == 4 and all(value for _, value in before)
+    again = _sweep(config, out, "--strategy", "grid")
+    assert again.returncode == 0, again.stderr
+    assert [(trial_number(t), t.value) for t in study_trials(out)] == before
+    changed = write_config(_knee_config(**{"cost.per_hour": 3.6, "search.batch_size": [16]}), "other.yaml")
+    refused = _sweep(changed, out, "--strategy", "grid")
     assert refused.returncode == 2 and "different config" in refused.stderr
+    swept = tunekit.load_recommended(out / "recommended.yaml")
+    assert swept.num_workers in PLATEAU
     # the outputs come back from study.db alone
     for name in ("trials.csv", "report.md", "recommended.yaml"):
-        (tmp_path / "run" / name).unlink()
-    rebuilt = subprocess.run([sys.executable, "-m", "tunekit", "report", str(tmp_path / "run")],
+        (out / name).unlink()
+    rebuilt = subprocess.run([sys.executable, "-m", "tunekit", "report", str(out)],
                              capture_output=True, text=True, timeout=120)
     assert rebuilt.returncode == 0, rebuilt.stderr
-    assert tunekit.load_recommended(tmp_path / "run" / "recommended.yaml").num_workers == 2
-    assert len(pd.read_csv(tmp_path / "run" / "trials.csv")) == 2
+    rebuilt_rec = tunekit.load_recommended(out / "recommended.yaml")
+    assert rebuilt_rec.dataloader_kwargs() == swept.dataloader_kwargs()  # the knee the sweep chose, from the study
+    assert rebuilt_rec.evidence["rate"] == swept.evidence["rate"]
+    assert sorted(pd.read_csv(out / "trials.csv")["number"]) == [n for n, _ in before]
+    assert "## Recommendation" in (out / "report.md").read_text()
     missing = subprocess.run([sys.executable, "-m", "tunekit", "report", str(tmp_path)], capture_output=True,
                              text=True, timeout=60)
     assert missing.returncode == 2 and "no study.db here" in missing.stderr
 
 
 def test_resume_after_sigkill_mid_trial(write_config, tmp_path: Path):
-    config = write_config(_knee_config(**{"search.num_workers": [0, 2, 6], "trial.window_s": 1.0}))
+    # two 0.5-s windows and the warm-up keep trial 1 running for well over a second after its pid file appears
+    config = write_config(_knee_config(**{"search.num_workers": [0, 2, 6], "trial.window_s": 0.5}))
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "tunekit", "sweep", str(config), "--out", str(out), "--strategy", "grid"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not (out / "trials" / "1" / "worker.pid").exists():  # trial 0 finished, trial 1 running
         assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.1)
+        time.sleep(0.02)
     orphan = int((out / "trials" / "1" / "worker.pid").read_text())
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -167,17 +192,20 @@ def test_budget_max_trials_is_honoured(write_config, tmp_path: Path):
 
 
 def test_a_data_bound_knee_moves_to_a_smaller_batch_end_to_end(write_config, tmp_path: Path):
-    """Stage 4b end to end. The model's step costs 20 ms whatever the batch, so the compute ceiling prefers the
-    largest batch (32 -> 1600/s); but 2 workers at 10 ms per sample give 200/s at any batch. The knee (40 % of its
-    compute ceiling) is tried at batches 16 and 8, which keep up, and the cheapest of them within noise wins."""
-    config = write_config(_knee_config(**{"search.num_workers": [2], "search.batch_size": [8, 16, 32],
+    """Stage 4b end to end. The model's step costs 10 ms whatever the batch, so the compute ceiling prefers the
+    largest batch (32 -> 3200/s); but 2 workers at 5 ms per sample give 400/s at any batch. The knee (12.5 % of its
+    compute ceiling) is tried at batches 16 and 8 (1600/s and 800/s alone), which keep up, and the cheapest of them
+    within noise wins."""
+    config = write_config(_knee_config(**{"workload.model_args": {"step_wait_s": 0.01},
+                                          "workload.dataset_args": {"sample_wait_s": 0.005},
+                                          "search.num_workers": [2], "search.batch_size": [8, 16, 32],
                                           "search.pin_memory": [False]}))
     run = _sweep(config, tmp_path / "run")
     assert run.returncode == 0, run.stderr
     trials = pd.read_csv(tmp_path / "run" / "trials.csv")
     assert list(trials["stage"].unique()) == ["compute", "loader", "end_to_end", "batch"]
     batch = trials[trials["stage"] == "batch"]
-    # 16 first, then 8 while each keeps within the band (both deliver 200/s analytically; noise may end it at 16)
+    # 16 first, then 8 while each keeps within the band (both deliver 400/s analytically; noise may end it at 16)
     assert list(batch["batch_size"]) in ([16, 8], [16]) and set(batch["status"]) == {"ok"}
     rec = tunekit.load_recommended(tmp_path / "run" / "recommended.yaml")
     assert rec.num_workers == 2 and rec.batch_size in (8, 16, 32)
@@ -185,7 +213,7 @@ def test_a_data_bound_knee_moves_to_a_smaller_batch_end_to_end(write_config, tmp
         floor = rec.evidence["best_rate"] * (1 - rec.evidence["band"])
         assert batch.iloc[0]["rate"] < floor
     assert rec.evidence["rate"] >= 0.95 * rec.evidence["best_rate"]
-    assert rec.evidence["rate"] == pytest.approx(200, rel=0.15)  # 2 workers x 100 samples/s
+    assert rec.evidence["rate"] == pytest.approx(400, rel=0.15)  # 2 workers x 200 samples/s
     report = (tmp_path / "run" / "report.md").read_text()
     assert "PyTorch defaults (0 workers, no pinning, batch 32)" in report
     # batch 8 costs 4x the per-sample compute time of batch 32, yet end to end it is not slower: no "grow the batch"

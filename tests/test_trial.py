@@ -53,7 +53,7 @@ def _plain_loop_rate(num_workers: int, prefetch: int, batch: int, sample_wait: f
 
 
 def test_tiny_trial_reports_the_contract(tmp_path: Path):
-    cfg = sleepy_config()
+    cfg = sleepy_config(**{"trial.window_s": 0.5})
     m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=8), tmp_path / "t", 60)
     assert m.status == "ok", m
     on_disk = json.loads((tmp_path / "t" / "measurement.json").read_text())
@@ -98,19 +98,19 @@ def test_fidelity_against_plain_loop_and_analytic(tmp_path: Path, workers: int, 
 
 
 def test_slow_first_step_and_deep_prefetch_are_not_counted(tmp_path: Path):
-    """While a 2 s first step runs, 2 workers x prefetch 8 prepare 16 batches. Counting them would inflate the
-    first window by ~60 %: warm-up must drain the pipeline fill before timing."""
+    """While a 1 s first step runs, 2 workers x prefetch 8 prepare 16 batches (8 each, 80 ms a batch: 0.64 s).
+    Counting them would inflate the first window by ~60 %: warm-up must drain the pipeline fill before timing."""
     batch, sample_wait, step_wait = 8, 0.01, 0.005
-    cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": step_wait, "first_step_wait_s": 2.0},
+    cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": step_wait, "first_step_wait_s": 1.0},
                            "workload.dataset_args": {"sample_wait_s": sample_wait},
                            "trial.warmup_steps": 0, "trial.measure_windows": 2})
     m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=8, batch_size=batch), tmp_path / "t", 60)
     assert m.status == "ok", m
     analytic = expected_samples_per_s(2, batch, sample_wait, step_wait)  # 200/s, loader-bound
-    reference = _plain_loop_rate(2, 8, batch, sample_wait, step_wait, first_step_wait=2.0)
+    reference = _plain_loop_rate(2, 8, batch, sample_wait, step_wait, first_step_wait=1.0)
     assert m.rate == pytest.approx(reference, rel=0.25)
     assert max(m.rate_windows) <= analytic * 1.05  # no window counts the 16 prefetched batches
-    assert m.first_step_s >= 2.0 and m.warmup_batches >= 1 + 16
+    assert m.first_step_s >= 1.0 and m.warmup_batches >= 1 + 16
 
 
 def test_the_loader_queues_show_the_ready_batches():
@@ -119,7 +119,7 @@ def test_the_loader_queues_show_the_ready_batches():
     takes one; a loader of another kind shows nothing (None: nothing is set aside)."""
     from tunekit.worker._loader import LoaderBatches
 
-    dataset = sleepy_dataset(sample_wait_s=0.4)  # 1.6 s a batch: none is made while the test takes them
+    dataset = sleepy_dataset(sample_wait_s=0.2)  # 0.8 s a batch: none is made while the test takes them
     loader = DataLoader(dataset, batch_size=4, num_workers=2, prefetch_factor=3,
                         sampler=RandomSampler(dataset, num_samples=1 << 20))
     batches = LoaderBatches(loader)
@@ -182,10 +182,10 @@ def test_the_set_aside_stops_at_an_epochs_end_and_a_persistent_loader_crosses_ep
 
 
 def test_warm_up_steps_stop_after_a_window_of_time(tmp_path: Path):
-    """0.4 s steps, 10 warm-up steps asked, window_s 1: the warm-up trains steps for about a window (its first
-    step, then 1-3 more), not 4 s of them; nothing was prepared ahead (0 workers), so nothing is set aside."""
-    cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": 0.4}, "trial.warmup_steps": 10,
-                           "trial.measure_windows": 2})
+    """0.2 s steps, 10 warm-up steps asked, window_s 0.5: the warm-up trains steps for about a window (its first
+    step, then 1-3 more), not 2 s of them; nothing was prepared ahead (0 workers), so nothing is set aside."""
+    cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": 0.2}, "trial.warmup_steps": 10,
+                           "trial.measure_windows": 2, "trial.window_s": 0.5})
     m = run_trial(_spec(cfg, num_workers=0, batch_size=4), tmp_path / "t", 60)
     assert m.status == "ok", m
     assert m.warmup_set_aside == 0
@@ -242,7 +242,7 @@ def test_a_fork_server_started_ahead_serves_the_first_trial(tmp_path: Path):
 
 def test_compute_and_loader_modes(tmp_path: Path):
     cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": 0.02},
-                           "workload.dataset_args": {"sample_wait_s": 0.01}})
+                           "workload.dataset_args": {"sample_wait_s": 0.01}, "trial.window_s": 0.5})
     compute = run_trial(_spec(cfg, mode="compute", num_workers=2, batch_size=8), tmp_path / "c", 60)
     loader = run_trial(_spec(cfg, mode="loader", num_workers=2, prefetch_factor=2, batch_size=8),
                        tmp_path / "l", 60)
@@ -266,10 +266,12 @@ def test_hung_loader_times_out_and_leaves_no_process(tmp_path: Path):
     pids.mkdir()
     cfg = sleepy_config(**{"workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "hang_at": 3,
                                                      "pid_dir": str(pids)}})
+    # 6 s: the forked trial builds its loader and both workers serve samples within a second or two, even on a
+    # loaded box; then one hangs, and the timeout must end the whole tree
     t0 = time.monotonic()
-    m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4), tmp_path / "t", 15)
-    assert m.status == "timeout" and "timeout_s = 15" in m.reason
-    assert time.monotonic() - t0 < 40
+    m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4), tmp_path / "t", 6)
+    assert m.status == "timeout" and "timeout_s = 6" in m.reason
+    assert time.monotonic() - t0 < 6 + 20
     loader_pids = [int(p.name) for p in pids.iterdir()]
     assert len(loader_pids) == 2 and m.pid not in loader_pids  # the workers served samples
     assert not [pid for pid in [m.pid, *loader_pids] if _alive(pid)]
