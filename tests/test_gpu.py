@@ -72,7 +72,12 @@ def test_two_ranks_over_nccl_one_gpu_each(tmp_path: Path):
     accum = run_trial(TrialSpec(number=1, stage="single", mode="train", config=cfg,
                                 knobs=Knobs(ranks=2, grad_accum=2, **knobs)), tmp_path / "accum", 180)
     assert accum.status == "ok", accum
-    print("sync share: accum 1", two.sync_share, "accum 2", accum.sync_share)
+    # docs/distributed.md: with grad_accum 2 one all-reduce serves two micro-batches' compute, so a share s of a
+    # step at accumulation 1 becomes s / (2 - s) of an optimizer step (0.23 -> 0.13; measured on two H200: 0.14).
+    # Syncing on every micro-batch would leave it at s. 0.05 of slack for the probe's noise.
+    s = two.sync_share
+    assert 0.0 <= accum.sync_share <= s / (2 - s) + 0.05, (s, accum.sync_share)
+    assert accum.sync_share <= s + 0.02  # never more of a step than without accumulation
 
 
 def test_cuda_trials_forked_by_the_fork_server_and_its_refusal(tmp_path: Path):
