@@ -23,6 +23,12 @@ def nan_step(model, batch, ctx):
     return model(batch[0]).sum() * float("nan")
 
 
+def inf_step(model, batch, ctx):
+    """A loss of +Inf, as an overflow gives, whose gradient is zero: the weights stay finite, so every loss the
+    trial checks is Inf (not the NaN that Inf gradients would turn the next losses into)."""
+    return model(batch[0]).sum() * 0.0 + float("inf")
+
+
 class _Stream(torch.utils.data.IterableDataset):
     """An endless stream of (input, label) samples; ``sharded`` splits it across DataLoader workers as it should."""
 
@@ -190,14 +196,16 @@ def threads_seen_dataset(expect: int = 1):
 
 
 class _BracketedFailure(torch.utils.data.Dataset):
-    """Samples that fail in a loader worker with a message in square brackets, as gloo's errors
-    (``[/__w/pytorch/...]``) and many file errors are: the sweep must print it as text."""
+    """Samples that fail in the worker of a one-worker loader with a message in square brackets, as gloo's errors
+    (``[/__w/pytorch/...]``) and many file errors are: the sweep must print it as text. The main process and a
+    loader of two workers load them, so a grid over 0, 1 and 2 workers crashes in its middle and goes on."""
 
     def __len__(self):
         return 10_000
 
     def __getitem__(self, index):
-        if torch.utils.data.get_worker_info() is not None:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.num_workers == 1:
             raise OSError("cannot decode [/data/img1.jpg]: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/"
                           "tcp/pair.cc:534] Connection closed by peer [bold]")
         return torch.ones(3, 8, 8), index % 10

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -64,19 +66,37 @@ def test_a_bad_set_value_is_one_line_and_exit_2(write_config):
     assert bad.stderr.strip().splitlines() == [bad.stderr.strip()] and "trial.window_s" in bad.stderr
 
 
-def test_a_nan_loss_is_diverged_not_a_fast_step(tmp_path: Path):
-    cfg = sleepy_config(**{"workload.step": "tests._workloads:nan_step"})
+@pytest.mark.parametrize("step,shown", [("nan_step", "nan"), ("inf_step", "inf")])
+def test_a_nan_or_inf_loss_is_diverged_and_never_the_knee(tmp_path: Path, step: str, shown: str):
+    """A non-finite loss, seen at a window edge: the trial is diverged with the micro-batch it was seen at, and no
+    rate. Recorded among completed end-to-end trials, it is neither the knee nor the best."""
+    from tests.conftest import measurement
+    from tunekit.analysis import select_knee
+    from tunekit.config import Selection
+    from tunekit.records import TrialRow, rows_from_measurements
+
+    cfg = sleepy_config(**{"workload.step": f"tests._workloads:{step}", "trial.window_s": 0.3})
     spec = TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(batch_size=8),
                      config=config.from_dict(cfg).to_dict())
     m = run_trial(spec, tmp_path / "t", 60)
-    assert m.status == "diverged" and "nan" in m.reason and "micro-batch" in m.reason
-    assert m.rate is None  # never a candidate for the knee
+    assert m.status == "diverged", m
+    assert f"the loss is {shown} at micro-batch " in m.reason
+    assert m.rate is None and m.rate_windows is None
+    saved = json.loads((tmp_path / "t" / "measurement.json").read_text())
+    assert saved["status"] == "diverged" and saved["reason"] == m.reason
+    # the diverged trial as the sweep records it, beside two completed ones (0 workers at 80/s, 2 at 200/s)
+    diverged = TrialRow.from_measurement(dataclasses.replace(m, number=12, stage="end_to_end",
+                                                             params={**m.params, "num_workers": 8}))
+    rows = [*rows_from_measurements([measurement(10, "end_to_end", "train", 80.0),
+                                     measurement(11, "end_to_end", "train", 200.0, num_workers=2)]), diverged]
+    choice = select_knee(rows, Selection(tolerance=0.03, min_headroom=0.10))
+    assert choice.knee is not None and choice.knee.number == 11 and choice.best.number == 11
 
 
 def test_a_failure_message_in_brackets_is_printed_as_text_and_the_sweep_goes_on(write_config, tmp_path: Path):
     cfg = write_config(sleepy_config(**{"workload.dataset": "tests._workloads:bracketed_failure_dataset",
-                                        "workload.dataset_args": {}, "search.num_workers": [0, 1],
-                                        "search.batch_size": [4, 8], "trial.window_s": 0.3, "strategy": "grid"}))
+                                        "workload.dataset_args": {}, "search.num_workers": [0, 1, 2],
+                                        "search.batch_size": [4], "trial.window_s": 0.3, "strategy": "grid"}))
     out = tmp_path / "run"
     done = _cli("sweep", str(cfg), "--out", str(out))
     assert done.returncode == 0, done.stderr
@@ -87,6 +107,11 @@ def test_a_failure_message_in_brackets_is_printed_as_text_and_the_sweep_goes_on(
     assert "[/data/img1.jpg]" in done.stderr and "[/__w/pytorch/" in done.stderr and "[bold]" in done.stderr
     assert "[grid/train]" in done.stderr
     assert "[/data/img1.jpg]" in (out / "report.md").read_text()
+    # a one-worker loader crashes on every sample, the main process and two workers load fine: the sweep went on
+    # past the crash to the next trial
+    trials = pd.read_csv(out / "trials.csv").sort_values("number")
+    assert list(zip(trials["num_workers"], trials["status"], strict=True)) == [(0, "ok"), (1, "crashed"), (2, "ok")]
+    assert "[/data/img1.jpg]" in trials.iloc[1]["reason"]
 
 
 def _tiny_sweep(write_config, out: Path, **overrides) -> subprocess.CompletedProcess[str]:
@@ -97,7 +122,8 @@ def _tiny_sweep(write_config, out: Path, **overrides) -> subprocess.CompletedPro
 
 @pytest.fixture(scope="module")
 def _finished_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One finished tiny sweep for the module; each test that only needs a finished run gets a copy of it."""
+    """One finished tiny sweep for the module, run under umask 077; each test that only needs a finished run gets
+    a copy of it."""
     base = tmp_path_factory.mktemp("tiny")
 
     def write(data: Any, name: str = "cfg.yaml") -> Path:
@@ -105,7 +131,11 @@ def _finished_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         return path
 
-    assert _tiny_sweep(write, base / "run").returncode == 0
+    old = os.umask(0o077)  # test_outputs_follow_the_umask reads this run's own files
+    try:
+        assert _tiny_sweep(write, base / "run").returncode == 0
+    finally:
+        os.umask(old)
     return base / "run"
 
 
@@ -162,22 +192,43 @@ def test_storage_failures_name_the_database_cause(tmp_path: Path):
     assert str(err.value) == f"{tmp_path / 'study.db'}: database or disk is full" and err.value.exit_code == 1
 
 
-def test_outputs_follow_the_umask(write_config, tmp_path: Path):
-    old = os.umask(0o022)
-    try:
+@pytest.mark.parametrize("umask,mode", [(0o077, 0o600), (0o022, 0o644), (0o002, 0o664)],
+                         ids=["umask-077", "umask-022", "umask-002"])
+def test_outputs_follow_the_umask(_finished_tiny: Path, tmp_path: Path, umask: int, mode: int):
+    """The module's tiny sweep ran under umask 077: its outputs are the owner's alone. A run's outputs rebuilt
+    (``tunekit report``) and an environment snapshot (``tunekit env --out``) under 022 and 002 are readable by all,
+    and group-writable under 002."""
+    if umask == 0o077:
+        out = _finished_tiny
+        names = ("recommended.yaml", "report.md", "trials.csv", "env.json", "sweep.json", "config.resolved.yaml")
+    else:
         out = tmp_path / "run"
-        assert _tiny_sweep(write_config, out).returncode == 0
-    finally:
-        os.umask(old)
-    for name in ("recommended.yaml", "report.md", "trials.csv", "env.json"):
-        assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name
+        shutil.copytree(_finished_tiny, out)
+        old = os.umask(umask)
+        try:
+            rebuilt = _cli("report", str(out))
+            env = _cli("env", "--out", str(out / "env.json"))
+        finally:
+            os.umask(old)
+        assert rebuilt.returncode == 0 and env.returncode == 0, rebuilt.stderr + env.stderr
+        names = ("recommended.yaml", "report.md", "trials.csv", "env.json")
+    for name in names:
+        assert stat.S_IMODE((out / name).stat().st_mode) == mode, name
+    assert stat.S_IMODE((out / "plots" / "workers.png").stat().st_mode) == mode
 
 
 def test_worker_counts_are_bounded_by_the_machine(write_config):
-    with pytest.raises(ConfigError, match="search.num_workers: 512 is more than this machine allows"):
-        config.from_dict(sleepy_config(**{"search.num_workers": [0, 512]}))
-    refused = _cli("trial", str(write_config(sleepy_config())), "--set", "num_workers=512")
-    assert refused.returncode == 2 and "num_workers" in refused.stderr
+    bound = max(4 * config.cpu_count(), 32)  # 4 per usable CPU, and 32 on any machine
+    assert config.max_workers() == bound
+    assert config.from_dict(sleepy_config(**{"search.num_workers": [0, bound]})).search.num_workers == [0, bound]
+    with pytest.raises(ConfigError, match=rf"search.num_workers: {bound + 1} is more than this machine allows "
+                                          rf"\({bound}:"):
+        config.from_dict(sleepy_config(**{"search.num_workers": [0, bound + 1]}))
+    path = str(write_config(sleepy_config()))
+    refused = _cli("trial", path, "--set", f"num_workers={bound + 1}")
+    assert refused.returncode == 2 and f"num_workers={bound + 1}: more than this machine allows ({bound}:" in (
+        refused.stderr)
+    assert config.parse_knob("num_workers", str(bound)) == bound  # --set takes the bound itself
     assert classify_error("BlockingIOError: [Errno 11] Resource temporarily unavailable")[1].startswith(
         "the system refused another process")
 
@@ -192,6 +243,15 @@ def test_a_chatty_dataset_cannot_fill_the_disk_with_logs(tmp_path: Path, monkeyp
     log = (tmp_path / "t" / "worker.log").read_bytes()
     assert len(log) < 3 * 32 * 1024 and b"bytes of output left out here" in log
     assert log.rstrip().endswith(b"samples/s -> " + str(tmp_path / "t" / "measurement.json").encode())
+    # the head: exactly the first 32 KiB the trial printed, from its first line on, then the line saying how much
+    # of the middle was left out
+    head, marker, _ = log.partition(b"\n[tunekit: ")
+    assert len(head) == 32 * 1024, len(head)
+    lines = head.split(b"\n")
+    assert all(re.fullmatch(rb"sample \d+ x{1024}", line) for line in lines[:-1]), lines[0][:40]
+    assert len(lines) == 32 and re.fullmatch(rb"sample \d+ x*", lines[-1])  # 31 whole lines of 1 KiB and a bit
+    dropped = int(log[len(head) + len(marker):].split(b" ", 1)[0])
+    assert dropped > 0 and b"keeps the first and last 32768 bytes]" in log
 
 
 def test_sigterm_while_the_dataset_is_prepared_ends_its_processes(write_config, tmp_path: Path):
@@ -212,8 +272,10 @@ def test_sigterm_while_the_dataset_is_prepared_ends_its_processes(write_config, 
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err, err
-    time.sleep(0.5)
-    assert preparing() == []
+    deadline = time.monotonic() + 10
+    while preparing():  # the sweep killed it before exiting; give the kernel a moment to reap it
+        assert time.monotonic() < deadline, preparing()
+        time.sleep(0.05)
 
 
 def test_a_read_only_study_is_one_line_naming_the_file(write_config, finished: Path):
@@ -231,6 +293,28 @@ def test_a_read_only_study_is_one_line_naming_the_file(write_config, finished: P
     lines = resumed.stderr.strip().splitlines()
     assert resumed.returncode == 1 and "study.db" in lines[-1] and "readonly" in lines[-1], resumed.stderr
     assert lines[-1].startswith("tunekit: error:")
+
+
+def test_a_read_only_run_folder_is_one_line_naming_the_file(write_config, finished: Path):
+    """Resuming a finished sweep in a folder nothing may be written into: exit 1, one line naming the file it could
+    not write (inside the run folder), and the recorded trials as they were."""
+    out = finished
+    kept = {p.name: (p / "measurement.json").read_bytes() for p in (out / "trials").iterdir()}
+    before = [(t.number, t.value) for t in study_trials(out)]
+    # root ignores file modes: make the folder immutable instead (where the file system supports it)
+    lock = ["chattr", "+i", str(out)] if os.geteuid() == 0 else ["chmod", "0555", str(out)]
+    unlock = ["chattr", "-i", str(out)] if os.geteuid() == 0 else ["chmod", "0755", str(out)]
+    if subprocess.run(lock, capture_output=True).returncode != 0:
+        pytest.skip("this file system cannot make a folder read-only for root")
+    try:
+        resumed = _tiny_sweep(write_config, out)
+    finally:
+        subprocess.run(unlock, check=True)
+    lines = resumed.stderr.strip().splitlines()
+    assert resumed.returncode == 1 and len(lines) == 1, resumed.stderr
+    assert lines[0].startswith(f"tunekit: error: {out}/") and "cannot write" in lines[0], lines[0]
+    assert [(t.number, t.value) for t in study_trials(out)] == before
+    assert {p.name: (p / "measurement.json").read_bytes() for p in (out / "trials").iterdir()} == kept
 
 
 @pytest.fixture
