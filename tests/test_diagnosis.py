@@ -339,7 +339,7 @@ def test_waiting_workers_are_data_starved_and_computing_workers_cpu_preprocessin
     the CPUs idle -> data-starved with the storage fix; workers that burn CPU saturate them -> cpu-preprocessing.
     The worker count alone decides neither (the sweep test below also runs both at the core count)."""
     workers = 2 * config.cpu_count()
-    sleeping = _loader_bound(tmp_path, {"sample_wait_s": 0.05}, workers, 0)
+    sleeping = _loader_bound(tmp_path, {"sample_wait_s": 0.02}, workers, 0)
     burning = _loader_bound(tmp_path, {"sample_wait_s": 0.0, "sample_cpu_s": 0.02}, workers, 2)
     assert sleeping.name == "data-starved", sleeping.sentence()
     assert sleeping.evidence["CPU busy"] < 0.5 and "waiting, not computing" in str(sleeping.evidence["workers"])
@@ -385,7 +385,7 @@ def test_storage_and_cpu_bound_loaders_get_their_verdict_and_fix_in_every_output
     import yaml
 
     workers = [config.cpu_count(), 2 * config.cpu_count()]
-    cases = {"data-starved": ({"sample_wait_s": 0.05}, "faster storage"),
+    cases = {"data-starved": ({"sample_wait_s": 0.02}, "faster storage"),
              "cpu-preprocessing": ({"sample_wait_s": 0.0, "sample_cpu_s": 0.02}, "on the GPU")}
     for expected, (dataset_args, fix) in cases.items():
         cfg = write_config(sleepy_config(**{
