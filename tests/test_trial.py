@@ -27,7 +27,7 @@ def _spec(cfg: dict, number: int = 0, mode: str = "train", **knobs) -> TrialSpec
 
 
 def _plain_loop_rate(num_workers: int, prefetch: int, batch: int, sample_wait: float, step_wait: float,
-                     first_step_wait: float = 0.0, seconds: float = 2.0) -> float:
+                     first_step_wait: float = 0.0, seconds: float = 1.0) -> float:
     """Reference: a plain training loop, timed after the pipeline has drained and refilled at steady state."""
     ds = sleepy_dataset(sample_wait_s=sample_wait)
     model = sleepy_model(step_wait_s=step_wait, first_step_wait_s=first_step_wait)
@@ -82,8 +82,9 @@ def test_tiny_trial_reports_the_contract(tmp_path: Path):
 def test_fidelity_against_plain_loop_and_analytic(tmp_path: Path, workers: int, sample_wait: float,
                                                   step_wait: float):
     batch = 8
+    # half-second windows (8 steps at 0 workers, 12 at 2) and a 1-s reference loop: sleeps bound both from above
     cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": step_wait},
-                           "workload.dataset_args": {"sample_wait_s": sample_wait}})
+                           "workload.dataset_args": {"sample_wait_s": sample_wait}, "trial.window_s": 0.5})
     m = run_trial(_spec(cfg, num_workers=workers, prefetch_factor=2, batch_size=batch), tmp_path / "t", 60)
     assert m.status == "ok", m
     reference = _plain_loop_rate(workers, 2, batch, sample_wait, step_wait)
