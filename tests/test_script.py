@@ -219,3 +219,17 @@ def test_fill_command_leaves_out_a_placeholder_without_a_value_with_its_flag():
         "python", "train.py", "--data", "/d", "-j", "4", "--batch=64", "--amp"]
     assert config.fill_command(command, {}) == ["python", "train.py", "--data", "/d", "--amp"]
     assert config.placeholders(textwrap.dedent(command)) == {"num_workers", "batch_size"}
+
+
+def test_a_bootstrap_that_cannot_load_ends_the_script_at_once_with_the_reason(tmp_path: Path, sleepy_script: Path):
+    """Were the meter not to load, the script would train unmetered to its end (or the trial's timeout)."""
+    from tunekit.launcher import BOOTSTRAP
+
+    out = tmp_path / "measurement.json"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{BOOTSTRAP}:{REPO}", "TUNEKIT_SCRIPT_SPEC": str(tmp_path / "no"),
+           "TUNEKIT_SCRIPT_MEASUREMENT": str(out)}
+    run = subprocess.run([sys.executable, str(sleepy_script)], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 3
+    failed = json.loads(out.read_text())
+    assert failed["status"] == "crashed" and "bootstrap could not load" in failed["reason"]
+    assert not list(tmp_path.glob("epoch*.pt"))

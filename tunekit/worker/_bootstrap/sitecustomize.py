@@ -25,8 +25,25 @@ def _chain() -> None:
             return
 
 
+def _bootstrap() -> None:
+    """Load the meter; if it cannot load, the trial fails at once with the reason (a script left to run unmetered
+    would train to its end, or to the trial's timeout, and measure nothing)."""
+    try:
+        from tunekit.worker._script import install
+
+        install()
+    except BaseException as exc:  # noqa: BLE001 - any failure here must end the trial, said in one line
+        import json
+
+        reason = f"tunekit's bootstrap could not load in the script's interpreter ({sys.executable}): " \
+                 f"{type(exc).__name__}: {exc}"
+        with open(os.environ["TUNEKIT_SCRIPT_MEASUREMENT"], "w") as out:
+            json.dump({"version": 2, "status": "crashed", "reason": reason, "exception": type(exc).__name__}, out)
+        sys.stderr.write(f"tunekit: {reason}\n")
+        sys.stderr.flush()
+        os._exit(3)
+
+
 _chain()
 if os.environ.get("TUNEKIT_SCRIPT_SPEC"):
-    from tunekit.worker._script import install
-
-    install()
+    _bootstrap()
