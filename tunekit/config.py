@@ -47,6 +47,8 @@ __all__ = [
     "max_workers",
     "placeholders",
     "fill_command",
+    "set_on_loader",
+    "LOADER_KNOBS",
     "KNOB_HELP",
     "TOP_LEVEL_KEYS",
     "check_knobs",
@@ -88,6 +90,16 @@ def fill_command(command: str | list[str], values: dict[str, Any]) -> list[str]:
             continue
         out.append(_PLACEHOLDER.sub(lambda m: _text(values[m.group(1)]), part))
     return out
+
+
+LOADER_KNOBS = ("num_workers", "batch_size", "pin_memory", "prefetch_factor")
+"""The knobs script mode can set on the training DataLoader itself."""
+
+
+def set_on_loader(command: str | list[str]) -> tuple[str, ...]:
+    """The loader knobs a script trial sets on the training DataLoader: those the command has no placeholder for."""
+    filled = placeholders(command)
+    return tuple(k for k in LOADER_KNOBS if k not in filled)
 
 
 def _text(value: Any) -> str:
@@ -511,6 +523,8 @@ def _join(path: str, key: Any) -> str:
 
 
 def _coerce(value: Any, tp: Any, path: str, check: dict[str, Any], source: str, errors: list[str]) -> Any:
+    if tp is Any:  # checked by the section's own cross-checks (script.loader: auto or N)
+        return value
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         return _load_dataclass(tp, value, path, source, errors)

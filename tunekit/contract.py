@@ -35,10 +35,11 @@ class _Word(str, Enum):
 
 
 class Stage(_Word):
-    """The plan stage that asked for a trial (docs/plan.md). The staged plan runs the first nine in this order;
-    ``grid`` is the grid plan's one stage, ``single`` a ``tunekit trial``, ``baseline`` script mode's run of the
-    user's script with its own settings (``launcher.script_command``)."""
+    """The plan stage that asked for a trial (docs/plan.md). The staged plan runs the first ten in this order
+    (``baseline`` only in script mode: the user's script run with its own settings, ``launcher.script_command``);
+    ``grid`` is the grid plan's one stage, ``single`` a ``tunekit trial``."""
 
+    baseline = "baseline"
     compute = "compute"
     loader = "loader"
     end_to_end = "end_to_end"
@@ -50,7 +51,6 @@ class Stage(_Word):
     scaling = "scaling"
     grid = "grid"
     single = "single"
-    baseline = "baseline"
 
     @property
     def knee(self) -> bool:

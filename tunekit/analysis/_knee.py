@@ -109,9 +109,10 @@ def defaults_trial(rows: list[TrialRow], knee: TrialRow | None) -> TrialRow | No
     batch and accumulation when there is one, else the end-to-end one (the batch stage can move the knee off the
     swept batch)."""
     ranks = knee.knobs.ranks if knee is not None else max((r.knobs.ranks for r in rows), default=1)
+    # a script's own baseline may run PyTorch's loader defaults too, but it is the script's settings, reported apart
     found = [r for r in rows if r.ok and r.mode == Mode.train and r.knobs.loader_defaults and r.knobs.compile == "none"
              and r.knobs.ranks == ranks and not r.knobs.extra and r.knobs.threads is None
-             and r.knobs.worker_threads is None]
+             and r.knobs.worker_threads is None and r.stage != Stage.baseline]
     if knee is not None:
         same = [r for r in found if (r.knobs.batch_size, r.knobs.grad_accum)
                 == (knee.knobs.batch_size, knee.knobs.grad_accum)]

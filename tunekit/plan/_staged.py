@@ -491,8 +491,20 @@ def scaling_requests(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Requ
     return _scaling(_Finished(cfg, rows, cuda)) or []
 
 
+def _script_baseline(s: _Finished) -> list[Request]:
+    """Script mode only, first of all: the user's script with its own settings (each placeholder left out with its
+    flag, unless script.baseline gives it; nothing set on its DataLoader): what the report's gain is over. It is
+    one trial whatever its knobs turn out to be (it records what its loader really got), so it is done once any
+    baseline trial is finished."""
+    if s.cfg.script is None or s.done(Stage.baseline):
+        return []
+    return [Request(Stage.baseline, Mode.train, Knobs(batch_size=max(s.search.batch_size), ranks=s.world,
+                                                      **s.base))]
+
+
 STAGES: tuple[tuple[Stage, StagePlan], ...] = (
-    (Stage.compute, _compute), (Stage.loader, _loader), (Stage.end_to_end, _end_to_end), (Stage.prefetch, _prefetch),
+    (Stage.baseline, _script_baseline), (Stage.compute, _compute), (Stage.loader, _loader),
+    (Stage.end_to_end, _end_to_end), (Stage.prefetch, _prefetch),
     (Stage.batch, _smaller_batches), (Stage.compile, _compile), (Stage.extra, _extra),
     (Stage.accumulation, _accumulation), (Stage.scaling, _scaling),
 )

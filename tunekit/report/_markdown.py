@@ -38,6 +38,7 @@ def _recommendation(s: RunSummary) -> list[str]:
             f"batch {dk.batch_size}" + (f", accumulation {dk.grad_accum}" if dk.grad_accum > 1 else ""))
         out += [f"PyTorch defaults (0 workers, no pinning, {same}): {s.defaults.rate:.1f} {u}/s "
                 f"(trial {s.defaults.number}); the recommendation is **{s.speedup_vs_defaults:.2f}×** that.", ""]
+    out += _script(s, k)
     if k.headroom is not None:
         out += [f"Memory headroom at the knee: {k.headroom:.1%} of {k.measurement.headroom_basis} memory.", ""]
     out += _costs(s)
@@ -45,6 +46,36 @@ def _recommendation(s: RunSummary) -> list[str]:
     if u != "samples" and per_batch:
         out += [f"Mean {u} per batch at the knee: {per_batch:,.1f} (batch {k.knobs.batch_size}).", ""]
     return out + _ranks(s, k) + _ceilings(s.rows, k, u)
+
+
+def _script(s: RunSummary, k: TrialRow) -> list[str]:
+    """Script mode: how to apply the knee, the loader measured, and the gain over the script's own settings."""
+    if not s.script_command:
+        return []
+    import shlex
+
+    loader = k.measurement.loader_measured or {}
+    setting = ", ".join(f"{key}={value}" for key, value in s.set_on_loader.items())
+    out = [f"Apply it: run `{shlex.join(s.script_command)}`" + (f" and build the training DataLoader with {setting} "
+           "(or `**tunekit.load_recommended(path).dataloader_kwargs()`)" if setting else "") + ".", "",
+           f"The loader measured: DataLoader #{loader.get('index')} the script built ({loader.get('found_by')}), "
+           f"dataset {loader.get('dataset')} of {loader.get('length')} samples, batch {loader.get('batch_size')}.", ""]
+    base = s.script_baseline
+    if base is not None and base.ok:
+        bl = base.measurement.loader_measured or {}
+        out += [f"The script's own settings ({bl.get('num_workers')} workers, batch {bl.get('batch_size')}, "
+                f"pin_memory={bl.get('pin_memory')}): {base.rate:.1f} {s.unit}/s (trial {base.number}); the "
+                f"recommendation is **{s.speedup_vs_script:.2f}×** that.", ""]
+        if bl.get("batch_size") and bl["batch_size"] != k.knobs.batch_size:
+            accum = bl["batch_size"] / k.knobs.batch_size
+            keep = (f"gradient accumulation over {accum:g} batches keeps the effective batch"
+                    if accum == int(accum) and accum > 1 else "scale the learning rate with the batch")
+            out += [f"The knee changes the batch size from the script's {bl['batch_size']} to {k.knobs.batch_size}: "
+                    f"that changes the optimisation (learning rate, effective batch); {keep}.", ""]
+    elif base is not None:
+        out += [f"The script's own settings did not complete (trial {base.number}: {base.status}: {base.reason}).",
+                ""]
+    return out
 
 
 def _costs(s: RunSummary) -> list[str]:

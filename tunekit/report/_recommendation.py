@@ -20,6 +20,8 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
         "best_config": best.knobs.to_dict(),
         "defaults_rate": round(s.defaults.rate, 2) if s.defaults else None,
         "speedup_vs_defaults": round(s.speedup_vs_defaults, 3) if s.speedup_vs_defaults else None,
+        "script_rate": round(s.script_baseline.rate, 2) if s.script_baseline and s.script_baseline.ok else None,
+        "speedup_vs_script": round(s.speedup_vs_script, 3) if s.speedup_vs_script else None,
         "headroom": round(float(knee.headroom), 4) if knee.headroom is not None else None,
         "headroom_basis": m.headroom_basis,
         "items_per_batch_mean": m.items_per_batch_mean,
@@ -66,6 +68,10 @@ def recommendation_yaml(s: RunSummary) -> str | None:
     if s.choice.knee is None:
         return None
     data = recommendation_dict(s.choice.knee.knobs.to_dict(), _evidence(s))
+    if s.script_command:  # how to run the script with the knee: the filled command, and what to set on its loader
+        evidence = data.pop("evidence")
+        data = {**data, "script": {"command": list(s.script_command), "set_on_dataloader": dict(s.set_on_loader)},
+                "evidence": evidence}
     header = (f"# tunekit recommendation for {s.name} on {s.device} ({s.date}).\n"
               "# Load it with: tunekit.load_recommended(path).dataloader_kwargs()\n")
     return header + yaml.safe_dump(data, sort_keys=False)

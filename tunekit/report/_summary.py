@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 from tunekit import rules
 from tunekit.analysis import Choice, defaults_trial, select, select_knee, single_gpu_twin
-from tunekit.config import Config, ExtraKnob, extra_knobs
+from tunekit.config import Config, ExtraKnob, extra_knobs, set_on_loader
 from tunekit.contract import Stage
 from tunekit.diagnosis import Verdict, run_verdicts, trial_verdicts
 from tunekit.records import TrialRow
@@ -47,6 +47,20 @@ class RunSummary:
     """The user-defined knobs of search.extra."""
     knee_before_extra: TrialRow | None = None
     """The knee of the stages before the user-defined knobs: what they are measured against."""
+    script_baseline: TrialRow | None = None
+    """Script mode: the script run with its own settings (stage baseline)."""
+    script_command: tuple[str, ...] = ()
+    """Script mode: the command with the knee's knobs filled in."""
+    set_on_loader: dict[str, Any] = field(default_factory=dict)
+    """Script mode: the knee's settings tunekit set on the training DataLoader (no placeholder for them)."""
+
+    @property
+    def speedup_vs_script(self) -> float | None:
+        """The knee over the script's own settings."""
+        base = self.script_baseline
+        if self.choice.knee is None or base is None or not base.ok or not base.rate:
+            return None
+        return self.choice.knee.rate / base.rate
 
     @property
     def failed(self) -> int:
@@ -88,7 +102,25 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
         scaling=_scaling(rows, choice.knee), extra_knobs=knobs,
         knee_before_extra=select_knee([r for r in rows if r.stage in rules.knee_stages(Stage.extra)],
                                       cfg.selection).knee if knobs else None,
+        **_script_fields(cfg, rows, choice.knee),
     )
+
+
+def _script_fields(cfg: Config, rows: list[TrialRow], knee: TrialRow | None) -> dict[str, Any]:
+    """Script mode: the script's own baseline, the command with the knee filled in, what is set on its loader."""
+    if cfg.script is None:
+        return {}
+    from tunekit.contract import TrialSpec
+    from tunekit.launcher import script_command
+
+    base = next((r for r in rows if r.stage == Stage.baseline), None)
+    if knee is None:
+        return {"script_baseline": base}
+    spec = TrialSpec(number=knee.number, stage=Stage.end_to_end, mode=knee.mode, knobs=knee.knobs,
+                     config=cfg.to_dict())
+    loader = knee.measurement.loader_measured or {}
+    return {"script_baseline": base, "script_command": tuple(script_command(spec)),
+            "set_on_loader": {k: loader.get(k, getattr(knee.knobs, k)) for k in set_on_loader(cfg.script.command)}}
 
 
 def _scaling(rows: list[TrialRow], knee: TrialRow | None) -> Scaling | None:

@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from tunekit._files import read_json, write_json_atomic
-from tunekit.config import placeholders
+from tunekit.config import LOADER_KNOBS, set_on_loader
 from tunekit.contract import Measurement, TrialSpec, failed_measurement
 from tunekit.outcome import classify_error
 from tunekit.worker._loader import LoaderBatches, tensors
@@ -44,8 +44,6 @@ __all__ = ["install", "SPEC_ENV", "OUT_ENV"]
 
 SPEC_ENV = "TUNEKIT_SCRIPT_SPEC"
 OUT_ENV = "TUNEKIT_SCRIPT_MEASUREMENT"
-INJECTED = ("num_workers", "batch_size", "pin_memory", "prefetch_factor")
-"""The knobs set on the training DataLoader itself when the command has no placeholder for them."""
 
 _original_init = DataLoader.__init__
 _original_iter = DataLoader.__iter__
@@ -71,8 +69,8 @@ class _Session:
         self.which = script.get("loader", "auto")
         self.count_path = script.get("count")
         self.unit = str(script.get("unit") or "samples")
-        command = script.get("command") or []
-        self.filled = placeholders(command) if command else set()
+        self.inject = set(set_on_loader(script.get("command") or []))
+        """The knobs set on the training DataLoader itself (the command has no placeholder for them)."""
         self.started = time.time()
         self.built: list[weakref.ref[DataLoader]] = []
         self.yielded: dict[int, int] = {}
@@ -104,7 +102,7 @@ class _Session:
         self.training = loader
         t_start = time.time()
         self.facts = {"build_s": max(0.0, t_start - self.started)}
-        params = _apply(loader, self.spec, set() if self.spec.stage == "baseline" else set(INJECTED) - self.filled)
+        params = _apply(loader, self.spec, set() if self.spec.stage == "baseline" else self.inject)
         self.facts["params"] = params
         self.facts["loader"] = {"index": self.index(loader), "found_by": "autograd enabled"
                                 if self.which == "auto" else f"script.loader = {self.which}",
@@ -264,7 +262,7 @@ def _apply(loader: DataLoader, spec: TrialSpec, inject: set[str]) -> dict[str, A
         object.__setattr__(loader, "prefetch_factor", 2)
     if "pin_memory" in inject:
         object.__setattr__(loader, "pin_memory", knobs.pin_memory and torch.cuda.is_available())
-    if inject & set(INJECTED) and workers > 0:  # the workers live as long as the trial, as recommended
+    if inject & set(LOADER_KNOBS) and workers > 0:  # the workers live as long as the trial, as recommended
         object.__setattr__(loader, "persistent_workers", True)
     if "batch_size" in inject and loader.batch_size is not None and loader.batch_size != knobs.batch_size:
         sampler = BatchSampler(loader.sampler, knobs.batch_size, loader.drop_last)
