@@ -172,14 +172,20 @@ def _example_sweep(tmp_path: Path, folder: str, command: list[str], **extra: Any
 def test_the_image_example_is_swept_unedited(tmp_path: Path):
     ckpt = tmp_path / "ckpt"
     run, out = _example_sweep(tmp_path, "image_classifier", [
-        sys.executable, "train.py", "--data", str(tmp_path / "data"), "--make-data", "48", "--crop", "32",
+        sys.executable, "train.py", "--data", str(tmp_path / "data"), "--make-data", "160", "--crop", "32",
         "--epochs", "1000", "--out", str(ckpt), "-j", "{num_workers}", "-b", "{batch_size}"])
     assert run.returncode == 0, run.stderr + run.stdout
-    measured = [json.loads(p.read_text()) for p in (out / "trials").glob("*/measurement.json")]
-    assert len(measured) == 2 and all(m["status"] == "ok" for m in measured)
-    assert {m["loader_measured"]["dataset"] for m in measured} == {"ImageFolder"}
+    measured = {m["stage"]: m for m in (json.loads(p.read_text()) for p in (out / "trials").glob("*/measurement.json"))}
+    assert len(list((out / "trials").glob("*/measurement.json"))) == 3  # the script's own settings, 2 configs
+    assert all(m["status"] == "ok" for m in measured.values())
+    assert {m["loader_measured"]["dataset"] for m in measured.values()} == {"ImageFolder"}
+    own = measured["baseline"]["loader_measured"]
+    assert (own["num_workers"], own["batch_size"]) == (2, 64)  # train.py's own -j and -b defaults
     rec = yaml.safe_load((out / "recommended.yaml").read_text())
-    assert rec["dataloader"]["num_workers"] in (0, 1)
+    workers = rec["dataloader"]["num_workers"]
+    assert workers in (0, 1) and rec["script"]["command"][-4:] == ["-j", str(workers), "-b", "8"]
+    report = (out / "report.md").read_text()
+    assert "The script's own settings (2 workers, batch 64" in report and "Apply it: run `" in report
     assert not list(ckpt.glob("*.pt"))  # no epoch finished, no checkpoint written
     assert _no_process_runs(str(ckpt))
 

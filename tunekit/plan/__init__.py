@@ -21,6 +21,7 @@ from tunekit.plan._staged import (
     estimate_staged,
     reach_rate,
     scaling_requests,
+    script_baseline,
     staged_requests,
 )
 from tunekit.records import TrialRow, compute_ceiling
@@ -31,8 +32,10 @@ __all__ = ["Request", "next_requests", "estimate_total", "needed_rate", "baselin
 def next_requests(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> list[Request]:
     """The trials to run next (of one stage; the first may depend on the last result, so run it and ask again),
     given every finished trial; empty when the sweep is done."""
-    if strategy == "grid":  # every combination, then (under launch) the knee's per-rank config on one GPU
-        return pending(grid_requests(cfg, cuda), rows) or scaling_requests(cfg, rows, cuda)
+    if strategy == "grid":  # a script's own settings, every combination, then (under launch) the knee's per-rank
+        # config on one GPU
+        return (script_baseline(cfg, rows, cuda) or pending(grid_requests(cfg, cuda), rows)
+                or scaling_requests(cfg, rows, cuda))
     return staged_requests(cfg, rows, cuda)
 
 
@@ -45,7 +48,8 @@ def baseline(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) ->
 def estimate_total(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> int:
     """Trials the sweep will likely run in all (finished ones included), for the progress bar."""
     if strategy == "grid":
-        return len(grid_requests(cfg, cuda)) + (1 if cfg.launch.world > 1 else 0)
+        return (len(grid_requests(cfg, cuda)) + (1 if cfg.launch.world > 1 else 0)
+                + (1 if cfg.script is not None else 0))
     return max(estimate_staged(cfg, rows, cuda), len(rows))
 
 

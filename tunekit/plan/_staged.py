@@ -486,6 +486,11 @@ def _scaling(s: _Finished) -> list[Request] | None:
     return pending([Request(Stage.scaling, Mode.train, Knobs(**{**knee.knobs.to_dict(), "ranks": 1}))], s.rows)
 
 
+def script_baseline(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
+    """Script mode's baseline trial while it is owed (a grid's too)."""
+    return _script_baseline(_Finished(cfg, rows, cuda))
+
+
 def scaling_requests(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
     """The scaling trial of a sweep under ``launch`` once its knee stages are done (a grid's too)."""
     return _scaling(_Finished(cfg, rows, cuda)) or []
