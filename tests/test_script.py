@@ -239,3 +239,24 @@ def test_a_bootstrap_that_cannot_load_ends_the_script_at_once_with_the_reason(tm
     failed = json.loads(out.read_text())
     assert failed["status"] == "crashed" and "bootstrap could not load" in failed["reason"]
     assert not list(tmp_path.glob("epoch*.pt"))
+
+
+def test_sweep_script_without_a_config_keeps_the_scripts_own_batch(tmp_path: Path, sleepy_script: Path):
+    """tunekit sweep --script: no YAML; the command fills only the workers, so the batch is the script's own (its
+    baseline's loader had 8), and a --set list of workers narrows the machine's search."""
+    run = subprocess.run([sys.executable, "-m", "tunekit", "sweep", "--script", f"{sys.executable} {sleepy_script} "
+                          "-j {num_workers}", "--name", "own", "--strategy", "grid", "--out", str(tmp_path / "run"),
+                          "--quiet", "--set", "device=cpu", "--set", "search.num_workers=[0, 2]",
+                          "--set", "search.pin_memory=[false]", "--set", "search.prefetch_factor=[2]",
+                          "--set", "trial.window_s=0.5", "--set", "trial.precision=null",
+                          "--set", "trial.measure_windows=2"], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert run.returncode == 0, run.stderr + run.stdout
+    measured = [json.loads(p.read_text()) for p in (tmp_path / "run" / "trials").glob("*/measurement.json")]
+    assert sorted(m["stage"] for m in measured) == ["baseline", "grid", "grid"]
+    assert {m["params"]["batch_size"] for m in measured} == {8}  # SLEEPY_SCRIPT's own -b default
+    rec = yaml.safe_load((tmp_path / "run" / "recommended.yaml").read_text())
+    assert rec["script"]["set_on_dataloader"]["batch_size"] == 8
+    both = subprocess.run([sys.executable, "-m", "tunekit", "sweep", "some.yaml", "--script", "python t.py"],
+                          capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and "exactly one" in both.stderr

@@ -178,6 +178,9 @@ class Script:
     baseline: dict[str, Any] = field(default_factory=dict)
     """Placeholder values of the script's own baseline trial; a placeholder not given here is left out with its
     flag, so the script's own default applies."""
+    own_batch: bool = False
+    """Keep the script's own batch size: the sweep tries the batch its baseline trial's loader had (in place of
+    ``search.batch_size``), and the command needs no ``{batch_size}``."""
 
 
 @dataclass(kw_only=True)
@@ -623,6 +626,9 @@ def _check_script(cfg: Config, source: str, errors: list[str]) -> None:
                       "or a search.extra key")
     for name in sorted(set(script.baseline) - placeholders(script.command)):
         errors.append(f"{source}: script.baseline.{name}: the command has no {{{name}}} placeholder")
+    if script.own_batch and "batch_size" in placeholders(script.command):
+        errors.append(f"{source}: script.own_batch: the command fills {{batch_size}}; keep the script's own batch "
+                      "(own_batch: true) or search it, not both")
     loader = script.loader
     if loader != "auto" and not (isinstance(loader, int) and not isinstance(loader, bool) and loader >= 1):
         errors.append(f"{source}: script.loader: {_show(loader)} is not allowed; choose auto or N (an integer, the "

@@ -108,6 +108,9 @@ def _choices(cfg: Config) -> dict[str, tuple[Any, ...]]:
     }
 
 
+_ANY_BATCH = 2**24
+"""The batch range of a script that keeps its own batch size (``script.own_batch``)."""
+
 _EXTRA_PARAM = "extra:"
 """Prefix of a user-defined knob's optuna parameter (its config key follows)."""
 
@@ -149,7 +152,10 @@ class RunStore:
         study.enqueue_trial(knobs, user_attrs=tags, skip_if_exists=False)
         trial = study.ask()
         for name, choices in _choices(cfg).items():
-            got = trial.suggest_categorical(name, choices)
+            if name == "batch_size" and cfg.script is not None and cfg.script.own_batch:
+                got = trial.suggest_int(name, 1, _ANY_BATCH)  # the script's own, known once its baseline ran
+            else:
+                got = trial.suggest_categorical(name, choices)
             if got != knobs[name]:  # the study must record exactly what runs
                 study.tell(trial, state=TrialState.FAIL)
                 raise RuntimeError(f"optuna returned {name}={got!r} for an enqueued {knobs[name]!r}")

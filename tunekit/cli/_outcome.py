@@ -50,3 +50,23 @@ def parse_value(key: str, text: str) -> Any:
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise UsageError(f"--set {key}={text}: not a valid YAML value ({problem})") from None
+
+
+def config_source(config_path: str | None, script: str | None, name: str | None, listed_batches: bool) -> Any:
+    """What a sweep or trial runs: a config file, or (``--script``) a config made for the command on this machine:
+    workers 0 ... 2x the usable CPUs, both pin settings, prefetch 2 and 4, and the script's own batch unless the
+    command fills ``{batch_size}`` or batches are listed (``--set 'search.batch_size=[...]'``)."""
+    if (config_path is None) == (script is None):
+        raise UsageError("give a CONFIG file or --script COMMAND (exactly one)")
+    if config_path is not None:
+        if name is not None:
+            raise UsageError("--name goes with --script; a config file names its run with its name key")
+        return config_path
+    try:
+        filled = config_mod.placeholders(script)
+    except ValueError as exc:
+        raise UsageError(f"--script {script!r}: cannot split it into arguments: {exc}") from None
+    own_batch = "batch_size" not in filled and not listed_batches
+    stem = next((Path(w).stem for w in script.split() if w.endswith(".py")), None) or "script"
+    return {"name": name or stem, "script": {"command": script, "cwd": str(Path.cwd()), "own_batch": own_batch},
+            "search": {"num_workers": "auto", "pin_memory": [False, True], "prefetch_factor": [2, 4]}}

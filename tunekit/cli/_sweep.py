@@ -4,12 +4,16 @@ import sys
 
 import click
 
-from tunekit.cli._outcome import print_outcome, split_sets
+from tunekit.cli._outcome import config_source, print_outcome, split_sets
 from tunekit.contract import KNOB_NAMES
 
 
 @click.command()
-@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@click.argument("config_path", metavar="[CONFIG]", type=click.Path(dir_okay=False), required=False)
+@click.option("--script", default=None, metavar="COMMAND",
+              help="Your training command instead of a CONFIG, e.g. \"python train.py -j {num_workers}\" (knobs "
+                   "without a placeholder are set on its training DataLoader).")
+@click.option("--name", default=None, help="The run's name with --script (default: the script's file name).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Run folder (default results/<name>).")
 @click.option("--budget-min", type=float, default=None,
@@ -22,8 +26,8 @@ from tunekit.contract import KNOB_NAMES
               help=f"A knob held at one value for the whole sweep ({', '.join(KNOB_NAMES)}) or a dotted config key "
                    "(e.g. --set trial.window_s=5 --set 'search.batch_size=[64,128]').")
 @click.option("--quiet", is_flag=True, help="No progress bar or trial log.")
-def sweep(config_path: str, out_dir: str | None, budget_min: float | None, strategy: str | None, resume: bool,
-          sets: tuple[str, ...], quiet: bool) -> None:
+def sweep(config_path: str | None, script: str | None, name: str | None, out_dir: str | None,
+          budget_min: float | None, strategy: str | None, resume: bool, sets: tuple[str, ...], quiet: bool) -> None:
     """Run short isolated trials, pick the throughput knee, write plots, report.md, trials.csv, study.db and
     recommended.yaml under results/<name>/."""
     from tunekit import _api
@@ -31,8 +35,9 @@ def sweep(config_path: str, out_dir: str | None, budget_min: float | None, strat
     from tunekit.report import console_table
 
     knobs, overrides = split_sets(sets)
+    source = config_source(config_path, script, name, "search.batch_size" in overrides or "batch_size" in knobs)
     with interrupts_as_keyboard_interrupt():  # SIGTERM and SIGHUP end the sweep as Ctrl-C does
-        outcome = _api.sweep(config_path, out=out_dir, budget_min=budget_min, strategy=strategy,
+        outcome = _api.sweep(source, out=out_dir, budget_min=budget_min, strategy=strategy,
                              overrides=overrides, knobs=knobs, resume=resume, quiet=quiet)
     make_console(quiet).print(console_table(outcome.summary))
     print_outcome(outcome.summary, outcome.run_dir)

@@ -11,6 +11,8 @@ runs every valid combination. docs/plan.md gives the reasons for each stage.
 
 from __future__ import annotations
 
+import dataclasses
+
 from tunekit.config import Config
 from tunekit.contract import Mode, Stage
 from tunekit.plan._grid import grid_requests
@@ -29,9 +31,27 @@ from tunekit.records import TrialRow, compute_ceiling
 __all__ = ["Request", "next_requests", "estimate_total", "needed_rate", "baseline"]
 
 
+def _own_batch(cfg: Config, rows: list[TrialRow]) -> Config:
+    """A script that keeps its own batch (``script.own_batch``): the batch its baseline trial's loader had, once it
+    ran, in place of ``search.batch_size`` (until then only the baseline is asked for)."""
+    if cfg.script is None or not cfg.script.own_batch:
+        return cfg
+    base = next((r for r in rows if r.stage == Stage.baseline and r.ok), None)
+    batch = (base.measurement.loader_measured or {}).get("batch_size") if base is not None else None
+    if not batch:
+        return cfg
+    return dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, batch_size=[int(batch)]))
+
+
 def next_requests(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> list[Request]:
     """The trials to run next (of one stage; the first may depend on the last result, so run it and ask again),
     given every finished trial; empty when the sweep is done."""
+    cfg = _own_batch(cfg, rows)
+    if cfg.script is not None and cfg.script.own_batch and script_baseline(cfg, rows, cuda):
+        return script_baseline(cfg, rows, cuda)  # its loader's batch is the sweep's
+    own = next((r for r in rows if r.stage == Stage.baseline), None)
+    if cfg.script is not None and cfg.script.own_batch and own is not None and not own.ok:
+        return []  # without the script's own batch there is no batch to sweep
     if strategy == "grid":  # a script's own settings, every combination, then (under launch) the knee's per-rank
         # config on one GPU
         return (script_baseline(cfg, rows, cuda) or pending(grid_requests(cfg, cuda), rows)
@@ -42,11 +62,13 @@ def next_requests(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: boo
 def baseline(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> Request | None:
     """The PyTorch-defaults trial a staged sweep still owes its report (its batch chosen, the trial not run), or
     None: the driver runs it when the budget ends the sweep before the plan reached it."""
+    cfg = _own_batch(cfg, rows)
     return baseline_request(cfg, rows, cuda) if strategy == "staged" else None
 
 
 def estimate_total(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> int:
     """Trials the sweep will likely run in all (finished ones included), for the progress bar."""
+    cfg = _own_batch(cfg, rows)
     if strategy == "grid":
         return (len(grid_requests(cfg, cuda)) + (1 if cfg.launch.world > 1 else 0)
                 + (1 if cfg.script is not None else 0))
