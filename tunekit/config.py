@@ -821,8 +821,9 @@ _AT_LEAST = {"num_workers": 0, "prefetch_factor": 1, "batch_size": 1, "grad_accu
              "worker_threads": 1}
 
 
-def _knob_problem(key: str, value: Any) -> str | None:
-    """Why ``value`` is not allowed for knob ``key`` (None when it is)."""
+def _knob_problem(key: str, value: Any, bound: bool = True) -> str | None:
+    """Why ``value`` is not allowed for knob ``key`` (None when it is); ``bound``: also this machine's worker
+    bound."""
     if value is None and key in _NULLABLE:
         return None
     if key == "pin_memory":
@@ -833,13 +834,13 @@ def _knob_problem(key: str, value: Any) -> str | None:
         return f"expected an integer, got {_kind(value)} {_show(value)}"
     if value < _AT_LEAST[key]:
         return f"must be at least {_AT_LEAST[key]}"
-    if key == "num_workers" and value > max_workers():
+    if key == "num_workers" and bound and value > max_workers():
         return (f"more than this machine allows ({max_workers()}: {MAX_WORKERS_PER_CPU} per usable CPU, "
                 f"{cpu_count()} usable, and at least {MIN_WORKER_BOUND})")
     return None
 
 
-def check_knobs(knobs: dict[str, Any], where: str = "knobs") -> dict[str, Any]:
+def check_knobs(knobs: dict[str, Any], where: str = "knobs", bound: bool = True) -> dict[str, Any]:
     """Knob values (typed, as Python or YAML gives them) checked as a config's search lists are: every problem at
     once, one line each naming ``where``, the knob and what is allowed.
 
@@ -850,7 +851,7 @@ def check_knobs(knobs: dict[str, Any], where: str = "knobs") -> dict[str, Any]:
     for key, value in knobs.items():
         if key not in KNOB_HELP:
             problems.append(f"{where}: {key} is not a knob; allowed: {', '.join(KNOB_HELP)}, or a dotted config key")
-        elif (why := _knob_problem(key, value)) is not None:
+        elif (why := _knob_problem(key, value, bound)) is not None:
             problems.append(f"{where}: {key}={_show(value)}: {why}")
     if problems:
         raise UsageError("; ".join(problems))

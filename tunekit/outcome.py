@@ -39,7 +39,11 @@ def classify_error(text: str) -> tuple[str, str]:
                            "num_workers, or raise the process limit (ulimit -u, the container's pids limit)")
     loader = _LOADER_DIED.search(text)
     if loader:
-        return "crashed", f"a DataLoader worker died: {loader.group(0).rstrip('. ')}"
+        died = loader.group(0).rstrip(". ")
+        if re.search(r"killed by signal: Killed", died, re.I):  # SIGKILL from outside: memory, most likely
+            return "crashed", (f"a DataLoader worker died: {died} (a SIGKILL no one sent by hand is the kernel's "
+                               "OOM killer: host memory ran out; fewer workers, a smaller prefetch_factor or batch)")
+        return "crashed", f"a DataLoader worker died: {died}"
     caught = re.search(r"Caught (\w+) in DataLoader worker process (\d+)", text)
     if caught:
         detail = _last_exception_line(text)

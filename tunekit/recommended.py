@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from tunekit.errors import ConfigError
+from tunekit.config import check_knobs
+from tunekit.errors import ConfigError, UsageError
 
 __all__ = ["Recommended", "load_recommended", "recommendation_dict", "worker_threads_init", "RECOMMENDED_VERSION"]
 
@@ -197,6 +198,7 @@ def load_recommended(path: str | os.PathLike[str]) -> Recommended:
         raise ConfigError([f"{label}: cannot read recommendation: {exc.strerror or exc}"]) from None
     except yaml.YAMLError as exc:
         raise ConfigError([f"{label}: invalid YAML: {str(exc).splitlines()[0]}"]) from None
+    _check(data, label)
     try:
         dl, tr = data["dataloader"], data["training"]
         return Recommended(
@@ -212,6 +214,37 @@ def load_recommended(path: str | os.PathLike[str]) -> Recommended:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError([f"{label}: not a tunekit recommendation: missing or bad key {exc}"]) from None
+
+
+_SECTIONS = {"dataloader": ("batch_size", "num_workers", "prefetch_factor", "pin_memory", "worker_threads"),
+             "training": ("grad_accum", "compile", "ranks", "threads")}
+"""The knobs each section holds, checked as a config's are (config.check_knobs), the machine's bound aside."""
+
+
+def _check(data: Any, label: str) -> None:
+    """As strict as a config: the version this tunekit reads, every knob's type and range, the booleans."""
+    if not isinstance(data, dict):
+        raise ConfigError([f"{label}: not a tunekit recommendation: expected a mapping, got {type(data).__name__}"])
+    version = data.get("version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= RECOMMENDED_VERSION:
+        raise ConfigError([f"{label}: version: {version!r} is not one this tunekit reads (1 to "
+                           f"{RECOMMENDED_VERSION}); a newer tunekit wrote it, or it is not a recommendation"])
+    problems = []
+    for section, keys in _SECTIONS.items():
+        block = data.get(section)
+        if not isinstance(block, dict):
+            problems.append(f"{label}: {section}: missing, or not a mapping")
+            continue
+        for key in ("persistent_workers",) if section == "dataloader" else ("non_blocking",):
+            if key in block and not isinstance(block[key], bool):
+                problems.append(f"{label}: {section}.{key} = {block[key]!r}: expected true or false")
+        knobs = {k: block[k] for k in keys if k in block}
+        try:
+            check_knobs(knobs, where=f"{label}: {section}", bound=False)
+        except UsageError as exc:
+            problems.extend(str(exc).split("; "))
+    if problems:
+        raise ConfigError(problems)
 
 
 def _evidence(data: dict[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from tunekit.worker._loader import LoaderBatches, tensors
 from tunekit.worker._meter import Meter, MeterSettings
 from tunekit.worker._monitor import Monitor, TreeCpu
 from tunekit.worker._record import assemble, device_memory
+from tunekit.worker._step import checked_count
 from tunekit.workloads import resolve
 
 __all__ = ["install", "SPEC_ENV", "OUT_ENV"]
@@ -240,8 +241,7 @@ def _nvml_sampler(device: torch.device) -> Any | None:
 def _counter(path: str | None, batch_size: int) -> Any:
     if path is None:
         return lambda batch: batch_size
-    count = resolve(path)
-    return lambda batch: float(count(batch))
+    return checked_count(resolve(path), "script.count")
 
 
 def _copy(batch: Any, device: torch.device, pinned: bool) -> None:

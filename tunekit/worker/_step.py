@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ from tunekit.worker._build import Built, to_device
 from tunekit.worker._loader import LoaderBatches
 from tunekit.workloads import resolve
 
-__all__ = ["TrialStep", "trial_step", "check_loss", "moves_ahead", "Diverged"]
+__all__ = ["TrialStep", "trial_step", "check_loss", "checked_count", "moves_ahead", "Diverged"]
 
 
 class Diverged(RuntimeError):
@@ -60,8 +61,26 @@ def moves_ahead(built: Built, spec: TrialSpec) -> bool:
 def _counter(cfg: Config, batch_size: int) -> Callable[[Any], float]:
     if cfg.workload.count is None:
         return lambda batch: batch_size
-    count = resolve(cfg.workload.count)
-    return lambda batch: float(count(batch))
+    return checked_count(resolve(cfg.workload.count), "workload.count")
+
+
+def checked_count(count: Callable[[Any], Any], key: str) -> Callable[[Any], float]:
+    """``count`` as the meter calls it, with what it returns checked: the items a batch holds, a finite number
+    above 0 (a 0 would divide the window by nothing; a NaN or a negative one would make the throughput a lie)."""
+
+    def counted(batch: Any) -> float:
+        got = count(batch)
+        try:
+            items = float(got)
+        except (TypeError, ValueError):
+            raise TypeError(f"{key} returned {type(got).__name__} {got!r} for a batch: it must return the items "
+                            "the batch holds, a number above 0") from None
+        if not math.isfinite(items) or items <= 0:
+            raise ValueError(f"{key} returned {got!r} for a batch: it must return the items the batch holds, a "
+                             "finite number above 0")
+        return items
+
+    return counted
 
 
 def trial_step(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches) -> TrialStep:
@@ -106,6 +125,10 @@ def trial_step(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches
             if cfg.workload.step_updates:  # the step did backward and the optimizer step itself
                 step.loss = loss.detach() if isinstance(loss, torch.Tensor) else None
                 return
+            if not isinstance(loss, torch.Tensor):
+                key = "workload.step" if cfg.workload.step else "the model (workload.loss: null)"
+                raise TypeError(f"{key} returned {type(loss).__name__}, not the loss: it must return a tensor to "
+                                "call backward on (or, with workload.step_updates: true, do the update itself)")
             _update(built, step, loss / knobs.grad_accum, knobs.grad_accum)
 
     def copy_only(batch: Any) -> None:

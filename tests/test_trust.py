@@ -1,0 +1,79 @@
+"""Inputs checked with the key's name, and messages that name the cause (the trust issue's reproductions)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+import tunekit
+from tests.conftest import sleepy_config
+from tunekit import config
+from tunekit.contract import Knobs, Mode, Stage, TrialSpec
+from tunekit.errors import ConfigError
+from tunekit.launcher import run_trial
+from tunekit.outcome import classify_error
+from tunekit.recommended import recommendation_dict
+
+GOOD = recommendation_dict({"num_workers": 4, "prefetch_factor": 2, "pin_memory": True, "batch_size": 64,
+                            "grad_accum": 1, "compile": "none"}, {"unit": "samples", "rate": 100.0})
+
+
+@pytest.mark.parametrize(("section", "key", "value", "said"), [
+    ("dataloader", "pin_memory", "false", 'pin_memory="false": expected true or false'),
+    ("training", "grad_accum", 0, "grad_accum=0: must be at least 1"),
+    ("training", "grad_accum", 2.7, "grad_accum=2.7: expected an integer"),
+    ("training", "compile", "fast", 'compile="fast": choose one of: none, default'),
+    ("dataloader", "prefetch_factor", -1, "prefetch_factor=-1: must be at least 1"),
+    ("dataloader", "prefetch_factor", "four", 'prefetch_factor="four": expected an integer'),
+    ("training", "non_blocking", "yes", "training.non_blocking = 'yes': expected true or false"),
+    (None, "version", 3, "version: 3 is not one this tunekit reads"),
+])
+def test_load_recommended_checks_what_it_reads_as_strictly_as_a_config(tmp_path: Path, section, key, value, said):
+    data = yaml.safe_load(yaml.safe_dump(GOOD))
+    (data[section] if section else data)[key] = value
+    path = tmp_path / "recommended.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as err:
+        tunekit.load_recommended(path)
+    (line,) = err.value.lines()
+    assert str(path) in line and said in line
+
+
+def test_a_recommendation_with_more_workers_than_this_machine_allows_still_loads(tmp_path: Path):
+    """Tuned on a large machine, loaded on a laptop: the worker bound is the sweep's, not the reader's."""
+    data = yaml.safe_load(yaml.safe_dump(GOOD))
+    data["dataloader"]["num_workers"] = config.max_workers() + 1
+    path = tmp_path / "recommended.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert tunekit.load_recommended(path).num_workers == config.max_workers() + 1
+
+
+def _spec(cfg: dict, **knobs) -> TrialSpec:
+    return TrialSpec(number=0, stage=Stage.single, mode=Mode.train, knobs=Knobs(batch_size=8, **knobs),
+                     config=config.from_dict(cfg).to_dict())
+
+
+@pytest.mark.parametrize(("returned", "said"), [("0", "returned 0 for a batch"), ("-3", "returned -3"),
+                                                 ("float('nan')", "returned nan"), ("'many'", "returned str 'many'")])
+def test_a_count_hook_that_returns_no_positive_number_is_named(tmp_path: Path, write_config, returned, said):
+    module = tmp_path / "badcount.py"
+    module.write_text(f"def count(batch):\n    return {returned}\n")
+    cfg = sleepy_config(**{"workload.count": f"{module}:count", "trial.window_s": 0.3})
+    m = run_trial(_spec(cfg), tmp_path / "t", 60)
+    assert m.status == "crashed" and "workload.count" in m.reason and said in m.reason, m.reason
+    assert "ZeroDivisionError" not in m.reason
+
+
+def test_a_step_that_returns_no_tensor_is_named(tmp_path: Path):
+    module = tmp_path / "badstep.py"
+    module.write_text("def step(model, batch, ctx):\n    model(batch[0])\n    return None\n")
+    cfg = sleepy_config(**{"workload.step": f"{module}:step", "trial.window_s": 0.3})
+    m = run_trial(_spec(cfg), tmp_path / "t", 60)
+    assert m.status == "crashed" and "workload.step returned NoneType, not the loss" in m.reason, m.reason
+
+
+def test_a_loader_worker_killed_by_the_kernel_names_memory():
+    status, reason = classify_error("RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed. ")
+    assert status == "crashed" and "OOM killer" in reason and "host memory" in reason
