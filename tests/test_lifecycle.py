@@ -259,13 +259,9 @@ def test_sigterm_mid_trial_kills_its_process_tree_then_resume_keeps_finished_tri
     assert len(pd.read_csv(out / "trials.csv")) == 2
     assert (out / "recommended.yaml").exists()
 
-    # once more: nothing is left to run, so neither the dataset nor the fork server is prepared
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert again.returncode == 0, again.stderr
-    assert "dataset ready" in resumed.stderr and "dataset ready" not in again.stderr
-    assert len(study_trials(out)) == len(after)
-    last = json.loads((out / "sweep.json").read_text())["invocations"][-1]
-    assert (last["trials"], last["dataset_s"]) == (2, 0.0)
+    # the resume ran a trial, so it prepared the dataset (a rerun with nothing left to run prepares neither the
+    # dataset nor the fork server: test_reliability's test_sweep_json_records_each_invocation...)
+    assert "dataset ready" in resumed.stderr and calls[1]["dataset_s"] > 0
 
 
 @pytest.mark.slow

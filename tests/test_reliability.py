@@ -356,14 +356,18 @@ def _finished(out: Path) -> list:
 
 def test_sweep_json_records_each_invocation_and_a_fresh_start_forgets_the_old_ones(write_config, finished: Path):
     """A finished sweep rerun resumes (nothing left to run): its record gains a second invocation with the same
-    trials; --no-resume starts the folder afresh, and its record holds that one invocation alone."""
+    trials, and it prepared neither the dataset nor the fork server; --no-resume starts the folder afresh, and its
+    record holds that one invocation alone."""
     out = finished
     first = json.loads((out / "sweep.json").read_text())["invocations"]
-    assert len(first) == 1 and first[0]["trials"] == 2 and first[0]["wall_s"] > 0
-    assert _tiny_sweep(write_config, out).returncode == 0
-    again = json.loads((out / "sweep.json").read_text())["invocations"]
-    assert again[0] == first[0] and len(again) == 2 and again[1]["trials"] == 2
+    assert len(first) == 1 and first[0]["trials"] == 2 and first[0]["wall_s"] > 0 and first[0]["dataset_s"] > 0
     cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid"}))
+    rerun = _cli("sweep", str(cfg), "--out", str(out))  # not quiet: what it prepares would be said
+    assert rerun.returncode == 0, rerun.stderr
+    assert "finished trial(s)" in rerun.stderr and "dataset ready" not in rerun.stderr
+    again = json.loads((out / "sweep.json").read_text())["invocations"]
+    # dataset_s stays 0.0 unless the one step that starts the fork server and prepares the dataset ran
+    assert again[0] == first[0] and len(again) == 2 and again[1]["trials"] == 2 and again[1]["dataset_s"] == 0.0
     assert _cli("sweep", str(cfg), "--out", str(out), "--quiet", "--no-resume").returncode == 0
     fresh = json.loads((out / "sweep.json").read_text())["invocations"]
     assert len(fresh) == 1 and fresh[0]["trials"] == 2
