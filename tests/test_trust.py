@@ -77,3 +77,54 @@ def test_a_step_that_returns_no_tensor_is_named(tmp_path: Path):
 def test_a_loader_worker_killed_by_the_kernel_names_memory():
     status, reason = classify_error("RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed. ")
     assert status == "crashed" and "OOM killer" in reason and "host memory" in reason
+
+
+def _tiny_run(write_config, out: Path) -> None:
+    import subprocess
+    import sys
+
+    cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid"}))
+    done = subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
+def test_report_refuses_a_symlink_among_the_outputs_and_writes_nothing_outside(write_config, tmp_path: Path):
+    import subprocess
+    import sys
+
+    out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    _tiny_run(write_config, out)
+    elsewhere.mkdir()
+    (elsewhere / "keep.png").write_bytes(b"not tunekit's")
+    import shutil
+
+    shutil.rmtree(out / "plots")
+    (out / "plots").symlink_to(elsewhere)
+    refused = subprocess.run([sys.executable, "-m", "tunekit", "report", str(out)], capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 2, refused.stderr
+    (line,) = refused.stderr.strip().splitlines()
+    assert "symlink" in line and str(out / "plots") in line
+    assert [p.name for p in elsewhere.iterdir()] == ["keep.png"]  # nothing written there, nothing deleted
+
+
+def test_outputs_are_all_written_or_none(write_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A run whose report cannot be rendered (here: a figure that raises) keeps its earlier outputs as they were:
+    no recommended.yaml rewritten beside a stale report.md."""
+    from tunekit import driver, report
+
+    out = tmp_path / "run"
+    _tiny_run(write_config, out)
+    before = {name: (out / name).read_bytes() for name in ("trials.csv", "recommended.yaml", "report.md")}
+    (out / "recommended.yaml").write_text("# edited by hand\n")
+
+    def broken(*args, **kwargs):
+        raise ValueError("a figure could not be drawn")
+
+    monkeypatch.setattr(report, "report_md", broken)
+    with pytest.raises(ValueError, match="could not be drawn"):
+        driver.rebuild(out)
+    assert (out / "recommended.yaml").read_text() == "# edited by hand\n"
+    assert (out / "report.md").read_bytes() == before["report.md"] and (out / "plots").is_dir()
+    assert not (out / ".plots.new").exists()

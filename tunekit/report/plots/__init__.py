@@ -56,10 +56,10 @@ PLOTS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def render_all(run_dir: Path, rows: list[TrialRow], choice: Choice, title: str,
+def render_all(plots_dir: Path, rows: list[TrialRow], choice: Choice, title: str,
                min_headroom: float) -> list[PlotResult]:
-    """Build and draw every plot the run has data for; the others are listed with the reason they were skipped.
-    Stale PNGs of skipped plots are removed."""
+    """Build and draw every plot the run has data for into ``plots_dir`` (a run's ``plots/`` as report.md links
+    them); the others are listed with the reason they were skipped, and a stale PNG of theirs is removed."""
     builders: dict[str, tuple[Callable[[], Any], Callable[[Any, Path], None]]] = {
         "workers": (lambda: workers_data(rows, choice, title), _draw.draw_workers),
         "batch": (lambda: batch_data(rows, choice, title, min_headroom), _draw.draw_batch),
@@ -74,7 +74,7 @@ def render_all(run_dir: Path, rows: list[TrialRow], choice: Choice, title: str,
         label = label.format(unit=unit, item=unit.removesuffix("s"))
         build, draw = builders[name]
         data = build()
-        path = run_dir / "plots" / file
+        path = plots_dir / file
         if isinstance(data, str):
             path.unlink(missing_ok=True)
             results.append(PlotResult(name, label, None, data))
