@@ -42,15 +42,20 @@ CASES = {
     "communication-bound": measurement(10, "end_to_end", "train", 2800, num_workers=8, ranks=2, data_wait_frac=0.02,
                                        sync_share=0.4),
     "shared-gpu": measurement(
-        10, "end_to_end", "train", 1500, num_workers=8, noise_cv=0.2, nvml={"throttle_reasons": ["hw_slowdown"]}
+        10, "end_to_end", "train", 1500, num_workers=8, noise_cv=0.2, nvml={"throttle_reasons": ["hw_slowdown"]},
+        device="cuda:0",
     ),
+    # other processes kept 10 of the 16 usable CPUs busy during the windows
+    "shared-host": measurement(10, "end_to_end", "train", 1500, num_workers=8, other_cpu_cores=10.0,
+                               device="cuda:0"),
     # half the compute ceiling, hardly any data wait, the CPUs 97 % busy: the step itself is starved of CPU
     "cpu-contention": measurement(10, "end_to_end", "train", 1000, num_workers=8, data_wait_frac=0.05,
                                   cpu_util_frac=0.97),
 }
 
 
-FIX_WORDS = {"shared-gpu": "idle GPU", "memory-wall": "accumulation", "h2d-copy": "pin_memory=True",
+FIX_WORDS = {"shared-gpu": "idle GPU", "shared-host": "machine is idle", "memory-wall": "accumulation",
+             "h2d-copy": "pin_memory=True",
              "cpu-preprocessing": "on the GPU", "data-starved": "faster storage", "overhead-bound": "larger batch",
              "compute-bound": "the model itself", "unattributed": "profile",
              "communication-bound": "accumulate gradients", "gpu-preprocessing": "side CUDA stream",
@@ -123,7 +128,8 @@ def test_noisy_windows_blame_the_gpu_only_when_the_loop_does_not_wait_on_data():
     )
     verdict = trial_verdicts(rows_from_measurements([*CEILINGS, starved]), SELECTION)[10]
     assert verdict.name == "data-starved" and verdict.evidence["window noise (CV)"] == 0.55
-    gpu_bound = measurement(10, "end_to_end", "train", 1500, num_workers=8, data_wait_frac=0.02, noise_cv=0.2)
+    gpu_bound = measurement(10, "end_to_end", "train", 1500, num_workers=8, data_wait_frac=0.02, noise_cv=0.2,
+                            device="cuda:0")
     verdict = trial_verdicts(rows_from_measurements([*CEILINGS, gpu_bound]), SELECTION)[10]
     assert verdict.name == "shared-gpu" and verdict.evidence["window noise (CV)"] == 0.2
 
@@ -407,7 +413,7 @@ def test_window_noise_from_variable_batches_is_not_blamed_on_the_gpu():
     per batch is the data's; the same noise with fixed-size batches is the machine's."""
     text = measurement(10, "end_to_end", "train", 1950, num_workers=8, noise_cv=0.11, items_per_batch_cv=0.09)
     assert trial_verdicts(rows_from_measurements([*CEILINGS, text]), SELECTION)[10].name == "compute-bound"
-    fixed = measurement(10, "end_to_end", "train", 1950, num_workers=8, noise_cv=0.11)
+    fixed = measurement(10, "end_to_end", "train", 1950, num_workers=8, noise_cv=0.11, device="cuda:0")
     assert trial_verdicts(rows_from_measurements([*CEILINGS, fixed]), SELECTION)[10].name == "shared-gpu"
 
 
@@ -424,3 +430,12 @@ def test_pinning_is_judged_among_trials_of_the_same_user_knobs():
     busy_gpu = measurement(12, "end_to_end", "train", 1460, num_workers=8, data_wait_frac=0.04, gpu_busy_frac=0.995,
                            extra=gpu, input_on_device=True)
     assert trial_verdicts(rows_from_measurements([*CEILINGS, busy_gpu]), SELECTION)[12].name == "gpu-preprocessing"
+
+
+def test_a_noisy_run_without_a_gpu_is_shared_host_with_cpu_advice():
+    """On a 2-core box other processes kept busy, the windows scattered 20-50 %: the verdict names the host, and
+    its advice says nothing of nvidia-smi or a GPU."""
+    noisy = measurement(10, "end_to_end", "train", 1500, num_workers=8, noise_cv=0.35, device="cpu",
+                        data_wait_frac=0.05)
+    verdict = trial_verdicts(rows_from_measurements([*CEILINGS, noisy]), SELECTION)[10]
+    assert verdict.name == "shared-host" and "nvidia-smi" not in verdict.fix and "GPU" not in verdict.fix

@@ -128,3 +128,55 @@ def test_outputs_are_all_written_or_none(write_config, tmp_path: Path, monkeypat
     assert (out / "recommended.yaml").read_text() == "# edited by hand\n"
     assert (out / "report.md").read_bytes() == before["report.md"] and (out / "plots").is_dir()
     assert not (out / ".plots.new").exists()
+
+
+def test_a_trial_on_a_machine_other_processes_keep_busy_names_them(tmp_path: Path):
+    """Busy loops outside the trial's tree, one per usable CPU: the trial measures the cores they took, warns, and
+    its verdict is shared-host with CPU advice (no GPU here)."""
+    import subprocess
+    import sys
+
+    from tunekit.diagnosis import trial_verdicts
+    from tunekit.records import rows_from_measurements
+
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(config.cpu_count())]
+    try:
+        m = run_trial(_spec(sleepy_config(**{"trial.window_s": 0.5})), tmp_path / "t", 60)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert m.status == "ok", m.reason
+    assert m.other_cpu_cores > 0.5 * config.cpu_count(), m.other_cpu_cores
+    assert any("other processes kept" in w and "usable CPUs busy" in w for w in m.warnings)
+    verdict = trial_verdicts(rows_from_measurements([m]), config.Selection())[0]
+    assert verdict.name == "shared-host" and "nvidia-smi" not in verdict.fix
+
+
+def test_a_disturbed_run_says_so_first_everywhere(tmp_path: Path):
+    """The quickstart on a busy 2-core box: windows scattered 20-50 %, the band widened past 10 %, and a knee read
+    201 % of its own compute ceiling. report.md, recommended.yaml and the console say so before anything else."""
+    from tests.conftest import measurement
+    from tunekit.records import rows_from_measurements
+    from tunekit.report import summarize, write_outputs
+
+    cfg = config.from_dict(sleepy_config())
+    rows = rows_from_measurements([
+        measurement(0, "compute", "compute", 100, batch_size=8, noise_cv=0.3),
+        measurement(1, "end_to_end", "train", 201, batch_size=8, num_workers=2, noise_cv=0.35),
+        measurement(2, "end_to_end", "train", 160, batch_size=8, num_workers=0, noise_cv=0.45)])
+    s = summarize(cfg, rows, strategy="staged")
+    assert s.choice.band > 0.10
+    assert any("noise band" in d and "pick is uncertain" in d for d in s.disturbances)
+    assert any("trial 1 ran at 201% of its own compute ceiling" in d for d in s.disturbances)
+    write_outputs(tmp_path, s, {})
+    report = (tmp_path / "report.md").read_text().splitlines()
+    assert report[4].startswith("**Disturbed:**")  # under the title and the line that describes the run
+    rec_text = (tmp_path / "recommended.yaml").read_text()
+    assert rec_text.splitlines()[1].startswith("# DISTURBED:")
+    assert yaml.safe_load(rec_text)["evidence"]["disturbed"] == list(s.disturbances)
+    quiet = summarize(cfg, rows_from_measurements([
+        measurement(0, "compute", "compute", 300, batch_size=8),
+        measurement(1, "end_to_end", "train", 201, batch_size=8, num_workers=2),
+        measurement(2, "end_to_end", "train", 160, batch_size=8, num_workers=0)]), strategy="staged")
+    assert quiet.disturbances == ()

@@ -301,6 +301,10 @@ class Measurement:
     """``cpu_util_cores / cpu_count``: share (0–1) of the usable CPUs the trial kept busy."""
     system_cpu_pct: float | None = None
     """Machine-wide CPU utilisation (every process, every CPU), percent, mean over the windows."""
+    other_cpu_cores: float | None = None
+    """CPU cores that processes outside the trial's tree kept busy during the windows, on average: the busy cores
+    among the trial's usable CPUs (its affinity) less the trial's own ``cpu_util_cores``; None for a multi-rank
+    trial (its ranks are each other's outside) and in older files."""
     worker_cpu_s: float | None = None
     """CPU seconds of the processes below the main one (the loader workers) over the windows; None without
     workers."""

@@ -30,7 +30,8 @@ __all__ = [
     "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "past_memory_limit", "run_noise", "band", "needed", "trial_margin",
     "can_reach", "knee_stages", "of_ceiling", "SYNC_SHARE", "SCALING_HEALTHY", "scaling_efficiency",
     "communication_bound", "rate_interval", "window_rate", "settling", "window_stop", "input_bound",
-    "worker_core_share", "waits_on_data", "machine_noise", "keeps_cpus_busy",
+    "worker_core_share", "waits_on_data", "machine_noise", "keeps_cpus_busy", "BUSY_HOST", "DISTURBED_BAND",
+    "other_cpu_share", "busy_host",
 ]
 
 # --- selection -----------------------------------------------------------------------------------------------
@@ -221,6 +222,29 @@ MEMORY_WALL_MARGIN = 0.05
 """Headroom within this of the limit is at the memory wall."""
 
 # --- environment ---------------------------------------------------------------------------------------------
+
+BUSY_HOST = 0.25
+"""Share of the usable CPUs that processes outside a trial may keep busy before its figures count as disturbed
+(a warning on the trial, and its verdict ``shared-host``)."""
+
+DISTURBED_BAND = 0.10
+"""A run's noise band wider than this says first, in the console, report.md and recommended.yaml, that the figures
+are disturbed and the pick uncertain (a quiet machine's windows spread 1-4 %)."""
+
+
+def other_cpu_share(row: TrialRow) -> float | None:
+    """The share of the trial's usable CPUs that other processes kept busy during its windows, or None."""
+    m = row.measurement
+    if m.other_cpu_cores is None or not m.cpu_count:
+        return None
+    return m.other_cpu_cores / m.cpu_count
+
+
+def busy_host(row: TrialRow) -> bool:
+    """Other processes kept more than BUSY_HOST of the trial's usable CPUs busy."""
+    share = other_cpu_share(row)
+    return share is not None and share > BUSY_HOST
+
 
 HOST_MEMORY_WARN = 0.80
 """Share of the machine's RAM a trial's process tree may use before the sweep warns."""

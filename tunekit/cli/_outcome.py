@@ -12,13 +12,21 @@ from tunekit import config as config_mod
 from tunekit.errors import UsageError
 
 
+def print_disturbances(summary: Any) -> None:
+    """What says the figures are disturbed: printed before anything else of a run's outcome."""
+    for line in summary.disturbances:
+        click.echo(f"DISTURBED: {line}.", err=True)
+
+
 def print_outcome(summary: Any, run_dir: Path) -> None:
-    """The knee's reason, the gain over the PyTorch defaults and where recommended.yaml is."""
+    """The knee's reason, the gains and where recommended.yaml is."""
     click.echo(summary.choice.reason)
     if summary.choice.knee is None:
         return
     if summary.speedup_vs_defaults:
         click.echo(f"{summary.speedup_vs_defaults:.2f}x the PyTorch defaults (0 workers, no pinning).")
+    if summary.speedup_vs_script:
+        click.echo(f"{summary.speedup_vs_script:.2f}x the script's own settings.")
     click.echo(f"-> {run_dir / 'recommended.yaml'}")
 
 

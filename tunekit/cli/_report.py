@@ -4,7 +4,7 @@ from pathlib import Path
 
 import click
 
-from tunekit.cli._outcome import print_outcome
+from tunekit.cli._outcome import print_disturbances, print_outcome
 
 
 @click.command()
@@ -15,5 +15,6 @@ def report(run_dir: str) -> None:
     from tunekit.report import console_table
 
     summary = rebuild(Path(run_dir))
+    print_disturbances(summary)
     make_console().print(console_table(summary))
     print_outcome(summary, Path(run_dir))

@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from tunekit.cli._outcome import config_source, print_outcome, split_sets
+from tunekit.cli._outcome import config_source, print_disturbances, print_outcome, split_sets
 from tunekit.contract import KNOB_NAMES
 
 
@@ -39,6 +39,7 @@ def sweep(config_path: str | None, script: str | None, name: str | None, out_dir
     with interrupts_as_keyboard_interrupt():  # SIGTERM and SIGHUP end the sweep as Ctrl-C does
         outcome = _api.sweep(source, out=out_dir, budget_min=budget_min, strategy=strategy,
                              overrides=overrides, knobs=knobs, resume=resume, quiet=quiet)
+    print_disturbances(outcome.summary)
     make_console(quiet).print(console_table(outcome.summary))
     print_outcome(outcome.summary, outcome.run_dir)
     if outcome.interrupted:

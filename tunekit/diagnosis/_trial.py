@@ -153,7 +153,27 @@ def _facts(row: TrialRow, trials: Trials) -> Facts:
 # --- one predicate per verdict: the evidence when it holds, None when it does not ------------------------------
 
 
+def _on_gpu(row: TrialRow) -> bool:
+    return str(row.measurement.device or "").startswith("cuda")
+
+
+def _shared_host(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
+    """Other processes kept the CPUs busy during the windows; or, off a GPU, the windows scattered as a shared
+    machine's do (GPU advice only where there is a GPU)."""
+    share = rules.other_cpu_share(row)
+    noisy = not _on_gpu(row) and rules.machine_noise(row) and (row.mode == Mode.compute or f.wait <= rules.STARVED_WAIT)
+    if not (rules.busy_host(row) or noisy):
+        return None
+    ev: Evidence = {"window noise (CV)": row.noise_cv}
+    if share is not None:
+        ev["CPUs other processes kept busy"] = (f"{row.measurement.other_cpu_cores:.1f} of "
+                                                f"{row.measurement.cpu_count} ({share:.0%})")
+    return ev
+
+
 def _shared_gpu(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
+    if not _on_gpu(row):
+        return None
     throttle = sorted(set((row.measurement.nvml or {}).get("throttle_reasons") or []) - rules.BENIGN_THROTTLE)
     # Noisy windows point at the GPU only when the loop is not waiting on data: a saturated input pipeline (CPU
     # contention among loader workers) makes windows jitter on its own, with the GPU to itself.
@@ -328,7 +348,7 @@ def _unattributed(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
 
 
 PREDICATES: dict[str, Callable[[TrialRow, Facts, Trials], Evidence | None]] = {
-    "shared-gpu": _shared_gpu, "memory-wall": _memory_wall, "h2d-copy": _h2d_copy,
+    "shared-host": _shared_host, "shared-gpu": _shared_gpu, "memory-wall": _memory_wall, "h2d-copy": _h2d_copy,
     "cpu-preprocessing": _cpu_preprocessing, "data-starved": _data_starved,
     "communication-bound": _communication_bound, "gpu-preprocessing": _gpu_preprocessing,
     "cpu-contention": _cpu_contention, "overhead-bound": _overhead_bound,

@@ -3,9 +3,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-VERDICTS: tuple[str, ...] = ("shared-gpu", "memory-wall", "h2d-copy", "cpu-preprocessing", "data-starved",
-                             "communication-bound", "gpu-preprocessing", "cpu-contention", "overhead-bound",
-                             "compute-bound", "unattributed")
+VERDICTS: tuple[str, ...] = ("shared-host", "shared-gpu", "memory-wall", "h2d-copy", "cpu-preprocessing",
+                             "data-starved", "communication-bound", "gpu-preprocessing", "cpu-contention",
+                             "overhead-bound", "compute-bound", "unattributed")
 """The fixed vocabulary, in precedence order: a trial's predicates are tried in this order and the first that
 holds is its verdict. h2d-copy comes before the data verdicts because a copy bound also makes the loop wait: when
 pinning measurably beats every unpinned config with as many workers or fewer, more workers are not the fix."""
@@ -43,6 +43,9 @@ FIXES: dict[str, str] = {
                      "fused optimizers) or use a faster GPU",
     "shared-gpu": "the measurement is disturbed: check nvidia-smi for other processes, clock throttling (power, "
                   "thermal), and rerun on an idle GPU",
+    "shared-host": "the measurement is disturbed: other processes kept the machine's CPUs busy (see top or htop), "
+                   "so loading, launches and the step itself ran slower and their windows scattered; rerun when the "
+                   "machine is idle, or on one of its own",
     "unattributed": "no single bound stands out: compare the trial's step time with the compute ceiling's and "
                     "profile one step (torch.profiler) to see where the rest goes",
 }

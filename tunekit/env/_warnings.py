@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from tunekit import rules
@@ -53,6 +54,20 @@ def _gpu_warnings(gpu: dict[str, Any]) -> list[str]:
     return out
 
 
+def _busy_before(env: dict[str, Any]) -> list[str]:
+    """The machine's load over the last minute, against its usable CPUs (each trial then measures its own)."""
+    cpu = env.get("cpu") or {}
+    cpus = cpu.get("affinity") or cpu.get("logical") or 0
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - not Unix
+        return []
+    if cpus and load > max(0.5, rules.BUSY_HOST * cpus):
+        return [f"the machine is busy before the sweep: a load of {load:.1f} over the last minute on {cpus} usable "
+                "CPUs; other processes' work disturbs every figure (each trial says how many cores they took)"]
+    return []
+
+
 def sweep_warnings(cfg: Config, env: dict[str, Any], rows: list[TrialRow] | None = None) -> list[str]:
     """The warnings for a sweep of ``cfg`` on this machine; with finished trials, also the host memory they used."""
     s = cfg.search
@@ -61,6 +76,8 @@ def sweep_warnings(cfg: Config, env: dict[str, Any], rows: list[TrialRow] | None
     out = environment_warnings(env, max_workers=max(s.num_workers), batch_bytes=batch_bytes,
                                prefetch=max(s.prefetch_factor))
     out += _link_warnings(env, cfg.launch.nproc_per_node)
+    if rows is None:  # at the start: a machine already busy says so before the first trial
+        out += _busy_before(env)
     for row in rows or []:
         peak, total = row.measurement.host_mem_peak_bytes, row.measurement.host_mem_total_bytes
         if row.ok and peak and total and peak > rules.HOST_MEMORY_WARN * total:

@@ -14,6 +14,8 @@ def report_md(s: RunSummary, plots: list[PlotResult], env: dict[str, Any]) -> st
     out = [f"# tunekit report: {s.name}", "",
            f"{s.strategy} sweep, {len(s.rows)} trials ({s.failed} failed, {s.skipped} skipped) on "
            f"{s.device or 'unknown device'}, {s.date}.", ""]
+    for line in s.disturbances:  # first of all: what the figures below cannot be trusted for
+        out += [f"**Disturbed:** {line}.", ""]
     if s.stop_reason:
         out += [f"Stopped early: {s.stop_reason}", ""]
     out += ["## Recommendation", "", *_recommendation(s), *_user_knobs(s), "## Diagnosis", "", *_diagnosis(s)]

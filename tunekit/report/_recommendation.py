@@ -30,6 +30,7 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
         "data_wait_frac": m.data_wait_frac,
         "gpu_busy_frac": m.gpu_busy_frac,
         "items_per_money": round(s.per_money(knee.rate) or 0.0, 1) if s.per_hour else None,
+        "disturbed": list(s.disturbances) or None,
         "verdict": s.verdicts[0].name if s.verdicts else None,
         "diagnosis": [v.sentence() for v in s.verdicts],
         "reason": s.choice.reason,
@@ -73,5 +74,6 @@ def recommendation_yaml(s: RunSummary) -> str | None:
         data = {**data, "script": {"command": list(s.script_command), "set_on_dataloader": dict(s.set_on_loader)},
                 "evidence": evidence}
     header = (f"# tunekit recommendation for {s.name} on {s.device} ({s.date}).\n"
-              "# Load it with: tunekit.load_recommended(path).dataloader_kwargs()\n")
+              + "".join(f"# DISTURBED: {line}.\n" for line in s.disturbances)
+              + "# Load it with: tunekit.load_recommended(path).dataloader_kwargs()\n")
     return header + yaml.safe_dump(data, sort_keys=False)

@@ -6,10 +6,10 @@ from typing import Any, NamedTuple
 
 from tunekit import rules
 from tunekit.analysis import Choice, defaults_trial, select, select_knee, single_gpu_twin
-from tunekit.config import Config, ExtraKnob, extra_knobs, set_on_loader
-from tunekit.contract import Stage
+from tunekit.config import Config, ExtraKnob, Selection, extra_knobs, set_on_loader
+from tunekit.contract import Mode, Stage
 from tunekit.diagnosis import Verdict, run_verdicts, trial_verdicts
-from tunekit.records import TrialRow
+from tunekit.records import TrialRow, compute_ceiling
 
 
 class Scaling(NamedTuple):
@@ -35,6 +35,8 @@ class RunSummary:
     versions: dict[str, Any]
     date: str
     min_headroom: float
+    tolerance: float = 0.03
+    """selection.tolerance."""
     unit: str = "samples"
     """What throughput counts (workload.unit)."""
     stop_reason: str = ""
@@ -53,6 +55,32 @@ class RunSummary:
     """Script mode: the command with the knee's knobs filled in."""
     set_on_loader: dict[str, Any] = field(default_factory=dict)
     """Script mode: the knee's settings tunekit set on the training DataLoader (no placeholder for them)."""
+
+    @property
+    def disturbances(self) -> tuple[str, ...]:
+        """What says the figures are disturbed, said first wherever the run is reported: a noise band wider than
+        rules.DISTURBED_BAND, trials other processes kept the CPUs busy for, trials above their own compute
+        ceiling."""
+        out = []
+        band = self.choice.band
+        if band is not None and band > rules.DISTURBED_BAND:
+            out.append(f"the figures are disturbed: the run's noise band is {band:.1%}, over {rules.DISTURBED_BAND:.0%}"
+                       ", so configs that far apart cannot be told apart and the pick is uncertain; rerun on a quiet "
+                       "machine")
+        busy = [r for r in self.rows if r.ok and rules.busy_host(r)]
+        if busy:
+            worst = max(busy, key=lambda r: r.measurement.other_cpu_cores or 0.0)
+            out.append(f"other processes kept the CPUs busy during {len(busy)} of the trials (up to "
+                       f"{worst.measurement.other_cpu_cores:.1f} of {worst.measurement.cpu_count} usable CPUs, "
+                       f"trial {worst.number}): their figures are disturbed")
+        for row in self.rows:
+            ceiling = compute_ceiling(self.rows, row.knobs.batch_size) if row.ok and row.mode == Mode.train else None
+            if ceiling is not None and row.knobs.ranks == 1 and row.rate > ceiling.rate * (
+                    1 + rules.trial_margin(Selection(tolerance=self.tolerance), row, ceiling)):
+                out.append(f"trial {row.number} ran at {row.rate / ceiling.rate:.0%} of its own compute ceiling "
+                           f"(trial {ceiling.number}): a pipeline cannot outrun its model on a ready batch, so one "
+                           "of the two measurements was disturbed")
+        return tuple(out)
 
     @property
     def speedup_vs_script(self) -> float | None:
@@ -96,7 +124,8 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
         defaults=defaults_trial(rows, choice.knee) if choice.knee else None, rows=tuple(rows),
         device=m.device_name if m else None, versions=(m.versions if m else None) or {},
         date=date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        min_headroom=cfg.selection.min_headroom, unit=cfg.unit, stop_reason=stop_reason,
+        min_headroom=cfg.selection.min_headroom, tolerance=cfg.selection.tolerance, unit=cfg.unit,
+        stop_reason=stop_reason,
         verdicts=tuple(run_verdicts(rows, choice.knee, per_trial, cfg.selection, env)),
         trial_verdicts=per_trial, per_hour=cfg.cost.per_hour, warnings=tuple(warnings),
         scaling=_scaling(rows, choice.knee), extra_knobs=knobs,

@@ -253,6 +253,7 @@ def _cpu(results: list[dict[str, Any]], hosts: dict[str, dict[str, Any]], out: d
         "worker_cpu_per_item_s": worker_cpu / samples if worker_cpu is not None and samples else None,
         "worker_wall_per_item_s": workers * wall / samples if workers and samples else None,
         "workers_total": workers,
+        "other_cpu_cores": None,  # each rank's outside holds the other ranks: no figure for the trial's outside
     }
 
 

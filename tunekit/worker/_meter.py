@@ -319,6 +319,8 @@ def summarise(windows: list[Window], cpus: int, workers: int) -> dict[str, Any]:
         "cpu_util_cores": cpu_s / wall,
         "cpu_util_frac": cpu_s / wall / cpus,
         "system_cpu_pct": statistics.fmean(w.cpu.system_pct for w in windows),
+        # what other processes kept busy: the busy cores among the trial's usable CPUs less its own tree's
+        "other_cpu_cores": max(0.0, sum(w.cpu.usable_busy * w.wall_s for w in windows) / wall - cpu_s / wall),
         # What the loader workers did per item: CPU time against the wall time a worker spends per item it
         # delivers. Decoding workers use most of that time; workers that wait on storage use little of it.
         "worker_cpu_s": worker_cpu_s if workers else None,

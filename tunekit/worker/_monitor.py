@@ -163,6 +163,8 @@ class CpuUse(NamedTuple):
     """The DataLoader workers (and anything they started)."""
     system_pct: float
     """System-wide CPU utilisation in percent, every process on the machine included."""
+    usable_busy: float = 0.0
+    """Busy cores among the CPUs this process may run on (its affinity), every process included."""
 
 
 class TreeCpu:
@@ -171,6 +173,7 @@ class TreeCpu:
     def __init__(self) -> None:
         self._root = psutil.Process(os.getpid())
         self._start: dict[int, float] = {}
+        self._percpu = psutil.cpu_times(percpu=True)
         psutil.cpu_percent(interval=None)
 
     def _times(self) -> dict[int, float]:
@@ -186,6 +189,7 @@ class TreeCpu:
     def begin(self) -> None:
         self._start = self._times()
         psutil.cpu_percent(interval=None)
+        self._percpu = psutil.cpu_times(percpu=True)
 
     def end(self) -> CpuUse:
         """The CPU time used since :meth:`begin`, the main process apart from the rest of the tree."""
@@ -193,4 +197,21 @@ class TreeCpu:
         now = self._times()
         used = {pid: max(0.0, now[pid] - self._start.get(pid, 0.0)) for pid in now}
         main = used.pop(self._root.pid, 0.0)
-        return CpuUse(main, sum(used.values()), system)
+        return CpuUse(main, sum(used.values()), system, self._usable_busy())
+
+    def _usable_busy(self) -> float:
+        """Busy cores among this process's usable CPUs since :meth:`begin` (idle and iowait time are not busy)."""
+        before, after = self._percpu, psutil.cpu_times(percpu=True)
+        try:
+            usable = sorted(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - not Linux
+            usable = list(range(len(after)))
+        busy = 0.0
+        for cpu in usable:
+            if cpu >= len(after) or cpu >= len(before):
+                continue
+            total = sum(after[cpu]) - sum(before[cpu])
+            idle = (after[cpu].idle - before[cpu].idle) + (getattr(after[cpu], "iowait", 0.0)
+                                                           - getattr(before[cpu], "iowait", 0.0))
+            busy += max(0.0, total - idle) / total if total > 0 else 0.0
+        return busy

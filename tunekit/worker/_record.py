@@ -9,7 +9,7 @@ from typing import Any
 import psutil
 import torch
 
-from tunekit import __version__
+from tunekit import __version__, rules
 from tunekit.config import cpu_count, extra_knobs
 from tunekit.contract import TrialSpec
 from tunekit.worker._meter import Reading
@@ -74,6 +74,10 @@ def assemble(spec: TrialSpec, reading: Reading, monitor: Monitor, *, device: tor
         **_device_fields(device),
         "versions": _versions(),
     }
+    other = out.get("other_cpu_cores")
+    if other is not None and other > rules.BUSY_HOST * cpus:  # named per trial, not hidden in the noise
+        out["warnings"] = [*warnings, f"other processes kept {other:.1f} of the {cpus} usable CPUs busy during the "
+                           "windows: this trial's figures are disturbed"]
     out.update(_memory_fields(memory, warmup_memory, out))
     out.update(_nvml_fields(monitor))
     out.update(sync_share=sync_share, pinned_peak_bytes=_pinned_peak(device))
