@@ -180,3 +180,30 @@ def test_a_disturbed_run_says_so_first_everywhere(tmp_path: Path):
         measurement(1, "end_to_end", "train", 201, batch_size=8, num_workers=2),
         measurement(2, "end_to_end", "train", 160, batch_size=8, num_workers=0)]), strategy="staged")
     assert quiet.disturbances == ()
+
+
+def test_validate_reports_import_problems_beside_the_other_errors(write_config):
+    import subprocess
+    import sys
+
+    path = write_config(sleepy_config(**{"workload.model": "tunekit.workloads.synthetic:no_such_model",
+                                         "trial.measure_windows": 3, "trial.max_windows": 2}))
+    bad = subprocess.run([sys.executable, "-m", "tunekit", "validate", str(path)], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2
+    lines = bad.stderr.strip().splitlines()
+    assert any("trial.max_windows" in line for line in lines) and any("no_such_model" in line for line in lines)
+
+
+def test_an_iterable_dataset_sweep_prints_no_false_failure(write_config, tmp_path: Path):
+    import subprocess
+    import sys
+
+    cfg = write_config(sleepy_config(**{"workload.dataset": "tests._workloads:sharded_stream",
+                                        "workload.dataset_args": {}, "search.num_workers": [0],
+                                        "search.batch_size": [4, 8], "strategy": "grid",
+                                        "trial.window_s": 0.3}))
+    run = subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "building the dataset failed" not in run.stderr and "dataset ready: an IterableDataset" in run.stderr

@@ -459,7 +459,7 @@ def from_dict(
         if cfg.script is not None:  # the command runs where the config lives, unless it says otherwise
             base = Path(source).parent if source not in ("<dict>", "<config>") else Path.cwd()
             cfg.script.cwd = str((base / (cfg.script.cwd or ".")).resolve())
-        if check_imports and not errors:
+        if check_imports:  # every problem in one pass, the import paths' too
             errors.extend(_check_import_paths(cfg, source))
     if errors:
         raise ConfigError(errors)
@@ -782,6 +782,8 @@ IMPORT_PATH_KEYS = tuple(f.name for f in dataclasses.fields(Workload) if f.metad
 def _check_import_paths(cfg: Config, source: str) -> list[str]:
     if cfg.script is not None:
         paths = {"script.count": cfg.script.count} if cfg.script.count else {}
+    elif cfg.workload is None:
+        return []
     else:
         paths = {f"workload.{key}": getattr(cfg.workload, key) for key in IMPORT_PATH_KEYS
                  if getattr(cfg.workload, key) is not None}

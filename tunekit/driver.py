@@ -388,7 +388,9 @@ def _prepare_dataset(cfg: Config, console: Any) -> None:
         tail = (err.strip().splitlines() or ["no output"])[-1]
         console.print(f"warning: building the dataset failed: {tail}")
         return
-    console.print(f"dataset ready: {out.strip()} samples ({time.monotonic() - t0:.1f} s)")
+    size = out.strip()
+    said = "an IterableDataset" if size == "an iterable of" else f"{size} samples"
+    console.print(f"dataset ready: {said} ({time.monotonic() - t0:.1f} s)")
 
 
 class _Progress:
