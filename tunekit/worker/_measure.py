@@ -22,25 +22,13 @@ from tunekit.contract import Measurement, TrialSpec
 from tunekit.worker import _dist
 from tunekit.worker._loader import LoaderBatches
 from tunekit.worker._meter import Meter, MeterSettings, Reading
-from tunekit.worker._monitor import Monitor, TreeCpu
+from tunekit.worker._monitor import Monitor, TreeCpu, nvml_sampler
 from tunekit.worker._probes import sync_share, warn_if_ranks_read_the_same
 from tunekit.worker._record import device_memory, measurement
 from tunekit.worker._setup import Setup, set_up
 from tunekit.worker._step import Diverged, check_loss, trial_step
 
 __all__ = ["measure", "Diverged"]
-
-
-def _nvml_sampler(device: torch.device) -> Any | None:
-    if device.type != "cuda":
-        return None
-    try:
-        from tunekit.env import NvmlSampler
-
-        uuid = str(torch.cuda.get_device_properties(device).uuid)
-        return NvmlSampler.for_uuid(uuid, fallback_index=device.index or 0)
-    except Exception:  # noqa: BLE001 - NVML missing means no NVML figures, not a failed trial
-        return None
 
 
 @dataclass
@@ -123,7 +111,7 @@ def measure(spec: TrialSpec) -> Measurement | None:
     device, ranks = setup.device, setup.ranks
     node_root = os.getppid() if ranks is not None and ranks.local_rank == 0 else None  # torchrun: the node's tree
     forked_from = int(os.environ.get("TUNEKIT_FORKED_FROM") or 0) or None  # the fork server, when it forked us
-    monitor = Monitor(_nvml_sampler(device), node_root=node_root, forked_from=forked_from).start()
+    monitor = Monitor(nvml_sampler(device), node_root=node_root, forked_from=forked_from).start()
     try:
         metered = _run(spec, setup, monitor)
     finally:

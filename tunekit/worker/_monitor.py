@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import psutil
 
-__all__ = ["Monitor", "TreeCpu", "CpuUse"]
+__all__ = ["Monitor", "TreeCpu", "CpuUse", "nvml_sampler"]
 
 
 def _tree(root: psutil.Process) -> list[psutil.Process]:
@@ -215,3 +215,18 @@ class TreeCpu:
                                                            - getattr(before[cpu], "iowait", 0.0))
             busy += max(0.0, total - idle) / total if total > 0 else 0.0
         return busy
+
+
+def nvml_sampler(device: Any) -> Any | None:
+    """The NVML sampler of a CUDA device (found by its UUID), or None off CUDA or without NVML."""
+    if device.type != "cuda":
+        return None
+    try:
+        import torch
+
+        from tunekit.env import NvmlSampler
+
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        return NvmlSampler.for_uuid(uuid, fallback_index=device.index or 0)
+    except Exception:  # noqa: BLE001 - NVML missing means no NVML figures, not a failed trial
+        return None

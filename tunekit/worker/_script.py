@@ -36,7 +36,7 @@ from tunekit.contract import Measurement, TrialSpec, failed_measurement
 from tunekit.outcome import classify_error
 from tunekit.worker._loader import LoaderBatches, tensors
 from tunekit.worker._meter import Meter, MeterSettings
-from tunekit.worker._monitor import Monitor, TreeCpu
+from tunekit.worker._monitor import Monitor, TreeCpu, nvml_sampler
 from tunekit.worker._record import assemble, device_memory
 from tunekit.worker._step import checked_count
 from tunekit.workloads import resolve
@@ -119,7 +119,7 @@ class _Session:
             first = next(self.loader)
             self.loader.close()
             batches, ready, fill = itertools.repeat(first), (lambda: 0), 0
-        self.monitor = Monitor(_nvml_sampler(device)).start()
+        self.monitor = Monitor(nvml_sampler(device)).start()
         t = self.spec.config.get("trial") or {}
         settings = MeterSettings(window_s=float(t.get("window_s", 10.0)),
                                  measure_windows=int(t.get("measure_windows", 3)),
@@ -224,18 +224,6 @@ def _device() -> torch.device:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def _nvml_sampler(device: torch.device) -> Any | None:
-    if device.type != "cuda":
-        return None
-    try:
-        from tunekit.env import NvmlSampler
-
-        uuid = str(torch.cuda.get_device_properties(device).uuid)
-        return NvmlSampler.for_uuid(uuid, fallback_index=device.index or 0)
-    except Exception:  # noqa: BLE001 - NVML missing means no NVML figures, not a failed trial
-        return None
 
 
 def _counter(path: str | None, batch_size: int) -> Any:
