@@ -176,14 +176,20 @@ def test_sighup_while_opening_the_run_or_writing_outputs_exits_130_and_keeps_the
             proc.wait()
     assert proc.returncode == EXIT_INTERRUPTED, stdout + stderr
     lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("tunekit: "), stderr
     assert "Traceback" not in stderr
     assert not _processes_mentioning(str(out))
     assert [(t.number, t.value) for t in study_trials(out)] == before
-    assert (out / "recommended.yaml").read_text() == recommended  # never half-written
     store.lock_run(out).close()  # the interrupted sweep let go of the folder
     if phase == "opening the run":
+        assert len(lines) == 1 and lines[0].startswith("tunekit: "), stderr
+        assert (out / "recommended.yaml").read_text() == recommended  # untouched
         return  # the rerun below is the same for both phases: once is enough
+    # interrupted while writing the outputs: they are written once more, whole, and the sweep says it was
+    # interrupted (the README's promise: the finished trials' outputs are written, exit 130)
+    assert not lines, stderr  # --quiet: the outcome only, on stdout
+    assert json.loads((out / "sweep.json").read_text())["interrupted"] is True
+    assert tunekit.load_recommended(out / "recommended.yaml").evidence["rate"] == tunekit.load_recommended(
+        quiet_run["out"] / "recommended.yaml").evidence["rate"]
 
     for name in ("recommended.yaml", "report.md", "trials.csv"):
         (out / name).unlink()

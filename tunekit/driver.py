@@ -242,10 +242,21 @@ def _run_one(sweep: _RunningSweep, req: plan.Request) -> TrialRow:
 
 
 def _finish(sweep: _RunningSweep, env: dict[str, Any], before: list[str]) -> SweepResult:
-    """Warnings after the sweep, sweep.json, the outputs, and the knee on the study."""
+    """Warnings after the sweep, sweep.json, the outputs, and the knee on the study. An interrupt while they are
+    written (they take a second) is the sweep's interrupt: they are written once more, whole, and the sweep ends
+    as interrupted; a second interrupt ends it there (each output is atomic, and they are all written or none)."""
     after = [w for w in sweep_warnings(sweep.cfg, snapshot(), sweep.rows) if w not in before]
     for line in after:
         warn(sweep.console, line, "warning (after the sweep):")
+    try:
+        return _write_outputs(sweep, env, before, after)
+    except KeyboardInterrupt:
+        sweep.interrupted, sweep.stop_reason = True, "interrupted; rerun the same command to resume"
+        sweep.console.print("interrupted while writing the outputs: writing them once more, whole")
+        return _write_outputs(sweep, env, before, after)
+
+
+def _write_outputs(sweep: _RunningSweep, env: dict[str, Any], before: list[str], after: list[str]) -> SweepResult:
     meta = {"strategy": sweep.strategy, "stop_reason": sweep.stop_reason, "interrupted": sweep.interrupted,
             "warnings_before": before, "warnings_after": after,
             "invocations": [*sweep.earlier, {
