@@ -207,3 +207,12 @@ def test_an_iterable_dataset_sweep_prints_no_false_failure(write_config, tmp_pat
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "building the dataset failed" not in run.stderr and "dataset ready: an IterableDataset" in run.stderr
+
+
+def test_an_import_path_that_does_not_resolve_says_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from tunekit.workloads import check_paths
+
+    monkeypatch.chdir(tmp_path)
+    problems = check_paths({"workload.model": "mytask_nowhere:make_model", "workload.dataset": "sub/task.py:make"})
+    assert f"looked in {tmp_path}" in problems["workload.model"] and "PYTHONPATH" in problems["workload.model"]
+    assert f"relative to the folder tunekit runs in, {tmp_path}" in problems["workload.dataset"]

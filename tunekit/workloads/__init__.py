@@ -7,6 +7,7 @@ Built-in datasets: :mod:`tunekit.workloads.images` (JPEG decoding pipelines) and
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -60,7 +61,12 @@ def check_paths(paths: dict[str, str]) -> dict[str, str | None]:
             resolve(path)
             problems[key] = None
         except ModuleNotFoundError as exc:
-            problems[key] = f"does not resolve: no module named '{exc.name}'"
+            # say where it looked: a module (or a relative file) is found from the folder tunekit runs in
+            where = (f"a file path is relative to the folder tunekit runs in, {os.getcwd()}"
+                     if path.rpartition(":")[0].endswith(".py") else
+                     f"looked in {os.getcwd()} (the folder tunekit runs in) and on PYTHONPATH; run tunekit from the "
+                     "folder that holds it, or add that folder to PYTHONPATH")
+            problems[key] = f"does not resolve: no module named '{exc.name}' ({where})"
         except AttributeError:
             module_name, _, attr = path.rpartition(":")
             problems[key] = f"does not resolve: module '{module_name}' has no attribute '{attr}'"
