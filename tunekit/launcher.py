@@ -91,6 +91,24 @@ class _CappedLog:
         self._file.close()
 
 
+def _start(spec: TrialSpec, spec_path: Path, out_path: Path) -> Any:
+    """The trial's process: the user's command (script mode), else a fork of the fork server, else a fresh
+    interpreter running the worker; each leads its own session, its output piped to worker.log."""
+    env = child_env()
+    # the worker counts its start-up from here: interpreter and imports, or the fork
+    trial_env = {**env, "TUNEKIT_STARTED_AT": repr(time.time())}
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL,
+             "start_new_session": True}
+    script = spec.config.get("script")
+    if script:
+        return subprocess.Popen(script_command(spec), cwd=script.get("cwd") or None,
+                                env=_script_env(script, trial_env, spec_path, out_path), **pipes)
+    forked = _fork_trial(spec, [str(spec_path), str(out_path)], env, trial_env)
+    if forked is not None:
+        return forked
+    return subprocess.Popen(worker_command(spec) + [str(spec_path), str(out_path)], env=trial_env, **pipes)
+
+
 def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: float) -> Measurement:
     """Run ``spec`` in a fresh subprocess and return its measurement, also written to trial_dir/measurement.json
     (version 2, with the launcher's fields added).
@@ -107,23 +125,7 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
     with _CappedLog(trial_dir / "worker.log") as log:
         for stale in trial_dir.glob("measurement.rank*.json"):
             stale.unlink()
-        env = child_env()
-        # the worker counts its start-up from here: interpreter and imports, or the fork
-        trial_env = {**env, "TUNEKIT_STARTED_AT": repr(time.time())}
-        script = spec.config.get("script")
-        proc: Any = None if script else _fork_trial(spec, [str(spec_path), str(out_path)], env, trial_env)
-        if script:
-            proc = subprocess.Popen(
-                script_command(spec), cwd=script.get("cwd") or None,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                env=_script_env(script, trial_env, spec_path, out_path),
-            )
-        elif proc is None:
-            proc = subprocess.Popen(
-                worker_command(spec) + [str(spec_path), str(out_path)],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env=trial_env,
-            )
+        proc = _start(spec, spec_path, out_path)
         log.follow(proc.stdout)
         pid_file = trial_dir / "worker.pid"
         pid_file.write_text(str(proc.pid))  # lets a resumed sweep kill a trial its dead predecessor left running
@@ -140,7 +142,7 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
             pid_file.unlink(missing_ok=True)
     wall = time.perf_counter() - t0
     result = _outcome(spec, proc.returncode, timed_out, timeout_s, out_path, trial_dir / "worker.log")
-    if script and result.status != "ok" and proc.returncode and not timed_out:
+    if spec.config.get("script") and result.status != "ok" and proc.returncode and not timed_out:
         result = _script_exit(result, proc.returncode, trial_dir / "worker.log")
     result.returncode, result.launcher_wall_s, result.pid = proc.returncode, wall, proc.pid
     result.started_by = "fork server" if isinstance(proc, _Forked) else "interpreter"

@@ -49,10 +49,8 @@ def _settings(spec: TrialSpec, setup: Setup, queued: int) -> MeterSettings:
     t, knobs = setup.cfg.trial, spec.knobs
     workers = setup.loader_knobs.num_workers
     fill = workers * (knobs.prefetch_factor or 2) + queued if spec.mode != "compute" else 0
-    return MeterSettings(
-        window_s=t.window_s, measure_windows=t.measure_windows, max_windows=t.max_windows, precision=t.precision,
-        warmup_steps=t.warmup_steps, compiling=knobs.compile != "none", grad_accum=knobs.grad_accum,
-        round_batches=max(1, workers), fill=fill,
+    return MeterSettings.from_trial(
+        t, compiling=knobs.compile != "none", grad_accum=knobs.grad_accum, round_batches=max(1, workers), fill=fill,
         needed=spec.needed / knobs.ranks if spec.needed is not None else None)  # each rank's share
 
 

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from tunekit import rules
+from tunekit.config import TrialSettings
 from tunekit.worker._monitor import CpuUse, TreeCpu
 
 __all__ = ["Meter", "MeterSettings", "OneProcess", "Reading", "Window", "SourceEnded", "summarise", "MIN_WINDOW_STEPS"]
@@ -89,6 +90,13 @@ class MeterSettings:
     takes no more."""
     needed: float | None = None
     """The rate (this process's share) the trial must reach to matter; its interval wholly below stops it."""
+
+    @classmethod
+    def from_trial(cls, trial: TrialSettings, **shape: Any) -> MeterSettings:
+        """The config's ``trial`` settings, with the pipeline's shape (``compiling``, ``grad_accum``,
+        ``round_batches``, ``fill``, ``needed``)."""
+        return cls(window_s=trial.window_s, measure_windows=trial.measure_windows, max_windows=trial.max_windows,
+                   precision=trial.precision, warmup_steps=trial.warmup_steps, **shape)
 
 
 @dataclass

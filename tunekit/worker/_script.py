@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from tunekit._files import read_json, write_json_atomic
-from tunekit.config import LOADER_KNOBS, set_on_loader
+from tunekit.config import LOADER_KNOBS, from_dict, set_on_loader
 from tunekit.contract import Measurement, TrialSpec, failed_measurement
 from tunekit.outcome import classify_error
 from tunekit.worker._loader import LoaderBatches, tensors
@@ -66,11 +66,13 @@ class _Session:
 
     def __init__(self, spec: TrialSpec, out_path: str):
         self.spec, self.out_path = spec, out_path
-        script = spec.config.get("script") or {}
-        self.which = script.get("loader", "auto")
-        self.count_path = script.get("count")
-        self.unit = str(script.get("unit") or "samples")
-        self.inject = set(set_on_loader(script.get("command") or []))
+        self.cfg = from_dict(spec.config, check_imports=False)
+        script = self.cfg.script
+        assert script is not None
+        self.which = script.loader
+        self.count_path = script.count
+        self.unit = script.unit
+        self.inject = set(set_on_loader(script.command))
         """The knobs set on the training DataLoader itself (the command has no placeholder for them)."""
         self.started = time.time()
         self.built: list[weakref.ref[DataLoader]] = []
@@ -120,13 +122,8 @@ class _Session:
             self.loader.close()
             batches, ready, fill = itertools.repeat(first), (lambda: 0), 0
         self.monitor = Monitor(nvml_sampler(device)).start()
-        t = self.spec.config.get("trial") or {}
-        settings = MeterSettings(window_s=float(t.get("window_s", 10.0)),
-                                 measure_windows=int(t.get("measure_windows", 3)),
-                                 max_windows=int(t.get("max_windows", t.get("measure_windows", 3))),
-                                 precision=t.get("precision"), warmup_steps=int(t.get("warmup_steps", 1)),
-                                 round_batches=max(1, params["num_workers"]), fill=fill,
-                                 needed=self.spec.needed)
+        settings = MeterSettings.from_trial(self.cfg.trial, round_batches=max(1, params["num_workers"]), fill=fill,
+                                            needed=self.spec.needed)
         self.meter = Meter(batches, settings, device=device, count=count, cpu=TreeCpu(), ready=ready,
                            epochs=lambda: self.loader.epochs_ended if self.loader else 0,
                            measuring=lambda: self._measuring(device))

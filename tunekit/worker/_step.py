@@ -83,31 +83,36 @@ def checked_count(count: Callable[[Any], Any], key: str) -> Callable[[Any], floa
     return counted
 
 
-def trial_step(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches) -> TrialStep:
-    """The step of ``spec.mode`` on ``loader``'s batches."""
-    knobs, ctx = spec.knobs, built.ctx
-    count = _counter(cfg, knobs.batch_size)
-    # a dataset may bring its own way onto the device (a built-in image pipeline with decode: gpu decodes and
-    # augments there): part of the training step, and done once for the staged batch of the compute ceiling
-    move = getattr(built.dataset, "batch_to_device", None) or to_device
-    ahead = moves_ahead(built, spec)
+def _fed(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches,
+         move: Callable[..., Any]) -> TrialStep:
+    """The batches the step of ``spec.mode`` is fed, and how they are counted (its ``run`` still to be set)."""
+    ctx, count = built.ctx, _counter(cfg, spec.knobs.batch_size)
     if spec.mode == "compute":  # one batch staged on the device: counted once, on the host
         first = next(loader)
         items = count(first)
         staged = move(first, ctx, non_blocking=False)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
-        step = TrialStep(batches=itertools.repeat(staged), run=lambda b: None, count=lambda b: items,
+        return TrialStep(batches=itertools.repeat(staged), run=lambda b: None, count=lambda b: items,
                          ready=lambda: 0)
-    elif ahead:
+    if moves_ahead(built, spec):
         # the dataset's count reads the batch as the loader made it: count it before the move, in the thread
         stream = AheadStream(loader, lambda b, c, non_blocking: (move(b, c, non_blocking=non_blocking), count(b)),
-                             ctx, knobs.non_blocking)
-        step = TrialStep(batches=stream, run=lambda b: None, count=lambda b: b[1],
+                             ctx, spec.knobs.non_blocking)
+        return TrialStep(batches=stream, run=lambda b: None, count=lambda b: b[1],
                          ready=lambda: stream.ready(loader.ready()), queued=AheadStream.QUEUED,
                          device_wait=lambda: stream.device_wait_s, close=stream.close)
-    else:
-        step = TrialStep(batches=loader, run=lambda b: None, count=count, ready=loader.ready)
+    return TrialStep(batches=loader, run=lambda b: None, count=count, ready=loader.ready)
+
+
+def trial_step(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches) -> TrialStep:
+    """The step of ``spec.mode`` on ``loader``'s batches."""
+    knobs, ctx = spec.knobs, built.ctx
+    # a dataset may bring its own way onto the device (a built-in image pipeline with decode: gpu decodes and
+    # augments there): part of the training step, and done once for the staged batch of the compute ceiling
+    move = getattr(built.dataset, "batch_to_device", None) or to_device
+    ahead = moves_ahead(built, spec)
+    step = _fed(built, spec, cfg, loader, move)
 
     def train(batch: Any) -> None:
         if ahead:
