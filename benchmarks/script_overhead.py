@@ -1,11 +1,12 @@
 """Script mode's overhead in the user's loop: the same training script, unedited, timed by tunekit's trial (the
 meter inside the loop: set-aside, windows, events on CUDA, the monitor thread) and by a plain clock (a timestamp per
-batch request and nothing else, benchmarks/_plain_clock), interleaved A/B in one run to cancel drift.
+batch request and nothing else, benchmarks/_plain_clock), interleaved A/B in one run to cancel drift (the trial
+first in even rounds, the plain run first in odd ones).
 
     python benchmarks/script_overhead.py examples/image_classifier/tunekit.yaml --set num_workers=8 \
         --set batch_size=128 --set pin_memory=true --repeats 3 --out results/script-overhead
 
-Target: overhead = 1 - trial / plain <= 1 %. The plain clock skips as many batches as the trial's warm-up took and
+Target: overhead = 1 - trial / plain <= 1 %. The plain clock skips as many batches as the trial's warm-up and set-aside took and
 times as many as its windows held, so both count the same part of the run.
 """
 
@@ -31,7 +32,8 @@ _CLOCK = Path(__file__).resolve().parent / "_plain_clock"
 def _plain(cfg: config.Config, knobs: Knobs, loader: dict, skip: int, count: int) -> float:
     spec = TrialSpec(number=0, stage="single", mode="train", knobs=knobs, config=cfg.to_dict())
     settings = {"num_workers": loader["num_workers"], "prefetch_factor": loader["prefetch_factor"],
-                "pin_memory": loader["pin_memory"], "persistent_workers": loader["num_workers"] > 0}
+                "pin_memory": loader["pin_memory"],
+                "persistent_workers": loader.get("persistent_workers", loader["num_workers"] > 0)}
     env = {**child_env(), "TUNEKIT_PLAIN_CLOCK": f"{skip} {count}", "TUNEKIT_PLAIN_LOADER": json.dumps(settings)}
     env["PYTHONPATH"] = os.pathsep.join([str(_CLOCK), env.get("PYTHONPATH", "")])
     run = subprocess.run(script_command(spec), cwd=cfg.script.cwd, env=env, capture_output=True, text=True,
@@ -51,14 +53,17 @@ def main() -> None:
     args = parser.parse_args()
     cfg = config.load(args.config)
     knobs = {k: config.parse_knob(k, v) for k, v in (s.split("=", 1) for s in args.sets)}
-    rows = []
+    rows, last = [], None
     for repeat in range(args.repeats):
+        # alternated: trial then plain in even rounds, plain (with the last trial's figures) then trial in odd ones
+        plain = _plain(cfg, *last) if repeat % 2 and last else None
         trial, _ = run_trial(args.config, args.out / "trials", args.sets)
         if trial.status != "ok":
             raise SystemExit(f"the trial failed: {trial.reason}")
         run_knobs = Knobs(**{k: v for k, v in trial.params.items() if k in Knobs.__dataclass_fields__})
-        plain = _plain(cfg, run_knobs, trial.loader_measured, int(trial.warmup_batches or 0),
-                       int(sum(trial.steps_windows or [])))
+        skip = int(trial.warmup_batches or 0) + int(trial.warmup_set_aside or 0)
+        last = (run_knobs, trial.loader_measured, skip, int(sum(trial.steps_windows or [])))
+        plain = plain if plain is not None else _plain(cfg, *last)
         rows.append({"repeat": repeat, "trial_rate": round(trial.rate, 3), "plain_rate": round(plain, 3),
                      "overhead": round(1 - trial.rate / plain, 4), "knobs": str(knobs)})
         print(f"round {repeat}: trial {trial.rate:.1f}, plain {plain:.1f}, overhead {1 - trial.rate / plain:+.2%}")

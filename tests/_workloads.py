@@ -213,3 +213,28 @@ class _BracketedFailure(torch.utils.data.Dataset):
 
 def bracketed_failure_dataset():
     return _BracketedFailure()
+
+
+def linear_stack(widths: tuple[int, ...] = (64, 256, 256, 10)) -> torch.nn.Module:
+    """Linear layers with ReLUs between them, of known FLOPs per sample: 2 x in x out for each layer's forward, as
+    much for its weight gradient and for its input gradient (but the first layer's: its input needs none)."""
+    layers: list[torch.nn.Module] = [torch.nn.Flatten()]
+    for i, (a, b) in enumerate(zip(widths, widths[1:], strict=False)):
+        layers += [torch.nn.ReLU()] if i else []
+        layers.append(torch.nn.Linear(a, b))
+    return torch.nn.Sequential(*layers)
+
+
+class _NoMatmul(torch.nn.Module):
+    """A model without a matrix multiply: its output is its input plus a bias, elementwise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.zeros(10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1)[:, :10] + self.bias
+
+
+def no_matmul_model() -> torch.nn.Module:
+    return _NoMatmul()

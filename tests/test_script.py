@@ -115,6 +115,7 @@ def test_knobs_without_a_placeholder_are_set_on_the_training_loader(tmp_path: Pa
                num_workers=2, prefetch_factor=3, batch_size=8)
     assert m.status == "ok", m.reason
     assert m.loader_measured["num_workers"] == 2 and m.loader_measured["prefetch_factor"] == 3
+    assert m.loader_measured["persistent_workers"] is True  # kept across epochs, as the recommendation says
 
 
 def test_the_baseline_runs_the_script_with_its_own_settings(tmp_path: Path, sleepy_script: Path):
@@ -184,6 +185,8 @@ def test_the_image_example_is_swept_unedited(tmp_path: Path):
     rec = yaml.safe_load((out / "recommended.yaml").read_text())
     workers = rec["dataloader"]["num_workers"]
     assert workers in (0, 1) and rec["script"]["command"][-4:] == ["-j", str(workers), "-b", "8"]
+    # what the knee's trial ran with: pinning set on the loader, and its workers kept across epochs
+    assert ("persistent_workers" in rec["script"]["set_on_dataloader"]) == (workers > 0)
     report = (out / "report.md").read_text()
     assert "The script's own settings (2 workers, batch 64" in report and "Apply it: run `" in report
     assert not list(ckpt.glob("*.pt"))  # no epoch finished, no checkpoint written
@@ -263,3 +266,99 @@ def test_sweep_script_without_a_config_keeps_the_scripts_own_batch(tmp_path: Pat
     both = subprocess.run([sys.executable, "-m", "tunekit", "sweep", "some.yaml", "--script", "python t.py"],
                           capture_output=True, text=True, timeout=60)
     assert both.returncode == 2 and "exactly one" in both.stderr
+
+
+DDP_SCRIPT = """
+import argparse, torch, torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+from tunekit.workloads.synthetic import sleepy_dataset, sleepy_model
+
+parser = argparse.ArgumentParser()
+parser.add_argument("-j", type=int, default=0)
+parser.add_argument("-b", type=int, default=8)
+args = parser.parse_args()
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(sleepy_model(step_wait_s=0.02))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+data = sleepy_dataset(sample_wait_s=0.005)
+train = DataLoader(data, batch_size=args.b, num_workers=args.j, sampler=DistributedSampler(data))
+for epoch in range(1000):
+    train.sampler.set_epoch(epoch)
+    for x, y in train:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_torchrun_command_measures_every_ranks_training_loader_merged(tmp_path: Path):
+    """`torchrun --nproc-per-node 2 train.py`, gloo on the CPU: the command sets the end-to-end trials' ranks, each
+    rank's training loader is metered (the ranks agreeing on the windows) and rank 0 writes the merged measurement:
+    two ranks of 2 workers x 5 ms per sample each deliver about twice one rank's known answer."""
+    script = tmp_path / "train.py"
+    script.write_text(DDP_SCRIPT)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", str(script),
+               "-j", "{num_workers}", "-b", "{batch_size}"]
+    raw = _script_config(tmp_path, command)
+    assert config.from_dict(raw).launch.nproc_per_node == 2
+    m = _trial(tmp_path, raw, num_workers=2, prefetch_factor=2, batch_size=8, ranks=2)
+    assert m.status == "ok", m.reason
+    assert m.ranks == 2 and len(m.per_rank) == 2 and m.loader_measured["dataset"] == "_SleepyDataset"
+    analytic = 2 * expected_samples_per_s(2, 8, 0.005, 0.02)
+    assert 0.5 * analytic < m.rate < 1.15 * analytic
+    single = script_command(TrialSpec(number=1, stage="compute", mode="compute", knobs=Knobs(batch_size=8),
+                                      config=config.from_dict(raw).to_dict()))
+    assert single[:4] == [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1"]  # a ceiling: 1 rank
+    assert single[-5:] == [str(script), "-j", "0", "-b", "8"] and "--standalone" in single
+    assert _no_process_runs(str(script))
+
+
+def test_a_rank_that_fails_is_named_and_the_launch_section_wraps_a_python_command(tmp_path: Path):
+    """With launch.nproc_per_node and `python train.py`, trials run under torchrun; a rank whose script raises is
+    the trial's reason, by rank."""
+    script = tmp_path / "train.py"
+    script.write_text(DDP_SCRIPT.replace("    for x, y in train:", "    if dist.get_rank() == 1:\n"
+                                         "        raise ValueError('rank one cannot read its shard')\n"
+                                         "    for x, y in train:"))
+    raw = {**_script_config(tmp_path, [sys.executable, str(script), "-j", "{num_workers}"]),
+           "launch": {"nproc_per_node": 2}}
+    spec = TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(num_workers=0, batch_size=8, ranks=2),
+                     config=config.from_dict(raw).to_dict())
+    assert script_command(spec)[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    m = run_trial(spec, tmp_path / "failed", 120)
+    assert m.status == "crashed" and "rank 1" in m.reason and "cannot read its shard" in m.reason, m.reason
+    assert "\n" not in m.reason
+    assert _no_process_runs(str(script))
+
+
+def test_script_mode_refuses_several_nodes_and_a_non_python_command_under_launch(write_config):
+    bad = write_config({"name": "s", "script": {"command": "./train.sh -j {num_workers}"},
+                        "launch": {"nproc_per_node": 2}})
+    with pytest.raises(config.ConfigError, match="not a Python interpreter"):
+        config.load(bad)
+    nodes = write_config({"name": "s", "script": {"command": "python t.py"},
+                          "launch": {"nproc_per_node": 2, "nnodes": 2, "rdzv_endpoint": "h:1"}}, "n.yaml")
+    with pytest.raises(config.ConfigError, match="launch.nnodes: script mode runs a trial's ranks on one node"):
+        config.load(nodes)
+    clash = write_config({"name": "s", "script": {"command": "torchrun --nproc-per-node 4 t.py"},
+                          "launch": {"nproc_per_node": 2}}, "c.yaml")
+    with pytest.raises(config.ConfigError, match="differs from the command's --nproc-per-node 4"):
+        config.load(clash)
+
+
+def test_a_loop_without_autograd_gets_the_loader_that_gives_the_most_batches(tmp_path: Path):
+    """A loop that trains under no_grad (a forward-only update) after an evaluation pass: no loader is iterated
+    with autograd enabled, so the one iterated again with the most batches is measured, from its second epoch."""
+    script = tmp_path / "train.py"
+    script.write_text(SLEEPY_SCRIPT.replace("for epoch in range(args.epochs):", "torch.set_grad_enabled(False)\n"
+                                            "for epoch in range(args.epochs):")
+                      .replace("        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n",
+                               "        model.fc.bias.add_(-0.01 * loss)\n")
+                      .replace("sleepy_dataset(sample_wait_s=0.005)", "sleepy_dataset(num_samples=48, "
+                               "sample_wait_s=0.005)"))
+    m = _trial(tmp_path, _script_config(tmp_path, [sys.executable, str(script), "-b", "{batch_size}",
+                                                   "--eval-first"]), num_workers=0, batch_size=8)
+    assert m.status == "ok", m.reason
+    assert m.loader_measured["index"] == 2 and m.loader_measured["found_by"].startswith("the most batches")
+    assert m.epochs_ended >= 1  # 6 batches an epoch: the measurement went on across the script's epochs

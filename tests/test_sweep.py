@@ -23,6 +23,7 @@ import yaml
 
 import tunekit
 from tests.conftest import sleepy_config, study_trials, trial_number
+from tunekit import rules
 
 pytestmark = pytest.mark.slow  # whole sweeps in subprocesses, tens of seconds each
 
@@ -107,12 +108,23 @@ def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path, knee_g
     for name in ("config.resolved.yaml", "env.json", "report.md"):
         assert (tmp_path / "staged" / name).exists(), name
     assert "## Recommendation" in (tmp_path / "staged" / "report.md").read_text()
+    # the matmul peak once per sweep, by its first trial that runs the model; every such trial counts its FLOPs
+    peaks = json.loads((tmp_path / "staged" / "env.json").read_text())["matmul_peak"]
+    assert [p["trial"] for p in peaks] == list(trials[trials["stage"] == "compute"]["number"])
+    assert peaks[0]["flops"] > 0 and peaks[0]["precision"] == "fp32" and peaks[0]["datasheet_flops"] is None
+    ran = trials[(trials["status"] == "ok") & (trials["mode"] != "loader")]
+    assert (ran["flops_per_item"] > 0).all() and (ran["flop_share"] > 0).all()
+    assert "of this device's measured matmul peak" in (tmp_path / "staged" / "report.md").read_text()
+    assert 0 < rec.evidence["flop_share"] < rules.MATMUL_SHARE_HIGH  # a sleeping model: the kernels' fix
+    assert "channels_last" in rec.evidence["diagnosis"][0]
 
     grid = knee_grid["out"]
     _check_knee(tunekit.load_recommended(grid / "recommended.yaml"), pd.read_csv(grid / "trials.csv"))
     grid_trials = pd.read_csv(grid / "trials.csv")
     assert len(grid_trials) == 4 and set(grid_trials["stage"]) == {"grid"}
     assert sorted(grid_trials["num_workers"]) == [0, 2, 6, 8]  # pinning is not tried on the CPU
+    grid_peaks = json.loads((grid / "env.json").read_text())["matmul_peak"]
+    assert [p["trial"] for p in grid_peaks] == [grid_trials["number"].min()]  # a grid's first trial probes
 
 
 def test_rerun_resumes_without_repeating_and_report_rebuilds_from_the_study(write_config, tmp_path: Path,

@@ -92,6 +92,42 @@ def fill_command(command: str | list[str], values: dict[str, Any]) -> list[str]:
     return out
 
 
+_TORCHRUN_FLAGS = {"--standalone", "--no-python", "--no_python", "-m", "--module", "--run-path", "--run_path"}
+"""torchrun's options that take no value (every other option before the program takes one)."""
+_NPROC = ("--nproc-per-node", "--nproc_per_node")
+
+
+def torchrun_split(command: str | list[str]) -> tuple[list[str], str | None, list[str]] | None:
+    """A command that starts torchrun (``torchrun …`` or ``python -m torch.distributed.run …``) as (torchrun's
+    options but ``--nproc-per-node``, that option's value, the program and its arguments); None for any other
+    command. A script trial runs the program under torchrun with its own rank count in place of the value."""
+    parts = _split(command)
+    if parts and os.path.basename(parts[0]) == "torchrun":
+        rest = parts[1:]
+    elif len(parts) >= 3 and is_python(parts[0]) and parts[1:3] == ["-m", "torch.distributed.run"]:
+        rest = parts[3:]
+    else:
+        return None
+    options, nproc, i = [], None, 0
+    while i < len(rest) and rest[i].startswith("-"):
+        name, has_value, value = rest[i].partition("=")
+        takes = not has_value and rest[i] not in _TORCHRUN_FLAGS and i + 1 < len(rest)
+        value = rest[i + 1] if takes else value
+        if name in _NPROC:
+            nproc = value
+        else:
+            options += [rest[i]] + ([rest[i + 1]] if takes else [])
+        i += 2 if takes else 1
+        if name in ("-m", "--module"):  # what follows is the module and its arguments
+            break
+    return options, nproc, rest[i:]
+
+
+def is_python(program: str) -> bool:
+    """Whether a command's first argument is a Python interpreter (``python``, ``python3.12``, a path to one)."""
+    return re.fullmatch(r"python(\d+(\.\d+)?)?", os.path.basename(program)) is not None
+
+
 LOADER_KNOBS = ("num_workers", "batch_size", "pin_memory", "prefetch_factor")
 """The knobs script mode can set on the training DataLoader itself."""
 
@@ -451,6 +487,7 @@ def from_dict(
     cfg = _load_dataclass(Config, raw, "", source, errors)
     if cfg is not None:
         cfg.source = source
+        _launch_from_torchrun(cfg, raw, source, errors)
         search = raw.get("search")
         if isinstance(search, dict) and search.get("num_workers") == "auto" and cfg.launch.nproc_per_node > 1:
             # per rank: the ranks of a node share its CPUs
@@ -614,6 +651,23 @@ def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
     _check_common(cfg, source, errors)
 
 
+def _launch_from_torchrun(cfg: Config, raw: dict[str, Any], source: str, errors: list[str]) -> None:
+    """A script command that starts torchrun sets the ranks of the end-to-end trials (``launch.nproc_per_node``),
+    as a ``launch`` section would."""
+    found = torchrun_split(cfg.script.command) if cfg.script is not None else None
+    if found is None or found[1] is None:
+        return
+    given = (raw.get("launch") or {}).get("nproc_per_node") if isinstance(raw.get("launch"), dict) else None
+    if not found[1].isdigit() or int(found[1]) < 1:
+        errors.append(f"{source}: script.command: --nproc-per-node {found[1]} is not allowed; give the number of "
+                      "ranks (one per GPU), e.g. --nproc-per-node 2")
+    elif given is not None and given != int(found[1]):
+        errors.append(f"{source}: launch.nproc_per_node: {given} differs from the command's --nproc-per-node "
+                      f"{found[1]}; give it in one place")
+    else:
+        cfg.launch.nproc_per_node = int(found[1])
+
+
 def _check_script(cfg: Config, source: str, errors: list[str]) -> None:
     """script: a command, placeholders that name knobs, a loader choice; no workload-only search keys."""
     script, search = cfg.script, cfg.search
@@ -649,6 +703,13 @@ def _check_script(cfg: Config, source: str, errors: list[str]) -> None:
     if search.target_effective_batch is not None and "grad_accum" not in filled:
         errors.append(f"{source}: search.target_effective_batch: needs a {{grad_accum}} placeholder in "
                       "script.command")
+    if cfg.launch.nnodes > 1:
+        errors.append(f"{source}: launch.nnodes: script mode runs a trial's ranks on one node; set 1")
+    elif cfg.launch.world > 1 and script.command and torchrun_split(script.command) is None \
+            and not is_python(script.command[0]):
+        errors.append(f"{source}: script.command: {_show(script.command[0])} is not a Python interpreter; with "
+                      "launch.nproc_per_node > 1 the command must be `python train.py …` (run under torchrun) or "
+                      "`torchrun … train.py …`")
 
 
 def _check_workload(cfg: Config, source: str, errors: list[str]) -> None:

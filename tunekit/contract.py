@@ -187,6 +187,9 @@ class TrialSpec:
     needed: float | None = None
     """The throughput (all ranks) this trial must reach to come within the band of the best config so far; with
     trial.precision it stops measuring once its windows' interval lies wholly below (None: no such bound)."""
+    probe_peak: bool = False
+    """Measure the device's matmul peak after the windows (``Measurement.matmul_peak_flops``): the driver asks it of
+    the sweep's first one-rank compute or end-to-end trial, and of the next ones until a figure is recorded."""
 
     def __post_init__(self) -> None:
         # callers may pass the words (``tunekit trial --mode``); a typo is an error here, not in the trial
@@ -207,6 +210,7 @@ class TrialSpec:
             knobs=Knobs(**data["knobs"]),
             config=data["config"],
             needed=data.get("needed"),
+            probe_peak=bool(data.get("probe_peak", False)),
         )
 
 
@@ -414,6 +418,24 @@ class Measurement:
     pinned_peak_bytes: int | None = None
     """Peak of the pinned host allocator since warm-up (``torch.cuda.host_memory_stats``; the largest rank),
     bytes; None on the CPU."""
+
+    # --- model FLOPs and the device's matmul peak -----------------------------------------------------------
+    flops_per_item: float | None = None
+    """Floating-point operations of one micro-batch's forward and backward per item of ``unit``, counted once
+    after the windows with ``torch.utils.flop_counter.FlopCounterMode`` (the optimizer step left out); None where
+    not counted (``flops_reason`` says why)."""
+    flops_reason: str | None = None
+    """Why ``flops_per_item`` is None, one line (a loader trial, several ranks, counting failed or found no matrix
+    work); None when it was counted, and in script mode (the step is the script's own loop)."""
+    matmul_peak_flops: float | None = None
+    """The device's sustained rate of a large matrix multiply in the workload's precision, FLOP/s, measured after
+    the windows by the one trial of the sweep whose spec asked for it (``TrialSpec.probe_peak``); None on the
+    others."""
+    matmul_peak_precision: str | None = None
+    """What that probe multiplied in: ``bf16``, ``fp16``, ``tf32`` (fp32 with TF32 matmuls allowed, on CUDA) or
+    ``fp32``."""
+    matmul_peak_reason: str | None = None
+    """Why a probe that was asked for gave no figure, one line (out of memory, say); None otherwise."""
 
     # --- why the trial stopped measuring --------------------------------------------------------------------
     stop_reason: str | None = None

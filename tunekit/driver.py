@@ -24,8 +24,8 @@ import yaml
 from tunekit import plan, report, store
 from tunekit._files import read_json, write_json_atomic, write_text_atomic
 from tunekit.config import Config, from_dict
-from tunekit.contract import Knobs, Measurement, TrialSpec, skipped_measurement
-from tunekit.env import snapshot, sweep_warnings
+from tunekit.contract import Knobs, Measurement, Mode, TrialSpec, skipped_measurement
+from tunekit.env import matmul_peaks, snapshot, sweep_warnings
 from tunekit.errors import UsageError
 from tunekit.launcher import child_env, kill_tree, release_nodes, run_trial, start_fork_server, torchrun_command
 from tunekit.records import TrialRow
@@ -228,7 +228,7 @@ def _run_one(sweep: _RunningSweep, req: plan.Request) -> TrialRow:
     cfg = sweep.cfg
     trial, number = sweep.runs.start(cfg, req.stage, req.mode, req.knobs.to_dict())
     spec = TrialSpec(number=number, stage=req.stage, mode=req.mode, knobs=req.knobs, config=cfg.to_dict(),
-                     needed=plan.needed_rate(cfg, sweep.rows, req))
+                     needed=plan.needed_rate(cfg, sweep.rows, req), probe_peak=_asks_peak(sweep, req))
     if req.skip is not None:
         measurement = skipped_measurement(spec, req.skip)
     else:
@@ -239,6 +239,15 @@ def _run_one(sweep: _RunningSweep, req: plan.Request) -> TrialRow:
             raise
     sweep.runs.finish(trial, req.mode, measurement)
     return TrialRow.from_measurement(replace(measurement, number=number))
+
+
+def _asks_peak(sweep: _RunningSweep, req: plan.Request) -> bool:
+    """Whether this trial measures the device's matmul peak: once per sweep, in its first one-rank trial that runs
+    the model (a staged sweep's first compute trial), and in the next ones until one recorded a figure (a trial
+    that failed, or a probe that did). A script's trials run the user's own process: no probe there."""
+    if sweep.cfg.script is not None or req.mode == Mode.loader or req.knobs.ranks > 1:
+        return False
+    return not any(r.measurement.matmul_peak_flops for r in sweep.rows)
 
 
 def _finish(sweep: _RunningSweep, env: dict[str, Any], before: list[str]) -> SweepResult:
@@ -257,6 +266,8 @@ def _finish(sweep: _RunningSweep, env: dict[str, Any], before: list[str]) -> Swe
 
 
 def _write_outputs(sweep: _RunningSweep, env: dict[str, Any], before: list[str], after: list[str]) -> SweepResult:
+    env = {**env, "matmul_peak": matmul_peaks(sweep.rows)}  # the device's measured peak beside the machine's facts
+    write_json_atomic(sweep.run_dir / "env.json", env)
     meta = {"strategy": sweep.strategy, "stop_reason": sweep.stop_reason, "interrupted": sweep.interrupted,
             "warnings_before": before, "warnings_after": after,
             "invocations": [*sweep.earlier, {

@@ -345,12 +345,28 @@ def script_command(spec: TrialSpec) -> list[str]:
 
     script = spec.config["script"]
     if spec.stage == "baseline":
-        return fill_command(script["command"], dict(script.get("baseline") or {}))
+        return _ranks_of(spec, fill_command(script["command"], dict(script.get("baseline") or {})))
     knobs = spec.knobs.to_dict()
     extra = knobs.pop("extra")
     baselines = {key: (value.get("values") or [None])[0]
                  for key, value in ((spec.config.get("search") or {}).get("extra") or {}).items()}
-    return fill_command(script["command"], {**knobs, **baselines, **extra})
+    return _ranks_of(spec, fill_command(script["command"], {**knobs, **baselines, **extra}))
+
+
+def _ranks_of(spec: TrialSpec, command: list[str]) -> list[str]:
+    """A script trial of a multi-rank config runs under torchrun with the trial's ranks (1 for the ceilings and
+    the scaling trial): a ``torchrun …`` command keeps its own options, ``python train.py …`` gets launch's."""
+    from tunekit.config import torchrun_split
+
+    launch = dict(spec.config.get("launch") or {})
+    if int(launch.get("nproc_per_node") or 1) * int(launch.get("nnodes") or 1) <= 1:
+        return command
+    found = torchrun_split(command)
+    if found is None:
+        return torchrun_command({**launch, "nproc_per_node": spec.knobs.ranks}) + command[1:]
+    options, _, program = found
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={spec.knobs.ranks}",
+            "--max-restarts=0", "--monitor-interval=0.5", *options, *program]
 
 
 def _script_env(script: dict[str, Any], env: dict[str, str], spec_path: Path, out_path: Path) -> dict[str, str]:

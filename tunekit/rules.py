@@ -20,8 +20,8 @@ from collections.abc import Iterable, Sequence
 from statistics import median
 
 from tunekit.config import Selection
-from tunekit.contract import Stage
-from tunekit.records import TrialRow
+from tunekit.contract import Mode, Stage
+from tunekit.records import TrialRow, compute_ceiling
 
 __all__ = [
     "KNEE_STAGES", "MIN_POINTS", "NEAR_CEILING", "OVERHEAD_RATIO", "STARVED_WAIT", "NO_WAIT", "STREAM_FULL", "NOISY_CV",
@@ -31,7 +31,7 @@ __all__ = [
     "can_reach", "knee_stages", "of_ceiling", "SYNC_SHARE", "SCALING_HEALTHY", "scaling_efficiency",
     "communication_bound", "rate_interval", "window_rate", "settling", "window_stop", "input_bound",
     "worker_core_share", "waits_on_data", "machine_noise", "keeps_cpus_busy", "BUSY_HOST", "DISTURBED_BAND",
-    "other_cpu_share", "busy_host",
+    "other_cpu_share", "busy_host", "MATMUL_SHARE_HIGH", "flops_per_item", "peak_trial", "flop_share",
 ]
 
 # --- selection -----------------------------------------------------------------------------------------------
@@ -221,6 +221,14 @@ pays off as it should."""
 MEMORY_WALL_MARGIN = 0.05
 """Headroom within this of the limit is at the memory wall."""
 
+MATMUL_SHARE_HIGH = 0.5
+"""Share of the device's measured matmul peak (model FLOP utilisation, :func:`flop_share`) at or above which a
+compute-bound step runs near what the card can do: the next lever is a cheaper model or a bigger card. Below it
+the step leaves the matrix units idle for much of its time and kernel work has room (channels_last, a larger batch,
+torch.compile, CUDA graphs, fused optimizers). Half: well-tuned large-model training reports 40-60 % of the
+datasheet's dense bf16 rate (PaLM: 46 %), the measured peak lies below the datasheet's, and what a step spends
+beyond its matrix work (normalisation, activations, the optimizer) counts no FLOPs."""
+
 # --- environment ---------------------------------------------------------------------------------------------
 
 BUSY_HOST = 0.5
@@ -263,6 +271,42 @@ BENIGN_THROTTLE = frozenset({"gpu_idle", "sw_power_cap", "applications_clocks_se
 def of_ceiling(row: TrialRow, ceiling: TrialRow | None) -> float | None:
     """A trial's throughput per rank as a share of a (one-GPU) compute ceiling (None without one)."""
     return row.rate / row.knobs.ranks / ceiling.rate if ceiling is not None and ceiling.rate else None
+
+
+def flops_per_item(row: TrialRow, rows: Iterable[TrialRow]) -> float | None:
+    """The FLOPs of a training step per item of ``unit`` for ``row``'s model: its own count, else that of the
+    compute ceiling at its batch (a trial of several ranks, or one recorded before trials counted them)."""
+    if row.measurement.flops_per_item:
+        return row.measurement.flops_per_item
+    ceiling = compute_ceiling(rows, row.knobs.batch_size)
+    return ceiling.measurement.flops_per_item if ceiling is not None else None
+
+
+def peak_trial(rows: Iterable[TrialRow], row: TrialRow) -> TrialRow | None:
+    """The trial that measured the matmul peak of ``row``'s device (its GPU by UUID; off CUDA the same device and
+    name) in the precision ``row`` ran (a user-defined knob may set ``workload.precision``), or None."""
+    m = row.measurement
+    precision = dict(row.knobs.extra).get("workload.precision")
+    for other in rows:
+        p = other.measurement
+        if not p.matmul_peak_flops or dict(other.knobs.extra).get("workload.precision") != precision:
+            continue
+        if (p.device_uuid == m.device_uuid) if m.device_uuid else (p.device, p.device_name) == (m.device,
+                                                                                                 m.device_name):
+            return other
+    return None
+
+
+def flop_share(row: TrialRow, rows: Iterable[TrialRow]) -> float | None:
+    """Model FLOP utilisation: the trial's throughput per rank times :func:`flops_per_item` over its device's
+    measured matmul peak (:func:`peak_trial`); None without either, and for a loader trial (it runs no model)."""
+    if not row.ok or row.mode == Mode.loader:
+        return None
+    rows = list(rows)
+    flops, peak = flops_per_item(row, rows), peak_trial(rows, row)
+    if not flops or peak is None:
+        return None
+    return row.rate / row.knobs.ranks * flops / peak.measurement.matmul_peak_flops
 
 
 def scaling_efficiency(multi: TrialRow, single: TrialRow) -> float | None:

@@ -19,7 +19,13 @@ def print_disturbances(summary: Any) -> None:
 
 
 def print_outcome(summary: Any, run_dir: Path) -> None:
-    """The knee's reason, the gains and where recommended.yaml is."""
+    """The knee's output per unit of money (with a price), its reason, the gains, its model's share of the
+    device's matmul peak and where recommended.yaml is."""
+    from tunekit.report import flop_summary, money_summary
+
+    money = money_summary(summary)
+    if money:
+        click.echo(money)
     click.echo(summary.choice.reason)
     if summary.choice.knee is None:
         return
@@ -27,6 +33,9 @@ def print_outcome(summary: Any, run_dir: Path) -> None:
         click.echo(f"{summary.speedup_vs_defaults:.2f}x the PyTorch defaults (0 workers, no pinning).")
     if summary.speedup_vs_script:
         click.echo(f"{summary.speedup_vs_script:.2f}x the script's own settings.")
+    flops = flop_summary(summary)
+    if flops:
+        click.echo(flops)
     click.echo(f"-> {run_dir / 'recommended.yaml'}")
 
 

@@ -8,7 +8,7 @@ from tunekit import rules
 from tunekit.analysis import single_gpu_twin
 from tunekit.config import Selection
 from tunekit.contract import Mode, Stage
-from tunekit.diagnosis._verdicts import VERDICTS, Verdict, verdict
+from tunekit.diagnosis._verdicts import VERDICTS, Verdict, compute_fix, verdict
 from tunekit.records import TrialRow, compute_ceiling
 
 Evidence = dict[str, Any]
@@ -108,6 +108,9 @@ class Facts:
     cpus: int
     twin: PinnedGain | None
     plateau: tuple[TrialRow, TrialRow] | None
+    flop_share: float | None = None
+    """Model FLOP utilisation: the share of the device's measured matmul peak the trial's model ran at
+    (rules.flop_share)."""
 
     @property
     def data_bound(self) -> bool:
@@ -147,6 +150,7 @@ def _facts(row: TrialRow, trials: Trials) -> Facts:
         cpus=int(m.cpu_count or 0),
         twin=trials.pinned_gain(row),
         plateau=trials.loader_plateau(row) if k.num_workers and row.mode == Mode.train else None,
+        flop_share=rules.flop_share(row, trials.rows),
     )
 
 
@@ -331,10 +335,14 @@ def _cpu_contention(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
 
 def _compute_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     if row.mode == Mode.compute:
-        return {"data wait": f.wait}
-    if row.mode == Mode.train and f.of_ceiling is not None and f.of_ceiling >= rules.NEAR_CEILING:
-        return {"of compute ceiling": f.of_ceiling, "data wait": f.wait}
-    return None
+        ev: Evidence = {"data wait": f.wait}
+    elif row.mode == Mode.train and f.of_ceiling is not None and f.of_ceiling >= rules.NEAR_CEILING:
+        ev = {"of compute ceiling": f.of_ceiling, "data wait": f.wait}
+    else:
+        return None
+    if f.flop_share is not None:  # the fix turns on it (compute_fix)
+        ev["of the device's measured matmul peak"] = f.flop_share
+    return ev
 
 
 def _unattributed(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
@@ -363,7 +371,8 @@ def classify(row: TrialRow, trials: Trials) -> Verdict | None:
     for name in VERDICTS:
         evidence = PREDICATES[name](row, facts, trials)
         if evidence is not None:
-            return verdict(name, evidence, row.number)
+            return verdict(name, evidence, row.number,
+                           compute_fix(facts.flop_share) if name == "compute-bound" else None)
     return None
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tunekit import rules
+
 VERDICTS: tuple[str, ...] = ("shared-host", "shared-gpu", "memory-wall", "h2d-copy", "cpu-preprocessing",
                              "data-starved", "communication-bound", "gpu-preprocessing", "cpu-contention",
                              "overhead-bound", "compute-bound", "unattributed")
@@ -51,6 +53,28 @@ FIXES: dict[str, str] = {
 }
 
 
+COMPUTE_FIXES: dict[str, str] = {
+    "kernels": "the input pipeline keeps up and the model's step keeps this device's matrix units busy for a small "
+               "share of its time: speed up the model itself where its kernels lose it: channels_last for "
+               "convolutions, a larger batch, torch.compile (kernel fusion), CUDA graphs "
+               "(torch.compile(mode='reduce-overhead')) for a launch-bound step, fused optimizers (fused=True), bf16 "
+               "when the step runs in fp32",
+    "card": "the input pipeline keeps up and the model's step runs near what this device's matrix units sustain: "
+            "kernel work has little left to gain; the next lever is a cheaper model (fewer FLOPs per item: a "
+            "smaller model, a lower resolution, shorter sequences) or a faster card (in fp32 or TF32, bf16 first: "
+            "the card's bf16 peak is twice its TF32 one)",
+}
+"""The compute-bound fix by the model's share of the measured matmul peak: below :data:`rules.MATMUL_SHARE_HIGH`
+the kernels, at or above it the card. Without a share (no FLOP count, no peak) the fix is ``FIXES``'s."""
+
+
+def compute_fix(share: float | None) -> str:
+    """The first fix of a compute-bound trial whose model runs at ``share`` of the device's matmul peak."""
+    if share is None:
+        return FIXES["compute-bound"]
+    return COMPUTE_FIXES["card" if share >= rules.MATMUL_SHARE_HIGH else "kernels"]
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One finding: its name (from VERDICTS), the numbers behind it, and the first fix."""
@@ -65,9 +89,9 @@ class Verdict:
         return f"{self.name}: {facts}. First fix: {self.fix}."
 
 
-def verdict(name: str, evidence: dict[str, Any], trial: int | None = None) -> Verdict:
-    """A verdict with the fix of its name."""
-    return Verdict(name, evidence, FIXES[name], trial)
+def verdict(name: str, evidence: dict[str, Any], trial: int | None = None, fix: str | None = None) -> Verdict:
+    """A verdict with the fix of its name (or ``fix``)."""
+    return Verdict(name, evidence, fix or FIXES[name], trial)
 
 
 def _show(v: Any) -> str:

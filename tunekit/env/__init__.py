@@ -1,11 +1,14 @@
 """The machine a sweep runs on: the snapshot the driver saves (never importing torch), the NVML sampler a trial
-worker runs, the text ``tunekit env`` prints, and the warnings a sweep shows before and after it runs."""
+worker runs, the text ``tunekit env`` prints, the warnings a sweep shows before and after it runs, and the device's
+matmul peak its trials measured, with the datasheet figure beside it."""
 
 from __future__ import annotations
 
+from tunekit.env._peak import datasheet_flops, matmul_peaks
 from tunekit.env._sampler import NvmlSampler
 from tunekit.env._snapshot import cpu_model, snapshot
 from tunekit.env._text import format_text
 from tunekit.env._warnings import environment_warnings, sweep_warnings
 
-__all__ = ["snapshot", "format_text", "NvmlSampler", "cpu_model", "environment_warnings", "sweep_warnings"]
+__all__ = ["snapshot", "format_text", "NvmlSampler", "cpu_model", "environment_warnings", "sweep_warnings",
+           "datasheet_flops", "matmul_peaks"]

@@ -15,9 +15,9 @@ from tunekit.errors import UsageError
 from tunekit.report._markdown import report_md
 from tunekit.report._recommendation import recommendation_yaml
 from tunekit.report._summary import RunSummary, summarize
-from tunekit.report._tables import console_table, trials_csv
+from tunekit.report._tables import console_table, flop_summary, money_summary, trials_csv
 
-__all__ = ["RunSummary", "summarize", "write_outputs", "console_table"]
+__all__ = ["RunSummary", "summarize", "write_outputs", "console_table", "flop_summary", "money_summary"]
 
 
 OUTPUTS = ("trials.csv", "recommended.yaml", "report.md", "plots")

@@ -5,7 +5,7 @@ from typing import Any
 from tunekit.contract import Mode, Stage
 from tunekit.records import TrialRow, compute_ceiling
 from tunekit.report._summary import RunSummary
-from tunekit.report._tables import fmt, rate_or_none
+from tunekit.report._tables import flop_summary, fmt, rate_or_none, share_text, si
 from tunekit.report.plots import PlotResult
 
 
@@ -19,7 +19,7 @@ def report_md(s: RunSummary, plots: list[PlotResult], env: dict[str, Any]) -> st
     if s.stop_reason:
         out += [f"Stopped early: {s.stop_reason}", ""]
     out += ["## Recommendation", "", *_recommendation(s), *_user_knobs(s), "## Diagnosis", "", *_diagnosis(s)]
-    out += ["## Plots", "", *_plots(plots), "## Environment", "", *_environment(env), *_trials(s)]
+    out += ["## Plots", "", *_plots(plots), "## Environment", "", *_environment(env, s), *_trials(s)]
     return "\n".join(out) + "\n"
 
 
@@ -28,9 +28,11 @@ def _recommendation(s: RunSummary) -> list[str]:
     if k is None:
         return [s.choice.reason, ""]
     u = s.unit
-    cost = f", {s.per_money(k.rate):,.0f} {u} per unit of money" if s.per_hour else ""
-    out = [f"**{k.knobs.describe()}** — {k.rate:.1f} {u}/s{cost} (trial {k.number}, window noise "
-           f"{k.noise_cv:.1%}).", "", s.choice.reason, ""]
+    # with a price, output per unit of money leads, at the rate that earns it
+    lead = (f"{s.per_money(k.rate):,.0f} {u} per unit of money at {k.rate:.1f} {u}/s (cost.per_hour "
+            f"{s.per_hour:g}; " if s.per_hour else f"{k.rate:.1f} {u}/s (")
+    out = [f"**{k.knobs.describe()}** — {lead}trial {k.number}, window noise {k.noise_cv:.1%}).", "",
+           s.choice.reason, ""]
     if best is not None and best is not k:
         out += [f"Best measured: {best.knobs.describe()} at {best.rate:.1f} {u}/s (trial "
                 f"{best.number}); the knee reaches {s.choice.ratio:.1%} of it.", ""]
@@ -47,7 +49,8 @@ def _recommendation(s: RunSummary) -> list[str]:
     per_batch = k.measurement.items_per_batch_mean
     if u != "samples" and per_batch:
         out += [f"Mean {u} per batch at the knee: {per_batch:,.1f} (batch {k.knobs.batch_size}).", ""]
-    return out + _ranks(s, k) + _ceilings(s.rows, k, u)
+    flops = flop_summary(s)
+    return out + _ranks(s, k) + _ceilings(s.rows, k, u) + ([flops, ""] if flops else [])
 
 
 def _script(s: RunSummary, k: TrialRow) -> list[str]:
@@ -97,11 +100,13 @@ def _costs(s: RunSummary) -> list[str]:
     def size(v: Any) -> str:
         return "—" if not v or v < 2**20 else f"{v / gib:.2f}"  # under 1 MiB: the allocator's own, not batches
 
-    out = [f"| config | trial | {s.unit}/s | loader workers | CPU busy (cores) | host memory (GiB) | pinned memory "
-           "per GPU (GiB) | device memory reserved per GPU (GiB) |", "|" + " --- |" * 8]
+    money = f" {s.unit} per unit of money |" if s.per_hour else ""
+    out = [f"| config | trial | {s.unit}/s |{money} loader workers | CPU busy (cores) | host memory (GiB) | pinned "
+           "memory per GPU (GiB) | device memory reserved per GPU (GiB) |", "|" + " --- |" * (9 if money else 8)]
     for name, r in rows:
         m = r.measurement
-        out.append(f"| {name} | {r.number} | {r.rate:.1f} | {r.knobs.num_workers * r.knobs.ranks} | "
+        per_money = f" {s.per_money(r.rate):,.0f} |" if money else ""
+        out.append(f"| {name} | {r.number} | {r.rate:.1f} |{per_money} {r.knobs.num_workers * r.knobs.ranks} | "
                    f"{fmt(m.cpu_util_cores)} | {size(m.host_mem_peak_bytes)} | {size(m.pinned_peak_bytes)} | "
                    f"{size(m.device_mem_peak_reserved_bytes)} |")
     return [*out, ""]
@@ -244,9 +249,10 @@ def _plots(plots: list[PlotResult]) -> list[str]:
     return out
 
 
-def _environment(env: dict[str, Any]) -> list[str]:
+def _environment(env: dict[str, Any], s: RunSummary) -> list[str]:
+    peaks = [_peak_line(p) for p in s.peaks]
     if not env:
-        return ["No env.json in this run.", ""]
+        return ["No env.json in this run.", *peaks, ""]
     pk, cpu, mem = env.get("packages") or {}, env.get("cpu") or {}, env.get("memory") or {}
     out = [f"- host: {env.get('hostname')}, {cpu.get('usable', cpu.get('affinity') or cpu.get('logical'))} usable "
            f"CPUs ({cpu.get('model')}), {(mem.get('total_bytes') or 0) / 2**30:.1f} GiB RAM",
@@ -263,14 +269,25 @@ def _environment(env: dict[str, Any]) -> list[str]:
         i, j = pair.get("gpus") or ("?", "?")
         out.append(f"- GPUs {i} and {j}: {'NVLink' if pair.get('nvlink') else 'PCIe'} "
                    f"({pair.get('pcie_path') or 'path unknown'} without it)")
-    return out + [""]
+    return out + peaks + [""]
+
+
+def _peak_line(peak: dict[str, Any]) -> str:
+    """One matmul probe of the run: the measured figure, the datasheet's beside it."""
+    where = f"{peak.get('device_name')} ({peak.get('device')}), measured in trial {peak.get('trial')}"
+    if peak.get("flops") is None:
+        return f"- matmul peak in {peak.get('precision')}: not measured on {where}: {peak.get('reason')}"
+    sheet = peak.get("datasheet_flops")
+    return (f"- matmul peak in {peak.get('precision')}: {si(peak['flops'], 'FLOP/s')} sustained on {where}; datasheet "
+            + (si(sheet, "FLOP/s") if sheet else "not listed for this device"))
 
 
 def _trials(s: RunSummary) -> list[str]:
     if any(r.knobs.ranks > 1 for r in s.rows):  # multi-GPU runs: workers are per rank, and ranks a column
         return _trials_ranks(s)
     out = ["## Trials", "", "| # | stage | mode | workers | prefetch | pin | batch | accum | compile | status | "
-           f"{s.unit}/s | {s.unit}/$ | noise | data wait | NVML util | headroom | verdict |", "|" + " --- |" * 17]
+           f"{s.unit}/s | {s.unit}/$ | of matmul peak | noise | data wait | NVML util | headroom | verdict |",
+           "|" + " --- |" * 18]
     for r in sorted(s.rows, key=lambda r: r.number):
         k = r.knobs
         status = r.status if r.ok else f"{r.status}: {r.reason}"
@@ -278,7 +295,7 @@ def _trials(s: RunSummary) -> list[str]:
         out.append(f"| {r.number} | {r.stage} | {r.mode} | {k.num_workers} | {k.prefetch_factor or '—'} | "
                    f"{'yes' if k.pin_memory else 'no'} | {k.batch_size} | {k.grad_accum} | {k.compile} | "
                    f"{status.replace('|', '/')} | {fmt(rate_or_none(r))} | "
-                   f"{fmt(s.per_money(rate_or_none(r)), ',.0f')} | "
+                   f"{fmt(s.per_money(rate_or_none(r)), ',.0f')} | {share_text(s.flop_share(r))} | "
                    f"{fmt(r.noise_cv, '.1%')} | {fmt(r.measurement.data_wait_frac, '.1%')} | "
                    f"{fmt(r.measurement.nvml_util_gpu_pct, '.0f')} | {fmt(r.headroom, '.1%')} | "
                    f"{verdict.name if verdict else '—'} |")
@@ -287,8 +304,8 @@ def _trials(s: RunSummary) -> list[str]:
 
 def _trials_ranks(s: RunSummary) -> list[str]:
     out = ["## Trials", "", "| # | stage | mode | ranks | workers per rank | prefetch | pin | batch | accum | "
-           f"compile | status | {s.unit}/s | {s.unit}/s per GPU | noise | data wait | sync | headroom | verdict |",
-           "|" + " --- |" * 18]
+           f"compile | status | {s.unit}/s | {s.unit}/s per GPU | of matmul peak | noise | data wait | sync | "
+           "headroom | verdict |", "|" + " --- |" * 19]
     for r in sorted(s.rows, key=lambda r: r.number):
         k = r.knobs
         status = r.status if r.ok else f"{r.status}: {r.reason}"
@@ -297,7 +314,7 @@ def _trials_ranks(s: RunSummary) -> list[str]:
         out.append(f"| {r.number} | {r.stage} | {r.mode} | {k.ranks} | {k.num_workers} | {k.prefetch_factor or '—'} | "
                    f"{'yes' if k.pin_memory else 'no'} | {k.batch_size} | {k.grad_accum} | {k.compile} | "
                    f"{status.replace('|', '/')} | {fmt(rate)} | {fmt(None if rate is None else rate / k.ranks)} | "
-                   f"{fmt(r.noise_cv, '.1%')} | {fmt(r.measurement.data_wait_frac, '.1%')} | "
-                   f"{fmt(r.measurement.sync_share, '.1%')} | {fmt(r.headroom, '.1%')} | "
-                   f"{verdict.name if verdict else '—'} |")
+                   f"{share_text(s.flop_share(r))} | {fmt(r.noise_cv, '.1%')} | "
+                   f"{fmt(r.measurement.data_wait_frac, '.1%')} | {fmt(r.measurement.sync_share, '.1%')} | "
+                   f"{fmt(r.headroom, '.1%')} | {verdict.name if verdict else '—'} |")
     return out

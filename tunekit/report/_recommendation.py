@@ -4,7 +4,9 @@ from typing import Any
 
 import yaml
 
+from tunekit import rules
 from tunekit.recommended import recommendation_dict
+from tunekit.records import compute_ceiling
 from tunekit.report._summary import RunSummary
 
 
@@ -14,7 +16,10 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
     m = knee.measurement
     return {
         "unit": s.unit,
+        # with a price, output per unit of money leads, beside the rate
+        "items_per_money": round(s.per_money(knee.rate) or 0.0, 1) if s.per_hour else None,
         "rate": round(knee.rate, 2),
+        "flop_share": _rounded(s.flop_share(knee), 4),
         "best_rate": round(best.rate, 2),
         "ratio": round(float(s.choice.ratio or 0), 4),
         "best_config": best.knobs.to_dict(),
@@ -29,7 +34,10 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
         "band": round(float(s.choice.band or 0), 4),
         "data_wait_frac": m.data_wait_frac,
         "gpu_busy_frac": m.gpu_busy_frac,
-        "items_per_money": round(s.per_money(knee.rate) or 0.0, 1) if s.per_hour else None,
+        "best_items_per_money": round(s.per_money(best.rate) or 0.0, 1) if s.per_hour else None,
+        "defaults_items_per_money": round(s.per_money(s.defaults.rate) or 0.0, 1) if s.per_hour and s.defaults
+        else None,
+        "model_flops": _model_flops(s),
         "disturbed": list(s.disturbances) or None,
         "verdict": s.verdicts[0].name if s.verdicts else None,
         "diagnosis": [v.sentence() for v in s.verdicts],
@@ -39,6 +47,33 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
         "date": s.date,
         "distributed": _distributed(s),
         "run": {"name": s.name, "strategy": s.strategy, "trials": len(s.rows), "knee_trial": knee.number},
+    }
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    """``value`` to ``digits`` significant digits (a share of a sleeping model's FLOPs is tiny, not 0)."""
+    return None if value is None else float(f"{value:.{digits}g}")
+
+
+def _model_flops(s: RunSummary) -> dict[str, Any] | None:
+    """What the knee's model asks of the device against what the device measured: FLOPs per item, the knee's and
+    its compute ceiling's share of the matmul peak, the peak and the datasheet's figure beside it."""
+    knee = s.choice.knee
+    assert knee is not None
+    flops, peak = rules.flops_per_item(knee, s.rows), s.peak(knee)
+    if flops is None and peak is None:
+        return None
+    ceiling = compute_ceiling(s.rows, knee.knobs.batch_size)
+    return {
+        "flops_per_item": flops,
+        "flops_reason": knee.measurement.flops_reason if flops is None else None,
+        "share_of_peak": _rounded(s.flop_share(knee), 4),
+        "ceiling_share_of_peak": _rounded(s.flop_share(ceiling), 4),
+        "ceiling_trial": ceiling.number if ceiling is not None else None,
+        "matmul_peak_flops": peak.flops if peak else None,
+        "matmul_peak_precision": peak.precision if peak else None,
+        "matmul_peak_trial": peak.trial if peak else None,
+        "datasheet_flops": peak.datasheet_flops if peak else None,
     }
 
 

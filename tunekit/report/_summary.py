@@ -9,7 +9,18 @@ from tunekit.analysis import Choice, defaults_trial, select, select_knee, single
 from tunekit.config import Config, ExtraKnob, Selection, extra_knobs, set_on_loader
 from tunekit.contract import Mode, Stage
 from tunekit.diagnosis import Verdict, run_verdicts, trial_verdicts
+from tunekit.env import datasheet_flops, machine_fingerprint, matmul_peaks
 from tunekit.records import TrialRow, compute_ceiling
+
+
+class Peak(NamedTuple):
+    """The matmul peak a trial's share is of: the trial that measured it, the figure, its precision and the
+    datasheet's figure for the device beside it (None where the device is not listed)."""
+
+    trial: int
+    flops: float
+    precision: str
+    datasheet_flops: float | None
 
 
 class Scaling(NamedTuple):
@@ -55,6 +66,25 @@ class RunSummary:
     """Script mode: the command with the knee's knobs filled in."""
     set_on_loader: dict[str, Any] = field(default_factory=dict)
     """Script mode: the knee's settings tunekit set on the training DataLoader (no placeholder for them)."""
+    machine: dict[str, Any] = field(default_factory=dict)
+    """The machine the knee was measured on (env.machine_fingerprint: the run's snapshot and the knee's own facts),
+    which recommended.yaml records and ``tunekit check`` compares."""
+    peaks: tuple[dict[str, Any], ...] = ()
+    """Every matmul probe of the run (env.matmul_peaks: env.json's ``matmul_peak``)."""
+
+    def flop_share(self, row: TrialRow | None) -> float | None:
+        """Model FLOP utilisation of a trial: its throughput per rank x FLOPs per item over its device's measured
+        matmul peak (rules.flop_share); None without a count or a peak."""
+        return None if row is None else rules.flop_share(row, self.rows)
+
+    def peak(self, row: TrialRow | None) -> Peak | None:
+        """The measured matmul peak ``row``'s share is of, with the datasheet's figure beside it."""
+        found = None if row is None else rules.peak_trial(self.rows, row)
+        if found is None:
+            return None
+        m = found.measurement
+        return Peak(found.number, float(m.matmul_peak_flops or 0.0), m.matmul_peak_precision or "",
+                    datasheet_flops(m.device_name, m.matmul_peak_precision))
 
     @property
     def disturbances(self) -> tuple[str, ...]:
@@ -123,6 +153,8 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
         name=cfg.name, strategy=strategy, choice=choice,
         defaults=defaults_trial(rows, choice.knee) if choice.knee else None, rows=tuple(rows),
         device=m.device_name if m else None, versions=(m.versions if m else None) or {},
+        machine=machine_fingerprint(env, device=m.device_name, cpus=m.cpu_count,
+                                    memory_bytes=m.host_mem_total_bytes, versions=m.versions) if m else {},
         date=date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         min_headroom=cfg.selection.min_headroom, tolerance=cfg.selection.tolerance, unit=cfg.unit,
         stop_reason=stop_reason,
@@ -131,7 +163,7 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
         scaling=_scaling(rows, choice.knee), extra_knobs=knobs,
         knee_before_extra=select_knee([r for r in rows if r.stage in rules.knee_stages(Stage.extra)],
                                       cfg.selection).knee if knobs else None,
-        **_script_fields(cfg, rows, choice.knee),
+        **_script_fields(cfg, rows, choice.knee), peaks=tuple(matmul_peaks(rows)),
     )
 
 
@@ -148,8 +180,10 @@ def _script_fields(cfg: Config, rows: list[TrialRow], knee: TrialRow | None) -> 
     spec = TrialSpec(number=knee.number, stage=Stage.end_to_end, mode=knee.mode, knobs=knee.knobs,
                      config=cfg.to_dict())
     loader = knee.measurement.loader_measured or {}
-    return {"script_baseline": base, "script_command": tuple(script_command(spec)),
-            "set_on_loader": {k: loader.get(k, getattr(knee.knobs, k)) for k in set_on_loader(cfg.script.command)}}
+    setting = {k: loader.get(k, getattr(knee.knobs, k)) for k in set_on_loader(cfg.script.command)}
+    if setting and loader.get("persistent_workers"):  # the trial kept its workers across epochs: so must the script
+        setting["persistent_workers"] = True
+    return {"script_baseline": base, "script_command": tuple(script_command(spec)), "set_on_loader": setting}
 
 
 def _scaling(rows: list[TrialRow], knee: TrialRow | None) -> Scaling | None:

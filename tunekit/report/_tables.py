@@ -3,7 +3,9 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from tunekit import rules
 from tunekit.analysis import trials_frame
+from tunekit.records import compute_ceiling
 from tunekit.report._summary import RunSummary
 
 
@@ -15,14 +17,69 @@ def rate_or_none(row: Any) -> float | None:
     return row.rate if row.ok else None
 
 
+def share_text(share: float | None) -> str:
+    """A model FLOP share as a percentage ("—" when unknown; a share the percentage would round to 0 says so)."""
+    if share is None:
+        return "—"
+    return "<0.1%" if share < 0.001 else f"{share:.1%}"
+
+
+def si(value: float, unit: str) -> str:
+    """``value`` with an SI prefix: 24.6 GFLOP, 712.4 TFLOP/s."""
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.1f} {prefix}{unit}"
+    return f"{value:.1f} {unit}"
+
+
+def flop_summary(s: RunSummary) -> str | None:
+    """One sentence: the knee's and its compute ceiling's share of the device's measured matmul peak (model FLOP
+    utilisation), the FLOPs per item and the peak with the datasheet's figure beside it; or why the share is not
+    known. None without a knee, and for a run recorded before trials counted FLOPs."""
+    k = s.choice.knee
+    if k is None:
+        return None
+    ceiling = compute_ceiling(s.rows, k.knobs.batch_size)
+    flops, peak = rules.flops_per_item(k, s.rows), s.peak(k)
+    reason = k.measurement.flops_reason or (ceiling.measurement.flops_reason if ceiling is not None else None)
+    if flops is None and peak is None and not s.peaks and reason is None:
+        return None
+    if peak is None:
+        why = next((p["reason"] for p in s.peaks if p.get("reason")), None) or "no trial measured it"
+        return f"Model FLOP utilisation: not known: no matmul peak of this device ({why})."
+    if not flops:
+        return f"Model FLOP utilisation: not known: the model's FLOPs were not counted ({reason or 'no count'})."
+    shares = [f"the knee {share_text(s.flop_share(k))}{' per GPU' if k.knobs.ranks > 1 else ''}"]
+    if ceiling is not None and ceiling is not k and s.flop_share(ceiling) is not None:
+        shares.append(f"its compute ceiling (batch {k.knobs.batch_size}) {share_text(s.flop_share(ceiling))}")
+    sheet = f"; datasheet {si(peak.datasheet_flops, 'FLOP/s')}" if peak.datasheet_flops else ""
+    return (f"Model FLOP utilisation: {', '.join(shares)} of this device's measured matmul peak ({si(flops, 'FLOP')} "
+            f"per {k.item}, forward and backward, counted with FlopCounterMode; peak {si(peak.flops, 'FLOP/s')} in "
+            f"{peak.precision}, trial {peak.trial}{sheet}).")
+
+
+def money_summary(s: RunSummary) -> str | None:
+    """With ``cost.per_hour``: the knee's items per unit of money at its rate, beside the best config's and the
+    PyTorch defaults'. None without a price or a knee."""
+    k = s.choice.knee
+    if k is None or not s.per_hour:
+        return None
+    u = s.unit
+    others = [f"{name} {s.per_money(r.rate):,.0f}" for name, r in (("best", s.choice.best), ("defaults", s.defaults))
+              if r is not None and r is not k]
+    return (f"{s.per_money(k.rate):,.0f} {u} per unit of money at {k.rate:.1f} {u}/s (cost.per_hour "
+            f"{s.per_hour:g})" + (f"; {', '.join(others)}" if others else "") + ".")
+
+
 def trials_csv(s: RunSummary) -> str:
-    """trials.csv: one row per trial with its verdict, the verdict's evidence and its items (of ``unit``) per unit
-    of money."""
+    """trials.csv: one row per trial with its verdict, the verdict's evidence, its items (of ``unit``) per unit of
+    money and its model's share of the device's measured matmul peak (``flop_share``)."""
     verdicts = s.trial_verdicts
     extra = {r.number: {"verdict": verdicts[r.number].name if r.number in verdicts else None,
                         "verdict_evidence": "; ".join(f"{k} {v}" for k, v in verdicts[r.number].evidence.items())
                         if r.number in verdicts else None,
-                        "items_per_money": s.per_money(rate_or_none(r))} for r in s.rows}
+                        "items_per_money": s.per_money(rate_or_none(r)),
+                        "flop_share": s.flop_share(r)} for r in s.rows}
     buf = io.StringIO()
     trials_frame(list(s.rows), extra, {k.key: k.baseline for k in s.extra_knobs}).to_csv(buf, index=False)
     return buf.getvalue()

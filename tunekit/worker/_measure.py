@@ -6,6 +6,8 @@ measurement (docs/measurement.md).
 * Device peak memory counters are reset after warm-up; peaks, not means, are reported.
 * The sampler draws from one endless epoch, so no epoch boundary (worker restart) falls inside the trial.
 * The loader's workers stop as soon as the windows end (killed, not asked to finish the batch in hand).
+* After the windows, once the memory peaks are read: the model's FLOPs per item are counted on one more batch, and
+  the spec's ``probe_peak`` measures the device's matmul peak (``_flops``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch.utils.data import IterableDataset
 
 from tunekit.contract import Measurement, TrialSpec
 from tunekit.worker import _dist
+from tunekit.worker._flops import count_flops, matmul_peak
 from tunekit.worker._loader import LoaderBatches
 from tunekit.worker._meter import Meter, MeterSettings, Reading
 from tunekit.worker._monitor import Monitor, TreeCpu, nvml_sampler
@@ -43,6 +46,8 @@ class _Metered:
     epochs_ended: int = 0
     warnings: list[str] = field(default_factory=list)
     sync_share: float | None = None
+    flops: dict[str, Any] = field(default_factory=dict)
+    """``flops_per_item`` and ``flops_reason``."""
 
 
 def _settings(spec: TrialSpec, setup: Setup, queued: int) -> MeterSettings:
@@ -92,6 +97,7 @@ def _run(spec: TrialSpec, setup: Setup, monitor: Monitor) -> _Metered:
         if ranks is not None and setup.built.ddp is not None:
             out.sync_share = sync_share(step, setup.built, device, ranks)
         out.epochs_ended, out.warnings = loader.epochs_ended, loader.warnings
+        out.flops = count_flops(step, setup.built, cfg.workload.step_updates)  # its batch may end an epoch: after
         return out
     finally:
         # Stop the loader workers now: the step's closures (and a traceback) would keep them alive.
@@ -112,6 +118,7 @@ def measure(spec: TrialSpec) -> Measurement | None:
     monitor = Monitor(nvml_sampler(device), node_root=node_root, forked_from=forked_from).start()
     try:
         metered = _run(spec, setup, monitor)
+        peak = matmul_peak(device, setup.cfg.workload.precision) if spec.probe_peak and ranks is None else {}
     finally:
         monitor.stop()
     t_done = time.perf_counter()
@@ -120,6 +127,7 @@ def measure(spec: TrialSpec) -> Measurement | None:
     out = measurement(spec, setup, metered.reading, monitor, times=times, memory=metered.memory,
                       warmup_memory=metered.warmup_memory, epochs_ended=metered.epochs_ended,
                       warnings=metered.warnings, sync_share=metered.sync_share)
+    out.update(metered.flops, **peak)
     if ranks is None:
         return Measurement(**out)
     out.update(host=_dist.host(), rank=ranks.rank, local_rank=ranks.local_rank, world=ranks.world,

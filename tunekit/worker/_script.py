@@ -5,11 +5,17 @@ The bootstrap (``_bootstrap/sitecustomize.py``) calls :func:`install` at interpr
 ``TUNEKIT_SCRIPT_SPEC`` (the trial's spec.json) and ``TUNEKIT_SCRIPT_MEASUREMENT`` (where measurement.json goes).
 From then on every ``DataLoader`` the script builds is counted, and the first one iterated for training is
 measured: with ``script.loader: auto`` the first iterated with autograd enabled (evaluation runs under
-``no_grad`` or ``inference_mode``), with ``script.loader: N`` the N-th built. The script's loop then gets its
+``no_grad`` or ``inference_mode``), else the first iterated again that has given the most batches, with
+``script.loader: N`` the N-th built. The script's loop then gets its
 batches through the meter; the epochs of the loader are chained, so an epoch that ends inside the trial is counted
 (and its worker restart paid) without the script seeing it. At the batch request after the last window the
 measurement is written and the process ends (``os._exit``): the script's remaining epochs, evaluation and
 checkpoints never run.
+
+Under torchrun every rank's training loader is measured this way: the ranks agree on the meter's decisions over a
+gloo group of their own (made once the script has joined its process group, before its training loader's first
+batch) and rank 0 writes the merged measurement (``_dist.merge``); torchrun's own process trains nothing and is
+left alone.
 
 Modes: ``train`` measures the script's own step; ``compute`` feeds it the loader's first batch again and again,
 the loader stopped (the script's step on a ready batch); ``loader`` drains the loader in the bootstrap alone
@@ -34,6 +40,7 @@ from tunekit._files import read_json, write_json_atomic
 from tunekit.config import LOADER_KNOBS, from_dict, set_on_loader
 from tunekit.contract import Measurement, TrialSpec, failed_measurement
 from tunekit.outcome import classify_error
+from tunekit.worker import _dist
 from tunekit.worker._loader import LoaderBatches, tensors
 from tunekit.worker._meter import Meter, MeterSettings
 from tunekit.worker._monitor import Monitor, TreeCpu, nvml_sampler
@@ -75,6 +82,8 @@ class _Session:
         self.inject = set(set_on_loader(script.command))
         """The knobs set on the training DataLoader itself (the command has no placeholder for them)."""
         self.started = time.time()
+        self.world, self.rank = int(os.environ.get("WORLD_SIZE") or 1), int(os.environ.get("RANK") or 0)
+        self.ranks: _dist.Ranks | None = None
         self.built: list[weakref.ref[DataLoader]] = []
         self.yielded: dict[int, int] = {}
         """Batches each passed-through loader gave (by its build index), for the failure messages."""
@@ -93,27 +102,37 @@ class _Session:
         """The loader's build order, 1-based (0: built before the bootstrap, or not a DataLoader it saw)."""
         return next((i for i, ref in enumerate(self.built, 1) if ref() is loader), 0)
 
-    def is_training(self, loader: DataLoader) -> bool:
-        if self.which == "auto":
-            return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
-        return self.index(loader) == int(self.which)
+    def found_by(self, loader: DataLoader) -> str | None:
+        """Why ``loader``, iterated now, is the training loader; None when it is not. With ``auto``: the first
+        iterated with autograd enabled; failing that, a loader iterated again (its next epoch) that has given the
+        most batches so far (a loop that trains under no_grad, once no loader has autograd enabled)."""
+        if self.which != "auto":
+            return f"script.loader = {self.which}" if self.index(loader) == int(self.which) else None
+        if torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
+            return "autograd enabled"
+        given = self.yielded.get(self.index(loader), 0)
+        if given and given == max(self.yielded.values()):
+            return f"the most batches ({given} in its first pass; none iterated with autograd enabled)"
+        return None
 
     # -- the measured loader --------------------------------------------------------------------------------
 
-    def start(self, loader: DataLoader) -> Any:
+    def start(self, loader: DataLoader, found_by: str) -> Any:
         """Set the knobs on the training loader and meter its batches; the iterator the script's loop gets."""
         self.training = loader
         t_start = time.time()
         self.facts = {"build_s": max(0.0, t_start - self.started)}
         params = _apply(loader, self.spec, set() if self.spec.stage == "baseline" else self.inject)
         self.facts["params"] = params
-        self.facts["loader"] = {"index": self.index(loader), "found_by": "autograd enabled"
-                                if self.which == "auto" else f"script.loader = {self.which}",
+        self.facts["loader"] = {"index": self.index(loader), "found_by": found_by,
                                 "dataset": type(loader.dataset).__name__, "length": _length(loader.dataset),
                                 "batch_size": params["batch_size"], "num_workers": params["num_workers"],
-                                "pin_memory": params["pin_memory"], "prefetch_factor": params["prefetch_factor"]}
+                                "pin_memory": params["pin_memory"], "prefetch_factor": params["prefetch_factor"],
+                                "persistent_workers": params.pop("persistent_workers")}
         device = _device()
         self.facts["device"] = device
+        if self.world > 1:
+            self.ranks = _join_ranks(self.cfg.trial.timeout_s)
         self.loader = LoaderBatches(_Own(loader))
         count = _counter(self.count_path, params["batch_size"])
         batches, ready, fill = self.loader, self.loader.ready, params["num_workers"] * (params["prefetch_factor"] or 2)
@@ -121,10 +140,13 @@ class _Session:
             first = next(self.loader)
             self.loader.close()
             batches, ready, fill = itertools.repeat(first), (lambda: 0), 0
-        self.monitor = Monitor(nvml_sampler(device)).start()
+        node_root = os.getppid() if self.ranks is not None and self.ranks.local_rank == 0 else None  # torchrun
+        self.monitor = Monitor(nvml_sampler(device), node_root=node_root).start()
+        needed = self.spec.needed / self.world if self.spec.needed is not None else None  # each rank's share
         settings = MeterSettings.from_trial(self.cfg.trial, round_batches=max(1, params["num_workers"]), fill=fill,
-                                            needed=self.spec.needed)
-        self.meter = Meter(batches, settings, device=device, count=count, cpu=TreeCpu(), ready=ready,
+                                            needed=needed)
+        self.meter = Meter(batches, settings, device=device, count=count, cpu=TreeCpu(), ranks=self.ranks,
+                           ready=ready,
                            epochs=lambda: self.loader.epochs_ended if self.loader else 0,
                            measuring=lambda: self._measuring(device))
         if self.spec.mode == "loader":  # drained here, before the script's loop gets a batch
@@ -169,7 +191,16 @@ class _Session:
                        warmup_memory=self.facts.get("warmup_memory", {}), epochs_ended=self.loader.epochs_ended,
                        warnings=self.loader.warnings, sync_share=None, params=params)
         out["loader_measured"] = self.facts["loader"]
-        write_json_atomic(self.out_path, Measurement(**out).to_dict())
+        if self.ranks is None:
+            write_json_atomic(self.out_path, Measurement(**out).to_dict())
+        else:  # rank 0 writes every rank's measurement merged
+            ranks = self.ranks
+            out.update(host=_dist.host(), rank=ranks.rank, local_rank=ranks.local_rank, world=ranks.world,
+                       backend=ranks.backend, node_mem_peak_bytes=monitor.node_pss_peak or None,
+                       node_processes=monitor.node_processes or None)
+            results = ranks.gather(out)
+            if ranks.rank == 0:
+                write_json_atomic(self.out_path, Measurement(**_dist.merge(results)).to_dict())
         sys.stdout.flush()
         sys.stderr.write(f"tunekit: trial {self.spec.number} measured; the script ends here\n")
         sys.stderr.flush()
@@ -190,7 +221,12 @@ class _Session:
             status, reason, extra = "crashed", self._why_no_measurement(), {}
         if self.loader is not None:
             self.loader.close()
-        write_json_atomic(self.out_path, failed_measurement(self.spec, status, reason, **extra).to_dict())
+        path = self.out_path
+        if self.world > 1:  # beside the trial's measurement, with the time: the first rank to fail is the cause
+            path = os.path.join(os.path.dirname(path), f"measurement.rank{self.rank}.json")
+            extra["failed_at"] = time.time()
+            reason = f"rank {self.rank}: {reason}"
+        write_json_atomic(path, failed_measurement(self.spec, status, reason, **extra).to_dict())
 
     def _why_no_measurement(self) -> str:
         if self.training is not None:
@@ -214,6 +250,28 @@ def _length(dataset: Any) -> int | None:
         return len(dataset)
     except TypeError:
         return None
+
+
+def _join_ranks(timeout_s: float) -> _dist.Ranks:
+    """This rank's place among the script's ranks, with a gloo group for the meter's agreements."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError("the script iterated its training DataLoader under torchrun before joining a process "
+                           "group: script mode needs torch.distributed.init_process_group() called first")
+    backend = str(dist.get_backend())
+    control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return _dist.Ranks(dist.get_rank(), int(os.environ.get("LOCAL_RANK") or 0), dist.get_world_size(), backend,
+                       control)
+
+
+def _torchrun_agent() -> bool:
+    """Whether this process is torchrun itself (it starts the ranks; they train)."""
+    argv = getattr(sys, "orig_argv", sys.argv)
+    return "LOCAL_RANK" not in os.environ and (
+        any(os.path.basename(a) == "torchrun" for a in argv[1:2]) or "torch.distributed.run" in argv[1:3])
 
 
 def _device() -> torch.device:
@@ -254,7 +312,8 @@ def _apply(loader: DataLoader, spec: TrialSpec, inject: set[str]) -> dict[str, A
         object.__setattr__(loader, "batch_sampler", sampler)
         object.__setattr__(loader, "batch_size", knobs.batch_size)
     return {"num_workers": workers, "batch_size": loader.batch_size or knobs.batch_size,
-            "pin_memory": bool(loader.pin_memory), "prefetch_factor": loader.prefetch_factor if workers else None}
+            "pin_memory": bool(loader.pin_memory), "prefetch_factor": loader.prefetch_factor if workers else None,
+            "persistent_workers": bool(loader.persistent_workers)}
 
 
 def _init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
@@ -269,9 +328,8 @@ def _iter(self: DataLoader) -> Any:
         return _original_iter(self)
     if session.training is self:  # the script's next iter() of the measured loader: the measurement goes on
         return session.stream
-    if session.training is not None or not session.is_training(self):
-        return _passed_through(session, self)
-    return session.start(self)
+    found_by = session.found_by(self) if session.training is None else None
+    return _passed_through(session, self) if found_by is None else session.start(self, found_by)
 
 
 def _passed_through(session: _Session, loader: DataLoader) -> Any:
@@ -286,6 +344,8 @@ def install() -> None:
     global _SESSION
     from tunekit.worker import watch_parent
 
+    if _torchrun_agent():
+        return
     watch_parent()  # the script dies with the sweep that launched it, as a worker does
     spec = TrialSpec.from_dict(read_json(os.environ[SPEC_ENV]))
     _SESSION = _Session(spec, os.environ[OUT_ENV])

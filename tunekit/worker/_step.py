@@ -51,6 +51,9 @@ class TrialStep:
     """Batches trained so far; the optimizer steps every grad_accum of them."""
     loss: Any = None
     """The last batch's loss, still on the device: checked at window edges only (no sync per step)."""
+    on_device: Callable[[], tuple[Any, float]] | None = None
+    """One more batch on the device as the step gets it, and the items it holds (the FLOP count's, after the
+    windows); None in loader mode."""
 
 
 def moves_ahead(built: Built, spec: TrialSpec) -> bool:
@@ -139,7 +142,15 @@ def trial_step(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches
     def copy_only(batch: Any) -> None:
         to_device(batch, ctx, non_blocking=knobs.non_blocking)
 
+    def on_device() -> tuple[Any, float]:
+        batch = next(step.batches)
+        if ahead:  # moved by the stream, counted before the move
+            return batch[0], batch[1]
+        items = step.count(batch)
+        return (batch if spec.mode == "compute" else move(batch, ctx, non_blocking=False)), items
+
     step.run = copy_only if spec.mode == "loader" else train
+    step.on_device = None if spec.mode == "loader" else on_device
     return step
 
 

@@ -1,0 +1,107 @@
+"""Script mode against workload mode on one job, in one run: `tunekit sweep` of the image example's script, run
+unedited (examples/image_classifier/tunekit.yaml), and of the same job named as factories (workload.yaml), then
+the script re-run end to end under the script sweep's recommendation and under its own settings, alternated, each
+timed by a plain clock (benchmarks/_plain_clock: a timestamp per batch request, nothing else).
+
+    python benchmarks/script_vs_workload.py --budget-min 4 --out results/script-vs-workload
+
+Reports per mode: wall time, trials, the knee and its rate; the wall-time ratio (target: script <= 1.5x workload);
+and the script's own throughput under the recommendation against its own settings. Extra `--set` options go to
+both sweeps (e.g. --set workload.precision=fp32 on a CPU: it applies to the workload config only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from _common import write_csv
+
+from tunekit import config
+from tunekit.contract import Knobs, TrialSpec
+from tunekit.launcher import child_env, script_command
+
+_ROOT = Path(__file__).resolve().parent.parent
+_EXAMPLE = _ROOT / "examples" / "image_classifier"
+_CLOCK = Path(__file__).resolve().parent / "_plain_clock"
+
+
+def _sweep(cfg: Path, out: Path, budget: float, sets: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(out), "--budget-min", str(budget)]
+    for item in sets:
+        cmd += ["--set", item]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=_ROOT, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0 or not (out / "recommended.yaml").exists():
+        raise SystemExit(f"the sweep of {cfg.name} failed (exit {proc.returncode}): "
+                         f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+    rec = yaml.safe_load((out / "recommended.yaml").read_text())
+    trials = sum(1 for line in (out / "trials.csv").read_text().splitlines()[1:] if line.strip())
+    return {"wall_s": round(wall, 1), "trials": trials, "knee": rec["dataloader"] | rec["training"],
+            "knee_rate": rec["evidence"]["rate"], "band": rec["evidence"].get("band"), "rec": rec}
+
+
+def _plain(command: list[str], loader: dict, skip: int, count: int) -> float:
+    env = {**child_env(), "TUNEKIT_PLAIN_CLOCK": f"{skip} {count}", "TUNEKIT_PLAIN_LOADER": json.dumps(loader)}
+    env["PYTHONPATH"] = os.pathsep.join([str(_CLOCK), env.get("PYTHONPATH", "")])
+    run = subprocess.run(command, cwd=_EXAMPLE, env=env, capture_output=True, text=True, timeout=900)
+    found = re.search(r"plain-clock rate ([0-9.]+)", run.stderr)
+    if not found:
+        raise SystemExit(f"the plain run of {command} printed no rate: {run.stderr.strip().splitlines()[-3:]}")
+    return float(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--budget-min", type=float, default=4.0)
+    parser.add_argument("--set", dest="sets", action="append", default=[])
+    parser.add_argument("--rounds", type=int, default=2, help="alternated re-runs of the script")
+    parser.add_argument("--skip", type=int, default=40, help="batches the plain clock lets pass first")
+    parser.add_argument("--count", type=int, default=200, help="batches the plain clock times")
+    parser.add_argument("--out", type=Path, default=Path("results/script-vs-workload"))
+    args = parser.parse_args()
+    out = args.out.resolve()
+    subprocess.run([sys.executable, "train.py", "--data", "./data", "--make-data", "2048", "--epochs", "0"],
+                   cwd=_EXAMPLE, check=True, capture_output=True)
+    script_sets = [s for s in args.sets if not s.startswith("workload.")]
+    modes = {"script": _sweep(_EXAMPLE / "tunekit.yaml", out / "script", args.budget_min, script_sets),
+             "workload": _sweep(_EXAMPLE / "workload.yaml", out / "workload", args.budget_min, args.sets)}
+    rows = [{"mode": m, **{k: v for k, v in r.items() if k != "rec"}} for m, r in modes.items()]
+    write_csv(out / "sweeps.csv", rows)
+    for row in rows:
+        print(f"{row['mode']}: {row['wall_s']} s, {row['trials']} trials, knee {row['knee']} at {row['knee_rate']}")
+    print(f"wall time script / workload: {modes['script']['wall_s'] / modes['workload']['wall_s']:.2f} "
+          "(target <= 1.5)")
+
+    rec = modes["script"]["rec"]
+    cfg = config.load(_EXAMPLE / "tunekit.yaml")
+    own = script_command(TrialSpec(number=0, stage="baseline", mode="train", knobs=Knobs(), config=cfg.to_dict()))
+    runs = {"recommended": (list(rec["script"]["command"]), dict(rec["script"]["set_on_dataloader"])),
+            "own settings": (own, {})}
+    reruns = []
+    for round_ in range(args.rounds):
+        order = list(runs) if round_ % 2 == 0 else list(reversed(runs))
+        for name in order:
+            command, loader = runs[name]
+            rate = _plain(command, loader, args.skip, args.count)
+            reruns.append({"round": round_, "run": name, "rate": round(rate, 2), "command": " ".join(command),
+                           "set_on_dataloader": json.dumps(loader)})
+            print(f"round {round_}: {name}: {rate:.1f} samples/s")
+    write_csv(out / "reruns.csv", reruns)
+    median = {name: statistics.median(r["rate"] for r in reruns if r["run"] == name) for name in runs}
+    print(f"the script under the recommendation: {median['recommended']:.1f} samples/s against "
+          f"{median['own settings']:.1f} under its own settings ({median['recommended'] / median['own settings']:.2f}x)"
+          f"; the sweep predicted {rec['evidence']['rate']:.1f} -> {out}")
+
+
+if __name__ == "__main__":
+    main()
