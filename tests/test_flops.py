@@ -21,7 +21,7 @@ from tunekit.report import flop_summary, money_summary, summarize
 from tunekit.report._markdown import _costs, report_md
 from tunekit.report._recommendation import recommendation_yaml
 from tunekit.worker._build import build
-from tunekit.worker._flops import count_flops, matmul_peak
+from tunekit.worker._flops import _dtype, count_flops, matmul_peak
 from tunekit.worker._step import TrialStep
 
 WIDTHS = (64, 256, 256, 10)
@@ -94,6 +94,14 @@ def test_the_matmul_probe_gives_a_figure_in_the_workload_s_precision_or_a_reason
     failed = matmul_peak(cpu, "fp16", size=-1)
     assert failed["matmul_peak_flops"] is None and failed["matmul_peak_precision"] == "fp16"
     assert failed["matmul_peak_reason"].startswith("the matmul probe failed: RuntimeError")
+    cuda, tf32 = torch.device("cuda", 0), torch.backends.cuda.matmul.allow_tf32  # a flag: no CUDA needed
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert _dtype(cuda, "fp32") == (torch.float32, "tf32") and _dtype(cpu, "fp32") == (torch.float32, "fp32")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert _dtype(cuda, "fp32") == (torch.float32, "fp32")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 def test_datasheet_figures_for_known_names_only():

@@ -40,6 +40,20 @@ def test_cuda_trial_fills_gpu_fields(tmp_path: Path):
     assert m.device.startswith("cuda")
 
 
+def test_cuda_flops_per_item_and_the_matmul_peak_in_bf16(tmp_path: Path):
+    """The Linear stack's FLOPs on CUDA under bf16 autocast are its CPU count (they depend on neither); the probe
+    gives a bf16 figure."""
+    from tests.test_flops import LINEAR_FLOPS, _linear_config
+
+    cfg = config.from_dict(_linear_config(**{"device": "cuda", "workload.precision": "bf16"})).to_dict()
+    spec = TrialSpec(number=0, stage="single", mode="compute", config=cfg, knobs=Knobs(batch_size=256),
+                     probe_peak=True)
+    m = run_trial(spec, tmp_path / "t", 120)
+    assert m.status == "ok", m
+    assert m.flops_per_item == pytest.approx(LINEAR_FLOPS, rel=0.01)
+    assert m.matmul_peak_flops > 0 and m.matmul_peak_precision == "bf16" and m.matmul_peak_reason is None
+
+
 def test_cuda_oom_is_classified(tmp_path: Path):
     cfg = _cnn_config()
     cfg["workload"]["model_args"] = {"num_classes": 10, "width": 512}
