@@ -4,6 +4,7 @@ matmul peak its trials measured, with the datasheet figure beside it."""
 
 from __future__ import annotations
 
+from tunekit.env._machine import describe_machine, machine_fingerprint
 from tunekit.env._peak import datasheet_flops, matmul_peaks
 from tunekit.env._sampler import NvmlSampler
 from tunekit.env._snapshot import cpu_model, snapshot
@@ -11,4 +12,4 @@ from tunekit.env._text import format_text
 from tunekit.env._warnings import environment_warnings, sweep_warnings
 
 __all__ = ["snapshot", "format_text", "NvmlSampler", "cpu_model", "environment_warnings", "sweep_warnings",
-           "datasheet_flops", "matmul_peaks"]
+           "datasheet_flops", "matmul_peaks", "machine_fingerprint", "describe_machine"]

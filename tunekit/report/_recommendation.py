@@ -31,6 +31,7 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
         "headroom_basis": m.headroom_basis,
         "items_per_batch_mean": m.items_per_batch_mean,
         "noise_cv": round(knee.noise_cv, 4),
+        "rate_interval": round(m.rate_interval, 4) if m.rate_interval is not None else None,
         "band": round(float(s.choice.band or 0), 4),
         "data_wait_frac": m.data_wait_frac,
         "gpu_busy_frac": m.gpu_busy_frac,
@@ -44,9 +45,11 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
         "reason": s.choice.reason,
         "device": s.device,
         "versions": s.versions,
+        "machine": s.machine or None,
         "date": s.date,
         "distributed": _distributed(s),
-        "run": {"name": s.name, "strategy": s.strategy, "trials": len(s.rows), "knee_trial": knee.number},
+        "run": {"name": s.name, "strategy": s.strategy, "trials": len(s.rows),
+                "trials_run": sum(1 for r in s.rows if r.status != "skipped"), "knee_trial": knee.number},
     }
 
 
