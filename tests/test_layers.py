@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("worker", "report"),
     ("driver",),
     ("_api",),
+    ("_check",),
     ("cli",),
     ("__main__",),
 )

@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 
 from tunekit.recommended import Recommended, load_recommended  # noqa: E402
 
-__all__ = ["__version__", "Recommended", "load_recommended", "sweep", "trial"]
+__all__ = ["__version__", "Recommended", "load_recommended", "sweep", "trial", "check"]
 
 
 def __getattr__(name: str):  # the sweep API loads optuna, pandas and the rest only when it is used
@@ -14,4 +14,8 @@ def __getattr__(name: str):  # the sweep API loads optuna, pandas and the rest o
         from tunekit import _api
 
         return getattr(_api, name)
+    if name == "check":
+        from tunekit import _check
+
+        return _check.check
     raise AttributeError(f"module 'tunekit' has no attribute {name!r}")

@@ -12,7 +12,7 @@ and SIGHUP end a run as Ctrl-C does). A KeyboardInterrupt while a trial runs kil
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,7 +74,7 @@ def _budget(budget_min: float | None) -> float | None:
     return budget_min
 
 
-def _fixed_knobs(knobs: dict[str, Any] | None) -> dict[str, Any]:
+def fixed_knobs(knobs: dict[str, Any] | None) -> dict[str, Any]:
     """A sweep's fixed knobs as config overrides (each knob's search list becomes its one value)."""
     chosen = config_mod.check_knobs(dict(knobs or {}))
     if "ranks" in chosen:
@@ -102,18 +102,27 @@ def sweep(config: str | os.PathLike[str] | dict[str, Any], *, out: str | os.Path
     Raises:
         ConfigError, UsageError: a bad config, value or run folder (one line each).
     """
+    if strategy not in (None, "staged", "grid"):
+        raise UsageError(f"strategy={strategy!r}: choose staged or grid")
+    minutes = _budget(budget_min)
+    cfg = config_mod.load(config, overrides={**(overrides or {}), **fixed_knobs(knobs)})
+    return sweep_config(cfg, out=out, budget_min=minutes, strategy=strategy, resume=resume, quiet=quiet)
+
+
+def sweep_config(cfg: config_mod.Config, *, out: str | os.PathLike[str] | None = None,
+                 budget_min: float | None = None, strategy: str | None = None, resume: bool = True,
+                 quiet: bool = True, seed: Sequence[Measurement] = ()) -> SweepOutcome:
+    """:func:`sweep` of a config already loaded; ``seed`` holds finished trials measured elsewhere, recorded first
+    in a run that holds none yet (``tunekit check --retune``: the reused ceilings and the check's own trial)."""
     import pandas as pd
 
     from tunekit.driver import run_sweep
 
-    if strategy not in (None, "staged", "grid"):
-        raise UsageError(f"strategy={strategy!r}: choose staged or grid")
     minutes = _budget(budget_min)
-    cfg = config_mod.load(config, overrides={**(overrides or {}), **_fixed_knobs(knobs)})
     run_dir = Path(out or Path("results") / cfg.name)
     result = run_sweep(cfg, run_dir, strategy=strategy or cfg.strategy,
                        budget_minutes=minutes if minutes is not None else cfg.budget.minutes, resume=resume,
-                       quiet=quiet)
+                       quiet=quiet, seed=seed)
     rec_path = run_dir / "recommended.yaml"
     return SweepOutcome(run_dir, load_recommended(rec_path) if rec_path.exists() else None,
                         pd.read_csv(run_dir / "trials.csv"), result.summary.choice.reason, result.interrupted,

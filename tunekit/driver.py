@@ -14,7 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -150,20 +150,27 @@ class _RunningSweep:
 
 
 def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: float, resume: bool,
-              quiet: bool = False) -> SweepResult:
+              quiet: bool = False, seed: Sequence[Measurement] = ()) -> SweepResult:
     """Run (or resume) a sweep into ``run_dir`` and write its outputs. A KeyboardInterrupt (Ctrl-C, or SIGTERM and
     SIGHUP under :func:`interrupts_as_keyboard_interrupt`, which the CLI's main thread installs) ends every phase's
-    child processes and still writes the outputs of the finished trials."""
+    child processes and still writes the outputs of the finished trials. ``seed``: finished trials measured
+    elsewhere (a retune's reused ceilings, its check trial), recorded first when the run holds no trial yet; the
+    plan then never asks for them again."""
     with store.lock_run(run_dir):
         return _locked_sweep(cfg, run_dir, strategy=strategy, budget_minutes=budget_minutes, resume=resume,
-                             quiet=quiet)
+                             quiet=quiet, seed=seed)
 
 
 def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: float, resume: bool,
-                  quiet: bool) -> SweepResult:
+                  quiet: bool, seed: Sequence[Measurement] = ()) -> SweepResult:
     started = time.monotonic()
     console = make_console(quiet)
     runs = store.open_run(run_dir, cfg, resume=resume, strategy=strategy)
+    seeded = len(seed) if seed and not runs.rows() else 0
+    for measurement in seed[:seeded]:  # the trial's own stage, mode and knobs; the run's next number
+        knobs = TrialRow.from_measurement(measurement).knobs.to_dict()
+        trial, number = runs.start(cfg, measurement.stage, measurement.mode, knobs)
+        runs.finish(trial, measurement.mode, replace(measurement, number=number))
     recovered = runs.recover_running()
     if recovered:
         console.print(f"resuming: trial(s) {recovered} were running when the last sweep stopped; they run again")
@@ -175,7 +182,9 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
         warn(console, line)
     sweep = _RunningSweep(cfg, run_dir, strategy, runs, runs.rows(), probe_cuda(cfg.device), console, started=started,
                    earlier=_invocations(run_dir) if resume else [])
-    if sweep.rows:
+    if seeded:
+        console.print(f"recorded first: {seeded} finished trial(s) measured before this sweep (each says where)")
+    elif sweep.rows:
         console.print(f"resuming: {len(sweep.rows)} finished trial(s) in {run_dir / store.STUDY_FILE} are kept")
     try:
         _run_trials(sweep, _Budget(budget_minutes, cfg.budget.max_trials))

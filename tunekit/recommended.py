@@ -61,8 +61,10 @@ class Recommended:
     compile: str
     evidence: dict[str, Any] = field(default_factory=dict)
     """What the sweep measured at the recommendation: ``rate``, ``best_rate`` and ``defaults_rate`` in ``unit``/s,
-    ``items_per_money``, the verdict and its diagnosis, ``distributed`` for several ranks (version 2's names, also
-    for a version-1 file)."""
+    ``noise_cv``, ``rate_interval`` and ``band`` (what ``tunekit check`` compares a fresh trial with),
+    ``items_per_money``, the verdict and its diagnosis, ``distributed`` for several ranks, ``machine`` (the machine's
+    fingerprint, env.machine_fingerprint; older files hold only ``device`` and ``versions``) (version 2's names,
+    also for a version-1 file)."""
     ranks: int = 1
     """DDP ranks (one per GPU) the settings were measured with; the DataLoader settings are per rank."""
     threads: int | None = None
@@ -74,6 +76,15 @@ class Recommended:
     config: dict[str, Any] = field(default_factory=dict)
     """User-defined knobs (search.extra) the recommendation sets away from their baseline: config key to value
     (e.g. ``workload.dataset_args.decode: gpu``), to set in your own job the same way."""
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        """The recommendation as the knobs of a trial (``tunekit.trial(config, knobs=rec.knobs)``, what ``tunekit
+        check`` re-measures); its user-defined knobs are in :attr:`config`."""
+        return {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor if self.num_workers else None,
+                "pin_memory": self.pin_memory, "batch_size": self.batch_size, "grad_accum": self.grad_accum,
+                "compile": self.compile, "ranks": self.ranks, "threads": self.threads,
+                "worker_threads": self.worker_threads}
 
     def dataloader_kwargs(self, worker_init_fn: Callable[[int], Any] | None = None) -> dict[str, Any]:
         """Keyword arguments for ``torch.utils.data.DataLoader`` (prefetch/persistence only with workers). With

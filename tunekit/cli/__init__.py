@@ -1,7 +1,9 @@
-"""Command-line interface: ``tunekit sweep | trial | validate | report | env | node``, one module per subcommand.
+"""Command-line interface: ``tunekit sweep | trial | check | validate | report | env | node``, one module per
+subcommand.
 
 Errors are one line each on stderr (``--debug`` shows the traceback); exit 0 success, 1 runtime failure,
-2 usage or config error. Nothing here imports torch: trials run in subprocesses.
+2 usage or config error (``check`` adds 3: tuned on another machine). Nothing here imports torch: trials run in
+subprocesses.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import traceback
 
 import click
 
+from tunekit.cli._check import check
 from tunekit.cli._env import env
 from tunekit.cli._node import node
 from tunekit.cli._report import report
@@ -30,7 +33,7 @@ def cli(debug: bool) -> None:
     # --debug is read by main() before click runs, so that errors raised while parsing also get a traceback
 
 
-for _command in (sweep, trial, validate, report, env, node):
+for _command in (sweep, trial, check, validate, report, env, node):
     cli.add_command(_command)
 
 

@@ -17,6 +17,7 @@ from tunekit.config import Config
 from tunekit.contract import Mode, Stage
 from tunekit.plan._grid import grid_requests
 from tunekit.plan._request import Request, pending
+from tunekit.plan._retune import knee_values, retune_search
 from tunekit.plan._staged import (
     band_target,
     baseline_request,
@@ -28,7 +29,7 @@ from tunekit.plan._staged import (
 )
 from tunekit.records import TrialRow, compute_ceiling
 
-__all__ = ["Request", "next_requests", "estimate_total", "needed_rate", "baseline"]
+__all__ = ["Request", "next_requests", "estimate_total", "needed_rate", "baseline", "retune_search", "knee_values"]
 
 
 def _own_batch(cfg: Config, rows: list[TrialRow]) -> Config:

@@ -1,0 +1,370 @@
+"""``tunekit check``: keep a committed recommended.yaml true as the pipeline, the code and the machine change.
+
+One full-fidelity trial of the committed config, through :func:`tunekit.trial` (the path of ``tunekit trial``),
+compared with the figures the file records (``rules.check_margin``, ``rules.rate_check``); the machine it was
+tuned on compared with this one first (``env.machine_fingerprint``, ``rules.machine_changes``): on another machine
+the recorded figure does not apply, and no trial runs. ``retune``: a sweep on a search narrowed around the
+committed knee (``plan.retune_search``), seeded with the check's own trial and, on the same machine, the ceilings
+of the sweep that wrote the file, writing ``recommended.retuned.yaml`` beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tunekit import _api, plan, rules
+from tunekit import config as config_mod
+from tunekit._files import read_json, write_text_atomic
+from tunekit.contract import Knobs, Measurement, Mode, Stage
+from tunekit.diagnosis import Verdict, trial_verdicts
+from tunekit.env import describe_machine, machine_fingerprint, snapshot
+from tunekit.errors import ConfigError
+from tunekit.recommended import Recommended, load_recommended
+from tunekit.records import TrialRow
+
+__all__ = ["check", "CheckOutcome", "MachineCheck", "RetuneOutcome", "EXIT_CODES"]
+
+EXIT_CODES = {"holds": 0, "faster": 0, "regressed": 1, "failed": 1, "other_machine": 3}
+"""The exit code of each outcome: the recommendation holds (or the job got faster), it regressed beyond the
+noise or its trial did not complete, or it was recorded on another machine (the figure does not apply)."""
+
+Change = tuple[str, Any, Any]
+
+
+@dataclass(frozen=True)
+class MachineCheck:
+    """The machine the recommendation was tuned on against this one (``env.machine_fingerprint`` each)."""
+
+    recorded: dict[str, Any]
+    current: dict[str, Any]
+    hardware: tuple[Change, ...]
+    """What makes this another machine (``rules.MACHINE_HARDWARE``), as (key, recorded, current)."""
+    software: tuple[Change, ...]
+    """What was upgraded on the same machine (``rules.MACHINE_SOFTWARE``)."""
+
+    @property
+    def same(self) -> bool:
+        return not self.hardware
+
+
+@dataclass(frozen=True)
+class RetuneOutcome:
+    """What the narrowed sweep found, and what it cost against the sweep that wrote the recommendation."""
+
+    run_dir: Path
+    written: Path | None
+    """recommended.retuned.yaml beside the committed file; None without a recommendation."""
+    before: dict[str, Any]
+    after: dict[str, Any] | None
+    """The knobs (and user-defined knobs, by config key) committed and found; None without a knee."""
+    changes: tuple[Change, ...]
+    rate: float | None
+    unit: str
+    trials_run: int
+    """Trials the retune launched (skipped and seeded ones not counted)."""
+    reused: int
+    """Ceilings of the committed sweep recorded first (same machine)."""
+    check_trial_reused: bool
+    full_trials: int | None
+    """Trials the committed sweep ran (recommended.yaml's ``evidence.run``), None when it does not say."""
+    reason: str
+    stop_reason: str
+    interrupted: bool
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """One check of a committed recommendation: what it found, the figures behind it, and its one line."""
+
+    status: str
+    """``holds``, ``faster``, ``regressed``, ``failed`` (the trial did not complete) or ``other_machine``."""
+    line: str
+    recommended: Path
+    unit: str
+    recorded: dict[str, Any]
+    """The recorded figures compared with: ``rate``, ``band``, ``noise_cv``, ``rate_interval``."""
+    knobs: dict[str, Any]
+    machine: MachineCheck
+    measurement: Measurement | None = None
+    trial_dir: Path | None = None
+    change: float | None = None
+    """The trial's rate over the recorded one, less 1."""
+    margin: float | None = None
+    """How far it may lie from the recorded figure and hold (``rules.check_margin``)."""
+    verdict: Verdict | None = None
+    retune: RetuneOutcome | None = None
+
+    @property
+    def exit_code(self) -> int:
+        code = EXIT_CODES[self.status]
+        if code == 0 and self.retune is not None and (self.retune.after is None or self.retune.interrupted):
+            return 130 if self.retune.interrupted else 1
+        return code
+
+
+def check(recommended: str | os.PathLike[str], config: str | os.PathLike[str] | dict[str, Any], *,
+          knobs: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None,
+          out: str | os.PathLike[str] | None = None, retune: bool = False, quiet: bool = True,
+          on_start: Callable[[int, Any, Any], None] | None = None) -> CheckOutcome:
+    """Re-measure a committed recommendation on this machine and compare it with what it records.
+
+    Args:
+        recommended: the recommended.yaml a sweep wrote.
+        config: the config it was tuned with (a file, a mapping, or ``--script``'s config).
+        knobs, overrides: ``--set`` knobs (they replace the recommendation's) and dotted config keys.
+        out: the folder of the check's trials (default ``results/<name>-check``); a retune's run goes to
+            ``out/retune``.
+        retune: also run a sweep narrowed around the committed knee and write recommended.retuned.yaml beside the
+            committed file.
+        quiet: no progress bar or trial log for the retune.
+        on_start: called as ``on_start(number, knobs, config)`` when the check's trial starts.
+
+    Raises:
+        ConfigError, UsageError: a bad recommendation, config, knob value or folder (one line each).
+    """
+    rec_path = Path(recommended)
+    rec = load_recommended(rec_path)
+    recorded = _recorded(rec, rec_path)
+    cfg = config_mod.load(config, overrides=overrides, check_imports=False)
+    if cfg.unit != recorded["unit"]:
+        raise ConfigError([f"{rec_path}: evidence.unit = {recorded['unit']}, but {cfg.source} counts {cfg.unit}: "
+                           "the figures cannot be compared; check it with the config it was tuned with"])
+    run_knobs = config_mod.check_knobs({**{k: v for k, v in rec.knobs.items() if v is not None}, **(knobs or {})})
+    out_dir = Path(out or Path("results") / f"{cfg.name}-check")
+    env = snapshot()
+    tuned_on = _recorded_machine(rec, rec_path)
+    hardware, _ = rules.machine_changes(tuned_on, machine_fingerprint(env))
+    base = {"recommended": rec_path, "unit": recorded["unit"], "recorded": recorded, "knobs": run_knobs}
+    if hardware:  # another machine: no trial (the figure would not apply), unless a retune needs one
+        machine = MachineCheck(tuned_on, machine_fingerprint(env), tuple(hardware), ())
+        outcome = CheckOutcome("other_machine", _other_machine_line(recorded, machine), machine=machine, **base)
+        return _with_retune(outcome, rec, config, cfg, overrides, knobs, out_dir, quiet) if retune else outcome
+
+    trial = _api.trial(config, knobs=run_knobs, mode="train", out=out_dir,
+                       overrides={**(overrides or {}), **plan.knee_values(cfg, rec.config)}, on_start=on_start)
+    m = trial.measurement
+    current = machine_fingerprint(env, device=m.device_name, cpus=m.cpu_count, memory_bytes=m.host_mem_total_bytes,
+                                  versions=m.versions)
+    hardware, software = rules.machine_changes(tuned_on, current)
+    machine = MachineCheck(tuned_on, current, tuple(hardware), tuple(software))
+    base.update(machine=machine, measurement=m, trial_dir=trial.trial_dir)
+    if hardware:  # the trial ran on another device than the recorded one
+        outcome = CheckOutcome("other_machine", _other_machine_line(recorded, machine), **base)
+    elif not trial.ok:
+        outcome = CheckOutcome("failed", f"failed: the committed config did not complete here: {m.status} — "
+                               f"{m.reason}", **base)
+    else:
+        outcome = _compared(base, recorded, m, _ceilings(rec_path, machine), cfg)
+    return _with_retune(outcome, rec, config, cfg, overrides, knobs, out_dir, quiet) if retune else outcome
+
+
+# --- the recorded side ---------------------------------------------------------------------------------------
+
+def _number(evidence: dict[str, Any], key: str, path: Path, *, required: bool = False) -> float | None:
+    value = evidence.get(key)
+    if value is None and not required:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    if not ok or (required and value <= 0):
+        raise ConfigError([f"{path}: evidence.{key} = {value!r}: expected a {'positive ' if required else ''}number "
+                           "(the figure the sweep recorded, which tunekit check compares with)"])
+    return float(value)
+
+
+def _recorded(rec: Recommended, path: Path) -> dict[str, Any]:
+    ev = rec.evidence
+    return {"rate": _number(ev, "rate", path, required=True), "unit": str(ev.get("unit") or "samples"),
+            "band": _number(ev, "band", path) or 0.0, "noise_cv": _number(ev, "noise_cv", path),
+            "rate_interval": _number(ev, "rate_interval", path)}
+
+
+def _recorded_machine(rec: Recommended, path: Path) -> dict[str, Any]:
+    """The recorded fingerprint; for a file written before it was recorded, what its evidence and the run's
+    env.json beside it (a committed run folder) still say."""
+    ev = rec.evidence
+    machine = ev.get("machine")
+    if machine is not None:
+        if not isinstance(machine, dict):
+            raise ConfigError([f"{path}: evidence.machine: expected a mapping (the machine the sweep ran on), got "
+                               f"{type(machine).__name__}"])
+        return dict(machine)
+    env_json = path.parent / "env.json"
+    try:
+        env = read_json(env_json) if env_json.is_file() else None
+    except (OSError, ValueError):
+        env = None
+    versions = ev.get("versions") if isinstance(ev.get("versions"), dict) else None
+    device = ev.get("device") if isinstance(ev.get("device"), str) else None
+    return machine_fingerprint(env if isinstance(env, dict) else None, device=device, versions=versions)
+
+
+def _ceilings(rec_path: Path, machine: MachineCheck) -> list[TrialRow]:
+    """The finished ceilings of the sweep that wrote the recommendation (its study.db beside it), when this is the
+    same machine with the same software; [] otherwise, or without a readable study."""
+    if machine.hardware or machine.software or not (rec_path.parent / "study.db").is_file():
+        return []
+    from tunekit import store
+    from tunekit.errors import TunekitError
+
+    try:
+        rows = store.load_run(rec_path.parent).rows()
+    except TunekitError:
+        return []
+    return [r for r in rows if r.ok and r.mode.ceiling]
+
+
+# --- the comparison ------------------------------------------------------------------------------------------
+
+def _compared(base: dict[str, Any], recorded: dict[str, Any], m: Measurement, ceilings: list[TrialRow],
+              cfg: config_mod.Config) -> CheckOutcome:
+    rate = float(m.rate or 0.0)
+    band = max(recorded["band"], cfg.selection.tolerance)
+    margin = rules.check_margin(band, recorded["noise_cv"], recorded["rate_interval"], m.noise_cv, m.rate_interval)
+    status = rules.rate_check(recorded["rate"], rate, margin)
+    change = rate / recorded["rate"] - 1.0
+    verdict = _verdict(m, ceilings, cfg)
+    unit = base["unit"]
+    figures = f"{rate:.1f} {unit}/s against {recorded['rate']:.1f} recorded, {_pct(change, 1, sign=True)}"
+    if status == "holds":
+        line = f"holds: {figures}, within the {_pct(margin)} band"
+    elif status == "faster":
+        line = (f"holds, faster: {figures}, beyond the {_pct(margin)} band: the job got faster, so a cheaper config "
+                "may now do as well (--retune finds it)")
+    else:
+        line = (f"regressed: {rate:.1f} against {recorded['rate']:.1f} {unit}/s recorded ({_pct(change, 0, sign=True)}"
+                f", beyond the {_pct(margin)} band): {_cause(verdict)}")
+    software = base["machine"].software
+    if software:
+        line += "; since the sweep: " + ", ".join(f"{key} {old} → {new}" for key, old, new in software)
+    return CheckOutcome(status, line, change=change, margin=margin, verdict=verdict, **base)
+
+
+def _verdict(m: Measurement, ceilings: list[TrialRow], cfg: config_mod.Config) -> Verdict | None:
+    """The trial's verdict, against the committed sweep's compute ceiling at its batch when this is its machine."""
+    row = TrialRow.from_measurement(m)
+    compute = [dataclasses.replace(c, number=-1 - i) for i, c in enumerate(ceilings)
+               if c.mode == Mode.compute and c.knobs.batch_size == row.knobs.batch_size][:1]
+    return trial_verdicts([row, *compute], cfg.selection).get(row.number)
+
+
+def _cause(verdict: Verdict | None) -> str:
+    if verdict is None:
+        return "no verdict"
+    facts = [f"{key} {_fact(value)}" for key, value in list(verdict.evidence.items())[:2]]
+    return ", ".join([verdict.name, *facts])
+
+
+def _fact(value: Any) -> str:
+    if isinstance(value, float):
+        return _pct(value, 0) if 0 <= value <= 1.5 else f"{value:.1f}"
+    return str(value)
+
+
+def _pct(share: float, digits: int = 1, sign: bool = False) -> str:
+    """A share as the README writes it: ``−0.4 %`` (a true minus sign), ``3.0 %``."""
+    text = f"{share * 100:{'+' if sign else ''}.{digits}f} %"
+    return text.replace("-", "−")
+
+
+def _other_machine_line(recorded: dict[str, Any], machine: MachineCheck) -> str:
+    diffs = ", ".join(f"{_KEY_WORDS.get(key, key)} {_value(key, old)} → {_value(key, new)}"
+                      for key, old, new in machine.hardware)
+    return (f"another machine: tuned on {describe_machine(machine.recorded)}; here {diffs}: the recorded "
+            f"{recorded['rate']:.1f} {recorded['unit']}/s does not apply, and --retune tunes it for this machine")
+
+
+_KEY_WORDS = {"gpus": "GPUs", "gpu": "GPU", "cpus": "usable CPUs", "cpu": "CPU", "memory_bytes": "host memory"}
+
+
+def _value(key: str, value: Any) -> str:
+    return f"{value / 2**30:.1f} GiB" if key == "memory_bytes" and value is not None else str(value)
+
+
+# --- retune --------------------------------------------------------------------------------------------------
+
+def _with_retune(outcome: CheckOutcome, rec: Recommended, config: Any, cfg: config_mod.Config,
+                 overrides: dict[str, Any] | None, knobs: dict[str, Any] | None, out_dir: Path,
+                 quiet: bool) -> CheckOutcome:
+    """The check with a retune: a sweep of the config on a search narrowed around the committed knee, seeded with
+    the check's own trial and (same machine, the knee no faster: the old ceilings still bound the job from above,
+    so a skip on them stays sound) the committed sweep's ceilings that lie in that search."""
+    knee = Knobs(**rec.knobs)
+    bounds = _bounding_ceilings(outcome, rec)
+    narrowed = plan.retune_search(cfg, knee, rec.config, {r.knobs.num_workers for r in bounds
+                                                          if r.mode == Mode.loader})
+    cfg_r = config_mod.load(config, overrides={**(overrides or {}), **narrowed, **_api.fixed_knobs(knobs)})
+    reused, own = _reused_ceilings(outcome, bounds, cfg_r), _own_trial(outcome, cfg_r, knee)
+    seeds = [*reused, *own]
+    run_dir = out_dir / "retune"
+    swept = _api.sweep_config(cfg_r, out=run_dir, strategy="staged", resume=False, quiet=quiet, seed=seeds)
+    rows = swept.summary.rows
+    new = swept.recommendation
+    before = {**rec.knobs, **rec.config}
+    after = {**new.knobs, **new.config} if new is not None else None
+    written = None
+    if new is not None:
+        written = outcome.recommended.with_name(f"{outcome.recommended.stem}.retuned{outcome.recommended.suffix}")
+        text = (run_dir / "recommended.yaml").read_text()
+        write_text_atomic(written, f"# retuned from {outcome.recommended} by tunekit check --retune (run: "
+                                   f"{run_dir})\n{text}")
+    run = rec.evidence.get("run") if isinstance(rec.evidence.get("run"), dict) else {}
+    full = run.get("trials_run", run.get("trials"))
+    result = RetuneOutcome(
+        run_dir=run_dir, written=written, before=before, after=after,
+        changes=tuple((k, before.get(k), after.get(k)) for k in sorted(set(before) | set(after or {}))
+                      if after is not None and before.get(k) != after.get(k)),
+        rate=new.evidence.get("rate") if new is not None else None, unit=cfg_r.unit,
+        trials_run=sum(1 for r in rows if r.status != "skipped") - len(seeds), reused=len(reused),
+        check_trial_reused=bool(own), full_trials=full if isinstance(full, int) else None,
+        reason=swept.reason, stop_reason=swept.summary.stop_reason, interrupted=swept.interrupted)
+    return dataclasses.replace(outcome, retune=result)
+
+
+def _bounding_ceilings(outcome: CheckOutcome, rec: Recommended) -> list[TrialRow]:
+    """The committed sweep's ceilings that still bound the job from above: on the same machine with the same
+    software, for a knee that got no faster, measured with the knee's user-defined knobs (and one rank, no thread
+    counts)."""
+    machine = outcome.machine
+    if not machine.same or machine.software or outcome.status not in ("holds", "regressed"):
+        return []
+    return [r for r in _ceilings(outcome.recommended, machine) if dict(r.knobs.extra) == rec.config
+            and r.knobs.ranks == 1 and r.knobs.threads is None and r.knobs.worker_threads is None]
+
+
+def _reused_ceilings(outcome: CheckOutcome, bounds: list[TrialRow], cfg: config_mod.Config) -> list[Measurement]:
+    """Those of ``bounds`` that lie in the narrowed search, as the retune records them."""
+    s, own_batch = cfg.search, cfg.script is not None and cfg.script.own_batch
+    seeds = []
+    for row in bounds:
+        k = row.knobs
+        if not ((k.batch_size in s.batch_size or own_batch) and (k.num_workers in s.num_workers or not k.num_workers)
+                and (k.prefetch_factor is None or k.prefetch_factor in s.prefetch_factor)
+                and k.pin_memory in s.pin_memory and k.compile in s.compile and k.grad_accum in s.grad_accum):
+            continue
+        m = row.measurement
+        seeds.append(dataclasses.replace(
+            m, params={**m.params, "extra": {}},  # the knee's user-defined knobs are the retune's baseline
+            warnings=[*(m.warnings or []), f"reused from {outcome.recommended.parent} trial {row.number}: the same "
+                      "machine, and the committed knee got no faster, so this ceiling still bounds the job"],
+            other={**m.other, "reused_from": {"run": str(outcome.recommended.parent), "trial": row.number}}))
+    return seeds
+
+
+def _own_trial(outcome: CheckOutcome, cfg: config_mod.Config, knee: Knobs) -> list[Measurement]:
+    """The check's own trial (a full-fidelity trial of the knee, measured now) as the end-to-end trial the walk
+    asks for at the knee's workers, or as the prefetch stage's trial of the knee's factor when it is not the first
+    listed."""
+    m = outcome.measurement
+    if m is None or m.status != "ok" or outcome.status == "other_machine":
+        return []
+    first = cfg.search.prefetch_factor[0]
+    stage = Stage.end_to_end if knee.num_workers == 0 or knee.prefetch_factor == first else Stage.prefetch
+    return [dataclasses.replace(m, stage=stage, params={**m.params, "extra": {}},
+                                warnings=[*(m.warnings or []),
+                                          f"the check's own trial ({outcome.trial_dir}), recorded first"])]
