@@ -68,10 +68,14 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=40, help="batches the plain clock lets pass first")
     parser.add_argument("--count", type=int, default=200, help="batches the plain clock times")
     parser.add_argument("--out", type=Path, default=Path("results/script-vs-workload"))
+    parser.add_argument("--rerun", type=Path, help="no sweeps: re-run the script under this recommended.yaml")
     args = parser.parse_args()
     out = args.out.resolve()
     subprocess.run([sys.executable, "train.py", "--data", "./data", "--make-data", "2048", "--epochs", "0"],
                    cwd=_EXAMPLE, check=True, capture_output=True)
+    if args.rerun:
+        _reruns(yaml.safe_load(args.rerun.read_text()), args, out)
+        return
     script_sets = [s for s in args.sets if not s.startswith("workload.")]
     modes = {"script": _sweep(_EXAMPLE / "tunekit.yaml", out / "script", args.budget_min, script_sets),
              "workload": _sweep(_EXAMPLE / "workload.yaml", out / "workload", args.budget_min, args.sets)}
@@ -82,7 +86,11 @@ def main() -> None:
     print(f"wall time script / workload: {modes['script']['wall_s'] / modes['workload']['wall_s']:.2f} "
           "(target <= 1.5)")
 
-    rec = modes["script"]["rec"]
+    _reruns(modes["script"]["rec"], args, out)
+
+
+def _reruns(rec: dict, args: argparse.Namespace, out: Path) -> None:
+    """The script end to end under the recommendation and under its own settings, alternated."""
     cfg = config.load(_EXAMPLE / "tunekit.yaml")
     own = script_command(TrialSpec(number=0, stage="baseline", mode="train", knobs=Knobs(), config=cfg.to_dict()))
     runs = {"recommended": (list(rec["script"]["command"]), dict(rec["script"]["set_on_dataloader"])),

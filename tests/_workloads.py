@@ -102,6 +102,23 @@ def rank1_raises_step(model, batch, ctx):
     return ctx.loss_fn(model(batch[0]), batch[1])
 
 
+_STEPS = {"count": 0}
+
+
+def rank1_killed_step(model, batch, ctx):
+    """A step that kills rank 1's process outright (as the OOM killer would) on its 4th call: it writes nothing,
+    and rank 0 then fails in a collective with a lost peer."""
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    _STEPS["count"] += 1
+    if dist.is_initialized() and dist.get_rank() == 1 and _STEPS["count"] == 4:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return ctx.loss_fn(model(batch[0]), batch[1])
+
+
 class _SettlingModel(torch.nn.Module):
     """A linear model whose steps take ``slow_s`` up to call ``fast_after`` (warm-up included) and ``step_s`` after:
     a pipeline still settling when the first window starts."""

@@ -33,7 +33,7 @@ import psutil
 import tunekit
 from tunekit._files import read_json, write_json_atomic
 from tunekit.contract import STATUSES, Measurement, TrialSpec, failed_measurement
-from tunekit.outcome import classify_error
+from tunekit.outcome import classify_error, silent_ranks
 
 __all__ = ["run_trial", "kill_tree", "worker_command", "script_command", "torchrun_command", "release_nodes",
            "child_env", "REQUIRED_FIELDS", "LOG_KEEP_BYTES", "BOOTSTRAP"]
@@ -96,7 +96,7 @@ def _start(spec: TrialSpec, spec_path: Path, out_path: Path) -> Any:
     interpreter running the worker; each leads its own session, its output piped to worker.log."""
     env = child_env()
     # the worker counts its start-up from here: interpreter and imports, or the fork
-    trial_env = {**env, "TUNEKIT_STARTED_AT": repr(time.time())}
+    trial_env = {**env, "TUNEKIT_STARTED_AT": repr(time.time()), "TUNEKIT_TRIAL_DIR": str(spec_path.parent)}
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL,
              "start_new_session": True}
     script = spec.config.get("script")
@@ -123,7 +123,7 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
     out_path.unlink(missing_ok=True)
     t0 = time.perf_counter()
     with _CappedLog(trial_dir / "worker.log") as log:
-        for stale in trial_dir.glob("measurement.rank*.json"):
+        for stale in [*trial_dir.glob("measurement.rank*.json"), *trial_dir.glob("progress.rank*")]:
             stale.unlink()
         proc = _start(spec, spec_path, out_path)
         log.follow(proc.stdout)
@@ -486,14 +486,15 @@ def _tail(path: Path, limit: int = 20_000) -> str:
 
 def _outcome(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float, out_path: Path,
              log_path: Path) -> Measurement:
-    failed_rank = _rank_failure(out_path) if not out_path.exists() else None
+    failed_rank = _rank_failure(out_path, _tail(log_path)) if not out_path.exists() else None
     if timed_out:
         if failed_rank is not None:  # a rank failed, and its peers then hung in a collective: the failure is the cause
             return dataclasses.replace(failed_rank, reason=f"{failed_rank.reason} (the other ranks then hung until "
                                                            f"trial.timeout_s = {timeout_s:g} s; the process tree "
                                                            "was killed)")
         return failed_measurement(
-            spec, "timeout", f"no result within trial.timeout_s = {timeout_s:g} s; its process tree was killed"
+            spec, "timeout", f"no result within trial.timeout_s = {timeout_s:g} s{hung_ranks(out_path.parent)}; "
+                             "its process tree was killed"
         )
     if out_path.exists():
         try:
@@ -523,10 +524,11 @@ def _outcome(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float,
     return failed_measurement(spec, status, f"exit code {rc}: {reason}")
 
 
-def _rank_failure(out_path: Path) -> Measurement | None:
-    """The failure the ranks of a multi-rank trial reported: the first in time (its peers fail after it, in their
+def _rank_failure(out_path: Path, log: str) -> Measurement | None:
+    """The failure of a multi-rank trial: a rank that died without a word (torchrun's summary in the log names it
+    and its exit code), else the first failure in time the ranks reported (its peers fail after it, in their
     collectives, for want of it)."""
-    found = []
+    found: dict[int, Measurement] = {}
     for path in out_path.parent.glob("measurement.rank*.json"):
         try:
             data = read_json(path)
@@ -534,8 +536,44 @@ def _rank_failure(out_path: Path) -> Measurement | None:
             continue
         accepted = _accept(data)
         if isinstance(accepted, Measurement) and accepted.status != "ok":
-            found.append(accepted)
-    return min(found, key=lambda m: float(m.failed_at or 0.0)) if found else None
+            found[int(path.name.split(".")[1].removeprefix("rank"))] = accepted
+    first = min(found.values(), key=lambda m: float(m.failed_at or 0.0)) if found else None
+    silent = silent_ranks(log, set(found)) if first is not None or "ChildFailedError" in log else []
+    if not silent:
+        return first
+    rank, local, code = silent[0]
+    how = (f"was killed by {_signal_name(-code)}" + (" (not sent by tunekit; the kernel's OOM killer is the usual "
+           "sender)" if -code == signal.SIGKILL else "") if code < 0 else f"exited with code {code}")
+    then = f"; then {first.reason}" if first is not None else ""
+    return failed_measurement(TrialSpec.from_dict(read_json(out_path.parent / "spec.json")), "crashed",
+                              f"rank {rank} (local rank {local}) {how} without reporting an error{then}")
+
+
+def _signal_name(number: int) -> str:
+    return signal.Signals(number).name if number in signal.valid_signals() else f"signal {number}"
+
+
+def hung_ranks(trial_dir: Path) -> str:
+    """Which ranks of a timed-out multi-rank trial hung (", rank 1 hung: …"), from the batch each last asked for
+    or held (``progress.rank<r>``, written by the worker at every fetch); empty when it cannot tell."""
+    where: dict[int, tuple[int, bool, float]] = {}
+    for path in trial_dir.glob("progress.rank*"):
+        try:
+            batch, state, at = path.read_text().split()
+            where[int(path.name.removeprefix("progress.rank"))] = (int(batch), state == "got", float(at))
+        except (OSError, ValueError):
+            continue
+    if len(where) < 2:
+        return ""
+    behind = min(where.values(), key=lambda w: (w[0], w[1]))
+    stuck = sorted(r for r, w in where.items() if w[:2] == behind[:2])
+    if len(stuck) == len(where):
+        return (f": every rank held its batch {behind[0]}, so they hung in the step (the model, or a collective)"
+                if behind[1] else f": every rank waited for its batch {behind[0]} from its DataLoader")
+    names = ", ".join(f"rank {r}" for r in stuck)
+    doing = "in its step on" if behind[1] else "waiting for its DataLoader's"
+    return (f": {names} hung {doing} batch {behind[0]} for {time.time() - behind[2]:.0f} s while the others "
+            "waited for it in a collective")
 
 
 def _disk_full(folder: Path) -> str | None:

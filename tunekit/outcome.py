@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["classify_error"]
+__all__ = ["classify_error", "silent_ranks"]
 
 # Real messages from torch, CUDA and the C allocator; each maps a failure to a status.
 _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
@@ -64,3 +64,21 @@ def _last_exception_line(text: str, limit: int = 300) -> str:
         if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", line):
             return line[:limit]
     return lines[-1][:limit] if lines else ""
+
+
+# torchrun's summary of the failed ranks (ChildFailedError): one entry per rank, its rank and exit code
+_RANK_EXIT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def silent_ranks(log: str, reported: set[int]) -> list[tuple[int, int, int]]:
+    """The ranks torchrun's summary lists as failed that reported no failure of their own (``reported``: the ranks
+    that wrote one), as ``(rank, local_rank, exit code)``, those killed by a signal first: a rank killed outright
+    (the OOM killer, a segfault) writes nothing, and its peers then fail in a collective for want of it, which
+    makes their messages ("Connection closed by peer") the wrong ones to blame; torchrun's own "Root Cause" is
+    only the first exit it noticed."""
+    found = {}
+    for m in _RANK_EXIT.finditer(log):
+        rank = int(m.group(1))
+        if rank not in reported:
+            found[rank] = (rank, int(m.group(2)), int(m.group(3)))
+    return sorted(found.values(), key=lambda r: (r[2] >= 0, r[0]))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import statistics
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,21 @@ class Ranks:
     backend: str
     control: Any
     """A gloo process group: agreements and the final gather never touch a CUDA stream."""
+    progress: int = -1
+    """``progress.rank<r>`` in the trial's folder (``TUNEKIT_TRIAL_DIR``), open for :meth:`mark`; -1 without one."""
+
+    def __post_init__(self) -> None:
+        folder = os.environ.get("TUNEKIT_TRIAL_DIR")
+        if folder and os.path.isdir(folder):
+            self.progress = os.open(os.path.join(folder, f"progress.rank{self.rank}"),
+                                    os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def mark(self, batch: int, received: bool) -> None:
+        """Record the batch this rank asks for or holds, overwriting the last: on a timeout the launcher names the
+        rank that waits for a batch the others hold (``launcher.hung_ranks``). One small write per fetch."""
+        if self.progress >= 0:
+            os.pwrite(self.progress, f"{batch} {'got' if received else 'asked'} {time.time():.3f}".ljust(40)
+                      .encode(), 0)
 
     def any(self, flag: bool) -> bool:
         """True on every rank when it is True on any rank."""

@@ -54,6 +54,10 @@ class Ranks(Protocol):
         """The largest ``value`` of the processes, on every process."""
         ...
 
+    def mark(self, batch: int, received: bool) -> None:
+        """Where this process is: asking for its ``batch``-th batch, or holding it (a hung rank is named by it)."""
+        ...
+
 
 class OneProcess:
     """A trial of one process decides alone."""
@@ -63,6 +67,9 @@ class OneProcess:
 
     def max(self, value: int) -> int:
         return value
+
+    def mark(self, batch: int, received: bool) -> None:
+        pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,15 +183,20 @@ class Meter:
         self._ready, self._epochs, self._device_wait = ready, epochs, device_wait
         self._window_done, self._measuring = window_done, measuring
         self.reading = Reading()
+        self._requested = 0
 
     def __iter__(self) -> Iterator[Any]:
         return self._run()
 
     def _next(self) -> Any:
+        self._requested += 1
+        self._ranks.mark(self._requested, False)
         try:
-            return next(self._batches)
+            batch = next(self._batches)
         except StopIteration:
             raise SourceEnded("the batches ended before the measurement was complete") from None
+        self._ranks.mark(self._requested, True)
+        return batch
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
