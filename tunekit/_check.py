@@ -102,10 +102,12 @@ class CheckOutcome:
 
     @property
     def exit_code(self) -> int:
+        """:data:`EXIT_CODES`'s; with a retune, 130 when it was interrupted, and 1 for a check that held when the
+        retune found no recommendation."""
         code = EXIT_CODES[self.status]
-        if code == 0 and self.retune is not None and (self.retune.after is None or self.retune.interrupted):
-            return 130 if self.retune.interrupted else 1
-        return code
+        if self.retune is not None and self.retune.interrupted:
+            return 130
+        return 1 if code == 0 and self.retune is not None and self.retune.after is None else code
 
 
 def check(recommended: str | os.PathLike[str], config: str | os.PathLike[str] | dict[str, Any], *,
@@ -181,7 +183,7 @@ def _recorded(rec: Recommended, path: Path) -> dict[str, Any]:
     ev = rec.evidence
     return {"rate": _number(ev, "rate", path, required=True), "unit": str(ev.get("unit") or "samples"),
             "band": _number(ev, "band", path) or 0.0, "noise_cv": _number(ev, "noise_cv", path),
-            "rate_interval": _number(ev, "rate_interval", path)}
+            "rate_interval": _number(ev, "rate_interval", path), "disturbed": bool(ev.get("disturbed"))}
 
 
 def _recorded_machine(rec: Recommended, path: Path) -> dict[str, Any]:
@@ -242,6 +244,8 @@ def _compared(base: dict[str, Any], recorded: dict[str, Any], m: Measurement, ce
     software = base["machine"].software
     if software:
         line += "; since the sweep: " + ", ".join(f"{key} {old} → {new}" for key, old, new in software)
+    if recorded["disturbed"]:  # recommended.yaml says its own figures were disturbed: the comparison is weaker
+        line += "; the recorded figures were disturbed when tuned (see the file's DISTURBED lines)"
     return CheckOutcome(status, line, change=change, margin=margin, verdict=verdict, **base)
 
 
