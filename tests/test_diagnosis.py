@@ -189,7 +189,7 @@ def test_environment_warnings():
     text = "\n".join(environment_warnings(env, max_workers=16, batch_bytes=2**20 * 8, prefetch=2))
     for fragment in (
         "above the 8 usable CPUs",
-        "/dev/shm holds 0.1 GiB",
+        "/dev/shm holds 64 MiB but 16 workers x prefetch 2 x 8 MiB batches need about 256 MiB",
         "built for CUDA 13.0",
         "1 other process(es): train.py (pid 9)",
         "hw_thermal_slowdown",
@@ -439,3 +439,29 @@ def test_a_noisy_run_without_a_gpu_is_shared_host_with_cpu_advice():
                         data_wait_frac=0.05)
     verdict = trial_verdicts(rows_from_measurements([*CEILINGS, noisy]), SELECTION)[10]
     assert verdict.name == "shared-host" and "nvidia-smi" not in verdict.fix and "GPU" not in verdict.fix
+
+
+def test_the_shm_warning_is_sized_from_the_measured_batch_for_any_workload():
+    """A text workload has no crop: before a trial there is nothing to size /dev/shm against; once a trial has
+    measured its batch (2 MiB at batch 64), the warning scales it to the largest workers x prefetch x batch searched
+    (8 x 4 x batch 128: 128 MiB) against an 8 MiB /dev/shm."""
+    from tunekit import config
+    from tunekit.env import sweep_warnings
+
+    cfg = config.from_dict({"name": "t", "device": "cpu", "workload": {
+        "model": "tunekit.workloads.synthetic:sleepy_model", "dataset": "tunekit.workloads.synthetic:sleepy_dataset"},
+        "search": {"num_workers": [0, 8], "prefetch_factor": [2, 4], "batch_size": [64, 128]}})
+    env = {"cpu": {"affinity": 16}, "shm": {"total_bytes": 8 * 2**20}}
+    assert not any("/dev/shm" in w for w in sweep_warnings(cfg, env))
+    rows = rows_from_measurements([measurement(0, "compute", "compute", 100.0, batch_bytes=2 * 2**20)])
+    text = "\n".join(sweep_warnings(cfg, env, rows))
+    assert "/dev/shm holds 8 MiB but 8 workers x prefetch 4 x 4 MiB batches need about 128 MiB" in text
+
+
+def test_a_trial_out_of_shared_memory_says_so():
+    from tunekit.outcome import classify_error
+
+    log = ("ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory "
+           "(shm).\nRuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error.")
+    status, reason = classify_error(log)
+    assert status == "crashed" and "ran out of shared memory (/dev/shm)" in reason and "--shm-size" in reason

@@ -325,6 +325,8 @@ class Measurement:
     """Micro-batches the warm-up consumed (set aside and trained)."""
     warmup_set_aside: int | None = None
     """Batches prepared during start-up, taken from the loader's queues without a step."""
+    batch_bytes: int | None = None
+    """Bytes of the first batch's tensors: what a loader worker passes through /dev/shm per batch, bytes."""
     first_batch_wait_s: float | None = None
     """Fetch time of the first batch, s."""
     first_step_s: float | None = None

@@ -20,6 +20,9 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
 _NO_FORK = re.compile(r"BlockingIOError[^\n]*|Resource temporarily unavailable[^\n]*|"
                       r"can't start new thread[^\n]*", re.I)
 
+_NO_SHM = re.compile(r"[^\n]*(?:insufficient shared memory|unable to write to file </torch_[^\n]*No space left|"
+                     r"unable to allocate shared memory)[^\n]*", re.I)
+
 _LOADER_DIED = re.compile(r"DataLoader worker \(pids?\s*\(?[\d, ]+\)?\) (?:is killed by signal: [\w ]+|"
                           r"exited unexpectedly[^\n]*)", re.I)
 
@@ -33,6 +36,11 @@ def classify_error(text: str) -> tuple[str, str]:
         match = pattern.search(text)
         if match:
             return status, _line_around(text, match.start())
+    shm = _NO_SHM.search(text)
+    if shm:
+        return "crashed", ("the DataLoader workers ran out of shared memory (/dev/shm), through which they pass "
+                           f"batches ({shm.group(0).strip()[:160]}): enlarge it (docker run --shm-size=8g, a "
+                           "Kubernetes emptyDir of medium Memory) or lower num_workers x prefetch_factor x batch")
     fork = _NO_FORK.search(text)
     if fork:
         return "crashed", (f"the system refused another process or thread ({fork.group(0).strip()[:200]}): lower "

@@ -24,14 +24,19 @@ def environment_warnings(env: dict[str, Any], *, max_workers: int = 0, batch_byt
     if batch_bytes and max_workers and shm.get("total_bytes"):
         need = max_workers * prefetch * batch_bytes
         if need > rules.SHM_WARN * shm["total_bytes"]:
-            out.append(f"/dev/shm holds {shm['total_bytes'] / 2**30:.1f} GiB but {max_workers} workers x prefetch "
-                       f"{prefetch} x {batch_bytes / 2**20:.0f} MiB batches need about {need / 2**30:.1f} GiB")
+            out.append(f"/dev/shm holds {_size(shm['total_bytes'])} but {max_workers} workers x prefetch {prefetch} x "
+                       f"{_size(batch_bytes)} batches need about {_size(need)}: enlarge it (docker run --shm-size) "
+                       "or lower num_workers x prefetch_factor x batch")
     build, driver = env.get("torch_cuda_build"), (env.get("nvml") or {}).get("cuda_driver_version")
     if build and driver and _version(build) > _version(driver):
         out.append(f"torch is built for CUDA {build} but the driver supports CUDA {driver}: update the driver")
     for gpu in env.get("gpus") or []:
         out.extend(_gpu_warnings(gpu))
     return out
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _gpu_warnings(gpu: dict[str, Any]) -> list[str]:
@@ -68,11 +73,22 @@ def _busy_before(env: dict[str, Any]) -> list[str]:
     return []
 
 
+def _batch_bytes(cfg: Config, rows: list[TrialRow]) -> int | None:
+    """Bytes of the largest searched batch: from the trials' measured batches (bytes per item, at the largest
+    batch), else, before any trial, from an image workload's crop (3 x crop² float32 per sample)."""
+    largest = max(cfg.search.batch_size)
+    measured = [r.measurement.batch_bytes / r.knobs.batch_size for r in rows
+                if r.measurement.batch_bytes and r.knobs.batch_size]
+    if measured:
+        return int(max(measured) * largest)
+    crop = cfg.workload.dataset_args.get("crop") if cfg.workload is not None else None
+    return 3 * int(crop) ** 2 * 4 * largest if isinstance(crop, int) else None
+
+
 def sweep_warnings(cfg: Config, env: dict[str, Any], rows: list[TrialRow] | None = None) -> list[str]:
     """The warnings for a sweep of ``cfg`` on this machine; with finished trials, also the host memory they used."""
     s = cfg.search
-    crop = cfg.workload.dataset_args.get("crop") if cfg.workload is not None else None
-    batch_bytes = 3 * int(crop) ** 2 * 4 * max(s.batch_size) if isinstance(crop, int) else None
+    batch_bytes = _batch_bytes(cfg, rows or [])
     out = environment_warnings(env, max_workers=max(s.num_workers), batch_bytes=batch_bytes,
                                prefetch=max(s.prefetch_factor))
     out += _link_warnings(env, cfg.launch.nproc_per_node)

@@ -30,6 +30,7 @@ import torch
 
 from tunekit import rules
 from tunekit.config import TrialSettings
+from tunekit.worker._loader import tensors
 from tunekit.worker._monitor import CpuUse, TreeCpu
 
 __all__ = ["Meter", "MeterSettings", "OneProcess", "Reading", "Window", "SourceEnded", "summarise", "MIN_WINDOW_STEPS"]
@@ -145,13 +146,15 @@ class Reading:
     """``stop_reason``, ``windows_measured``, ``settling_windows``, ``settling_s``, ``rate_interval``."""
     windows_end: float = 0.0
     """time.perf_counter() when the last window ended."""
+    batch_bytes: int | None = None
+    """Bytes of the first batch's tensors (what a loader worker passes through shared memory per batch)."""
 
     def fields(self, cpus: int, workers: int, compiling: bool) -> dict[str, Any]:
         """The measurement's fields the meter owns (docs/measurement.md): throughput, noise, waits, GPU busy, CPU,
         warm-up and stop."""
         warm = {"warmup_s": self.warmup_s, "warmup_batches": self.warmup_batches,
                 "warmup_set_aside": self.set_aside, "first_batch_wait_s": self.first_batch_wait_s,
-                "first_step_s": self.first_step_s,
+                "first_step_s": self.first_step_s, "batch_bytes": self.batch_bytes,
                 "compile_s": self.first_step_s - self.first_batch_wait_s if compiling else 0.0}
         return {**summarise(self.windows, cpus, workers), **warm, **self.stop}
 
@@ -206,6 +209,7 @@ class Meter:
         reading, t0 = self.reading, time.perf_counter()
         batch = self._next()
         reading.first_batch_wait_s = time.perf_counter() - t0
+        reading.batch_bytes = sum(t.numel() * t.element_size() for t in tensors(batch)) or None
         yield batch
         self._sync()
         reading.first_step_s = time.perf_counter() - t0
