@@ -108,7 +108,8 @@ def _aliases(scope: ast.AST) -> set[str]:
                          else [(target, node.value)])
                 names |= {t.id for t, v in pairs if isinstance(t, ast.Name) and _is_measurement(v)}
         elif isinstance(node, ast.arg) and node.annotation is not None:
-            if "Measurement" in ast.unparse(node.annotation):
+            # one record (``Measurement``, ``Measurement | None``), not a sequence of them, which is sliced
+            if re.fullmatch(r"Measurement( \| None)?", ast.unparse(node.annotation)):
                 names.add(node.arg)
     return names
 

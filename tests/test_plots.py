@@ -178,3 +178,43 @@ def test_the_workers_plot_labels_series_by_the_user_defined_knobs_they_set():
     labels = [s.label for s in workers_data(rows, select(cfg, rows), "t").series]
     assert "pin_memory=off, prefetch=2, dataset_args.sample_wait_s=0.001" in labels
     assert "pin_memory=off, prefetch=2" in labels
+
+
+def test_the_workers_plot_draws_skipped_configs_at_their_bound_and_the_knees_own_ceiling(tmp_path: Path):
+    """Skipped end-to-end configs are drawn at the bound the plan inferred (the loader ceiling of trial 3: at most
+    150/s at 2 workers); the axis batch's compute ceiling is named by its batch, and the knee's batch (256, the
+    batch stage) has its own ceiling line; a loader ceiling 200x the slowest point puts the plot on a log scale,
+    worker counts get integer ticks, and the PNG renders."""
+    import matplotlib.pyplot as plt
+
+    from tunekit.report.plots._draw import draw_workers, log_scale, workers_figure
+
+    ms = [measurement(0, "compute", "compute", 3000, batch_size=512),
+          measurement(1, "compute", "compute", 2900, batch_size=256),
+          measurement(2, "loader", "loader", 40000, num_workers=16, batch_size=512),
+          measurement(3, "loader", "loader", 150, num_workers=2, batch_size=512),
+          measurement(4, "end_to_end", "train", 2500, num_workers=16, batch_size=512),
+          measurement(5, "end_to_end", "train", 100, num_workers=0, batch_size=512),
+          {**measurement(6, "end_to_end", "train", None, status="skipped", num_workers=2, batch_size=512),
+           "skip_bound": 150.0, "skip_bound_trial": 3},
+          measurement(7, "end_to_end", "train", 2600, num_workers=8, batch_size=512),
+          measurement(8, "batch", "train", 2700, num_workers=8, batch_size=256)]
+    rows = rows_from_measurements(ms)
+    choice = select_knee([r for r in rows if r.stage in ("end_to_end", "batch")], SELECTION)
+    plot = plots.workers_data(rows, choice, "t")
+    assert not isinstance(plot, str)
+    assert [(p.workers, p.rate, p.trial) for p in plot.bounded] == [(2, 150.0, 3)]
+    assert plot.compute_label == "compute ceiling (batch 512)" and plot.compute_ceiling == 3000
+    assert choice.knee.knobs.batch_size == 256
+    assert plot.knee_ceiling == 2900 and plot.knee_ceiling_label == "compute ceiling at the knee's batch 256"
+    assert log_scale(plot)  # 40000 against 100
+    fig, ax = workers_figure(plot)
+    assert ax.get_yscale() == "log"
+    assert all(float(t).is_integer() for t in ax.get_xticks())  # whole worker counts only
+    labels = ax.get_legend_handles_labels()[1]
+    assert "skipped: at most this (the bound the plan inferred)" in labels
+    assert "compute ceiling at the knee's batch 256" in labels
+    plt.close(fig)
+    path = tmp_path / "workers.png"
+    draw_workers(plot, path)
+    assert path.stat().st_size > 10_000

@@ -74,8 +74,9 @@ def test_the_walk_returns_its_skips_instead_of_keeping_them():
     up, plateau = _staged._climb(finished, 8, [0, 1, 2, 3, 4, 5], 1)
     assert up == [1, 2, 3, 4, 5]
     assert sorted(key[2].num_workers for key in plateau) == [3, 4, 5]
-    assert all("on its plateau" in reason for reason in plateau.values())
+    assert all("on its plateau" in reason and bound is None for reason, bound in plateau.values())
     below = _staged._below_band(finished, 8, 3, [2, 1, 0])
     assert sorted(key[2].num_workers for key in below) == [0, 1, 2]
-    assert all("3 workers (trial 13, 300.0 samples/s) already fell out" in reason for reason in below.values())
+    assert all("3 workers (trial 13, 300.0 samples/s) already fell out" in reason and bound == (300.0, 13)
+               for reason, bound in below.values())  # fewer workers deliver no more than trial 13
     assert vars(finished).keys() == before.keys() and finished.rows == before["rows"]

@@ -256,6 +256,11 @@ class Measurement:
     alone): a :class:`Mode`'s word."""
     params: dict[str, Any] = field(default_factory=dict)
     """The knobs as run (``Knobs.to_dict()``), plus ``non_blocking`` (equal to ``pin_memory``) when measured."""
+    skip_bound: float | None = None
+    """A skipped trial: the throughput the plan showed it cannot exceed (a loader ceiling, or a count with fewer
+    workers... that fell out of the band), ``unit``/s."""
+    skip_bound_trial: int | None = None
+    """The trial that shows ``skip_bound``."""
     changes_result: list[str] | None = None
     """Config keys of the user-defined knobs set away from their baseline that may change what training learns
     (``search.extra``, ``changes_result: true``): such a trial is never a knee candidate."""
@@ -564,9 +569,11 @@ def failed_measurement(spec: TrialSpec, status: str, reason: str, **extra: Any) 
     return _unmeasured(spec, status, reason, **extra)
 
 
-def skipped_measurement(spec: TrialSpec, reason: str) -> Measurement:
-    """The record of a trial the plan did not run, with the evidence that it could not be the knee."""
-    return _unmeasured(spec, "skipped", reason)
+def skipped_measurement(spec: TrialSpec, reason: str, bound: tuple[float, int] | None = None) -> Measurement:
+    """The record of a trial the plan did not run, with the evidence that it could not be the knee (and the upper
+    bound the plan inferred for it, with the trial that shows it, when there is one)."""
+    extra = {"skip_bound": bound[0], "skip_bound_trial": bound[1]} if bound else {}
+    return _unmeasured(spec, "skipped", reason, **extra)
 
 
 def _unmeasured(spec: TrialSpec, status: str, reason: str, **extra: Any) -> Measurement:

@@ -239,7 +239,7 @@ def _run_one(sweep: _RunningSweep, req: plan.Request) -> TrialRow:
     spec = TrialSpec(number=number, stage=req.stage, mode=req.mode, knobs=req.knobs, config=cfg.to_dict(),
                      needed=plan.needed_rate(cfg, sweep.rows, req), probe_peak=_asks_peak(sweep, req))
     if req.skip is not None:
-        measurement = skipped_measurement(spec, req.skip)
+        measurement = skipped_measurement(spec, req.skip, req.bound)
     else:
         try:
             measurement = run_trial(spec, sweep.run_dir / "trials" / str(number), cfg.trial.timeout_s)

@@ -17,6 +17,9 @@ class Request:
     knobs: Knobs
     skip: str | None = None
     """Why this trial need not run (it is recorded as skipped with this reason), or None."""
+    bound: tuple[float, int] | None = None
+    """A skipped trial's upper bound, as the plan inferred it: the throughput (``unit``/s) it cannot exceed and the
+    trial that shows it (a loader ceiling, a count that fell out of the band), drawn at that height in the plots."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stage", Stage(self.stage))  # a word given for a stage must name one
@@ -26,8 +29,8 @@ class Request:
     def key(self) -> tuple[Any, ...]:
         return (self.stage, self.mode, self.knobs)
 
-    def skipped(self, reason: str) -> Request:
-        return Request(self.stage, self.mode, self.knobs, skip=reason)
+    def skipped(self, reason: str, bound: tuple[float, int] | None = None) -> Request:
+        return Request(self.stage, self.mode, self.knobs, skip=reason, bound=bound)
 
 
 def pending(requests: list[Request], rows: list[TrialRow]) -> list[Request]:

@@ -49,8 +49,9 @@ class _Finished:
 StagePlan = Callable[[_Finished], "list[Request] | None"]
 """A stage's planner: its pending requests, [] when it is complete, None when the sweep cannot go on."""
 
-Skips = Mapping[tuple[Any, ...], str]
-"""End-to-end requests (by ``Request.key``) that the walk's own evidence says need not run, with the reason."""
+Skips = Mapping[tuple[Any, ...], tuple[str, "tuple[float, int] | None"]]
+"""End-to-end requests (by ``Request.key``) that the walk's own evidence says need not run, with the reason and the
+upper bound it shows (``Request.bound``; None above a plateau, which bounds nothing)."""
 
 
 def _compute(s: _Finished) -> list[Request] | None:
@@ -211,7 +212,7 @@ def _below_band(s: _Finished, batch: int, workers: int, fewer: list[int]) -> Ski
         return {}
     best = max(fitting, key=lambda r: r.rate)
     allowed = rules.band(fitting, s.selection)
-    skips: dict[tuple[Any, ...], str] = {}
+    skips: dict[tuple[Any, ...], tuple[str, tuple[float, int] | None]] = {}
     for req in _at_count(s, batch, workers):
         here = s.find(req)
         if here is None or not here.ok or not rules.fits(here, s.selection) or here.rate >= rules.needed(best, allowed):
@@ -220,7 +221,7 @@ def _below_band(s: _Finished, batch: int, workers: int, fewer: list[int]) -> Ski
         reason = (f"{workers} workers {pinned}(trial {here.number}, {here.rate:.1f} {here.unit}/s) already fell out "
                   f"of the band ({allowed:.1%}) of the best config so far ({best.rate:.1f}, trial {best.number}): "
                   f"fewer workers {pinned}do not deliver more")
-        skips.update({r.key: reason for w in fewer for r in _at_count(s, batch, w)
+        skips.update({r.key: (reason, (here.rate, here.number)) for w in fewer for r in _at_count(s, batch, w)
                       if r.knobs.pin_memory == req.knobs.pin_memory})
     return skips
 
@@ -272,14 +273,14 @@ def _above_plateau(s: _Finished, batch: int, counts: list[int], low: TrialRow, h
     reason = (f"{high.knobs.num_workers} workers (trial {high.number}, {high.rate:.1f} {high.unit}/s) gained no more "
               f"than the band ({allowed:.1%}) over {low.knobs.num_workers} (trial {low.number}, {low.rate:.1f}): "
               "the throughput is on its plateau, more workers only add cost")
-    return {r.key: reason for w in counts for r in _at_count(s, batch, w)}
+    return {r.key: (reason, None) for w in counts for r in _at_count(s, batch, w)}
 
 
 def _walked(req: Request, s: _Finished, skips: Skips) -> Request:
     """A request of the walk as it is returned: skipped with the walk's own evidence (a plateau above, a count
     below the band) when it has some, else as :func:`_maybe_skip` judges it."""
     if req.key in skips and not req.knobs.loader_defaults:  # the defaults run whatever the walk found
-        return req.skipped(skips[req.key])
+        return req.skipped(*skips[req.key])
     return _maybe_skip(req, s)
 
 
@@ -307,7 +308,8 @@ def _maybe_skip(req: Request, s: _Finished) -> Request:
     return req.skipped(
         f"the loader alone gives {ceiling.rate:.1f} {ceiling.unit}/s at {at} (trial "
         f"{ceiling.number}){times} below the {target:.1f} needed to come within the band ({allowed:.1%}) of the best "
-        f"end-to-end config so far ({best.rate:.1f}, trial {best.number})")
+        f"end-to-end config so far ({best.rate:.1f}, trial {best.number})", bound=(ceiling.rate * ranks,
+                                                                                  ceiling.number))
 
 
 def _prefetch(s: _Finished) -> list[Request] | None:

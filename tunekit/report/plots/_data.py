@@ -47,6 +47,11 @@ class WorkersPlot:
     """The x axis: num_workers, or workers per rank when the run has multi-rank trials."""
     loader_label: str = "loader alone (ceiling)"
     compute_label: str = "compute ceiling"
+    bounded: tuple[Point, ...] = ()
+    """End-to-end configs the plan skipped, at the upper bound it inferred for each (``skip_bound``; its trial)."""
+    knee_ceiling: float | None = None
+    """The compute ceiling at the knee's batch, when the knee ran at another batch than the axis's."""
+    knee_ceiling_label: str = ""
 
 
 class BatchPoint(NamedTuple):
@@ -198,6 +203,14 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
     def at(row: TrialRow) -> str:
         return "" if row.knobs.batch_size == batch else f", batch {row.knobs.batch_size}"
 
+    bounded = tuple(sorted((Point(r.knobs.num_workers, float(r.measurement.skip_bound), float(r.measurement.skip_bound),
+                                  float(r.measurement.skip_bound), int(r.measurement.skip_bound_trial or -1))
+                            for r in rows if r.status == "skipped" and r.mode == Mode.train
+                            and r.measurement.skip_bound and r.knobs.batch_size == batch), key=lambda p: p.workers))
+    knee = choice.knee
+    knee_ceiling = (compute_ceiling(rows, knee.knobs.batch_size) if knee is not None and batch is not None
+                    and knee.knobs.batch_size != batch else None)
+
     label = ""
     if choice.knee is not None and choice.ratio is not None:
         label = f"knee: {choice.knee.knobs.num_workers} workers{at(choice.knee)}, {choice.ratio:.1%} of best"
@@ -210,8 +223,12 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
         best=_point(choice.best) if choice.best else None, loader_ceiling=loader,
         compute_ceiling=compute.rate * world if compute else None,
         best_label=f"best{' (' + at(choice.best)[2:] + ')' if choice.best and at(choice.best) else ''}",
-        **({} if world == 1 else {"axis": "workers per rank", "loader_label": "loader alone, one rank (ceiling)",
-                                  "compute_label": f"compute ceiling x {world} GPUs"}),
+        bounded=bounded, knee_ceiling=knee_ceiling.rate * world if knee_ceiling else None,
+        knee_ceiling_label=f"compute ceiling at the knee's batch {knee.knobs.batch_size}" if knee_ceiling and knee
+        else "",
+        compute_label=f"compute ceiling{f' x {world} GPUs' if world > 1 else ''}"
+                      f"{f' (batch {batch})' if batch is not None else ''}",
+        **({} if world == 1 else {"axis": "workers per rank", "loader_label": "loader alone, one rank (ceiling)"}),
     )
 
 

@@ -32,6 +32,11 @@ def _save(fig: Any, path: Path) -> None:
 
 
 def draw_workers(plot: WorkersPlot, path: Path) -> None:
+    _save(workers_figure(plot)[0], path)
+
+
+def workers_figure(plot: WorkersPlot) -> tuple[Any, Any]:
+    """The throughput-vs-workers figure and its axes, drawn."""
     fig, ax = _figure(plot.title)
     for series in plot.series:
         xs = [p.workers for p in series.points]
@@ -43,8 +48,14 @@ def draw_workers(plot: WorkersPlot, path: Path) -> None:
     if plot.loader_ceiling:
         ax.plot([p.workers for p in plot.loader_ceiling], [p.rate for p in plot.loader_ceiling], ":",
                 color="grey", marker=".", label=plot.loader_label)
+    if plot.bounded:  # skipped: at most this, by the plan's evidence (a loader ceiling, a count out of the band)
+        ax.plot([p.workers for p in plot.bounded], [p.rate for p in plot.bounded], marker="v", markersize=9,
+                markerfacecolor="none", markeredgecolor="grey", linestyle="none",
+                label="skipped: at most this (the bound the plan inferred)")
     if plot.compute_ceiling:
         ax.axhline(plot.compute_ceiling, color="black", linestyle="--", linewidth=1, label=plot.compute_label)
+    if plot.knee_ceiling:
+        ax.axhline(plot.knee_ceiling, color="red", linestyle="--", linewidth=1, label=plot.knee_ceiling_label)
     if plot.best is not None:
         ax.plot(plot.best.workers, plot.best.rate, marker="*", markersize=16, color="gold",
                 markeredgecolor="black", linestyle="none", label=plot.best_label, zorder=5)
@@ -52,13 +63,32 @@ def draw_workers(plot: WorkersPlot, path: Path) -> None:
         ax.plot(plot.knee.workers, plot.knee.rate, marker="o", markersize=14, markerfacecolor="none",
                 markeredgecolor="red", markeredgewidth=2, linestyle="none", label=plot.knee_label, zorder=6)
     ax.set_xlabel(plot.axis)
-    ax.set_ylabel(f"{plot.unit}/s (bars: window range)")
-    ax.set_ylim(bottom=0)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # worker counts: no half-step ticks
+    if log_scale(plot):
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{plot.unit}/s, log scale (bars: window range)")
+    else:
+        ax.set_ylabel(f"{plot.unit}/s (bars: window range)")
+        ax.set_ylim(bottom=0)
     ax.set_xlim(left=-0.5)
     # below the axes: inside, it covered the few-worker points that matter most; beside them, the long labels of
     # user knobs squeezed the axes to a third of the figure
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2 if len(plot.series) > 3 else 1)
-    _save(fig, path)
+    return fig, ax
+
+
+LOG_SPAN = 20.0
+"""A workers plot whose highest line (a loader ceiling, say) is this many times its lowest measured point or more
+is drawn on a log scale: on a linear one the end-to-end points lie flat on zero."""
+
+
+def log_scale(plot: WorkersPlot) -> bool:
+    measured = [p.rate for s in plot.series for p in s.points if p.rate > 0]
+    top = max([*measured, *(p.rate for p in plot.loader_ceiling), plot.compute_ceiling or 0.0,
+               plot.knee_ceiling or 0.0])
+    return bool(measured) and top >= LOG_SPAN * min(measured)
 
 
 def draw_batch(plot: BatchPlot, path: Path) -> None:
