@@ -97,7 +97,8 @@ def _run(spec: TrialSpec, setup: Setup, monitor: Monitor) -> _Metered:
         if ranks is not None and setup.built.ddp is not None:
             out.sync_share = sync_share(step, setup.built, device, ranks)
         out.epochs_ended, out.warnings = loader.epochs_ended, loader.warnings
-        out.flops = count_flops(step, setup.built, cfg.workload.step_updates)  # its batch may end an epoch: after
+        # after the epochs are read: the count's one more batch may end an epoch the windows did not
+        out.flops = count_flops(step, setup.built, cfg.workload.step_updates)
         return out
     finally:
         # Stop the loader workers now: the step's closures (and a traceback) would keep them alive.
