@@ -206,6 +206,17 @@ def test_two_nodes_of_one_rank_on_localhost(tmp_path: Path):
     assert "trial 0 done" in out and "released this node after 1 trial(s)" in out
 
 
+def test_a_node_that_never_joins_fails_the_trial_at_the_join_timeout_saying_so(tmp_path: Path):
+    """Two nodes configured, no `tunekit node` started: the trial fails after launch.join_timeout_s (3 s here), not
+    the trial's timeout (120 s), and says how many nodes joined."""
+    raw = sleepy_config(**{**SLEEPY, "launch.nproc_per_node": 1, "launch.nnodes": 2, "launch.join_timeout_s": 3,
+                           "launch.rdzv_endpoint": f"127.0.0.1:{_free_port()}"})
+    t0 = time.monotonic()
+    m = run_trial(_spec(raw, num_workers=0, batch_size=8, ranks=2), tmp_path / "t", 120)
+    assert m.status == "crashed" and "1 of 2 nodes had joined" in m.reason and "tunekit node" in m.reason, m.reason
+    assert time.monotonic() - t0 < 60
+
+
 def _rank_result(rank: int, node: int, rate: float, node_peak: int) -> dict:
     return {"rate_windows": [rate, rate], "seconds_windows": [1.0, 1.0], "rate": rate,
             "measured_items": rate * 2,

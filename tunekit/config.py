@@ -319,6 +319,9 @@ class Launch:
     """Process-group backend: auto is nccl on CUDA devices and gloo on the CPU."""
     rdzv_endpoint: str | None = field(default=None, metadata=_meta(pattern=_ENDPOINT, allowed="host:port"))
     """``host:port`` of the node running the sweep, where every node's ranks meet; needed when nnodes > 1."""
+    join_timeout_s: float = field(default=60.0, metadata=_meta(gt=0))
+    """With nnodes > 1: how long a trial (and the sweep's final release) waits at the rendezvous for the other
+    nodes' ``tunekit node`` before it fails, naming how many joined."""
 
     @property
     def world(self) -> int:

@@ -320,7 +320,9 @@ def torchrun_command(launch: dict[str, Any], node_rank: int = 0) -> list[str]:
     if nnodes == 1:
         return cmd + ["--standalone"]  # a free port on this host
     host, port = str(launch["rdzv_endpoint"]).rsplit(":", 1)  # static rendezvous: node 0 hosts the store
-    return cmd + [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}"]
+    join = max(1, math.ceil(float(launch.get("join_timeout_s") or 60.0)))  # the store waits this long for the nodes
+    return cmd + [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}",
+                  f"--rdzv-conf=timeout={join}"]
 
 
 def worker_command(spec: TrialSpec) -> list[str]:
@@ -386,7 +388,7 @@ def _script_exit(result: Measurement, rc: int, log_path: Path) -> Measurement:
     return dataclasses.replace(result, reason=f"{result.reason} (the script exited with code {rc}: {last})")
 
 
-def release_nodes(config: dict[str, Any], timeout_s: float = 120.0) -> bool:
+def release_nodes(config: dict[str, Any], timeout_s: float | None = None) -> bool:
     """Tell the other nodes' ``tunekit node`` loops that the sweep is over (a last rendezvous whose rank 0 hands
     out "stop"). True when the rendezvous completed."""
     launch = config.get("launch") or {}
@@ -395,6 +397,8 @@ def release_nodes(config: dict[str, Any], timeout_s: float = 120.0) -> bool:
     proc = subprocess.Popen(torchrun_command(launch) + ["-m", "tunekit.worker", "--release"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                             start_new_session=True, env=child_env())
+    if timeout_s is None:  # the rendezvous waits launch.join_timeout_s for the nodes; start-up beside it
+        timeout_s = float(launch.get("join_timeout_s") or 60.0) + 30.0
     try:
         return proc.wait(timeout=timeout_s) == 0
     except subprocess.TimeoutExpired:

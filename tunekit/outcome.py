@@ -20,6 +20,8 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
 _NO_FORK = re.compile(r"BlockingIOError[^\n]*|Resource temporarily unavailable[^\n]*|"
                       r"can't start new thread[^\n]*", re.I)
 
+_NODES_MISSING = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
+
 _NO_SHM = re.compile(r"[^\n]*(?:insufficient shared memory|unable to write to file </torch_[^\n]*No space left|"
                      r"unable to allocate shared memory)[^\n]*", re.I)
 
@@ -36,6 +38,12 @@ def classify_error(text: str) -> tuple[str, str]:
         match = pattern.search(text)
         if match:
             return status, _line_around(text, match.start())
+    alone = _NODES_MISSING.search(text)
+    if alone:
+        waited, joined, world = alone.groups()
+        return "crashed", (f"the other nodes did not join the rendezvous: after {waited} s (launch.join_timeout_s) "
+                           f"{joined} of {world} nodes had joined; start `tunekit node CONFIG --node-rank K` on each "
+                           "other node (K = 1 … nnodes − 1) and check that launch.rdzv_endpoint reaches this one")
     shm = _NO_SHM.search(text)
     if shm:
         return "crashed", ("the DataLoader workers ran out of shared memory (/dev/shm), through which they pass "
