@@ -7,8 +7,9 @@ From then on every ``DataLoader`` the script builds is counted, and the first on
 measured: with ``script.loader: auto`` the first iterated with autograd enabled (evaluation runs under
 ``no_grad`` or ``inference_mode``), else the first iterated again that has given the most batches, with
 ``script.loader: N`` the N-th built. The script's loop then gets its
-batches through the meter; the epochs of the loader are chained, so an epoch that ends inside the trial is counted
-(and its worker restart paid) without the script seeing it. At the batch request after the last window the
+batches through the meter; an epoch of the loader that ends inside the trial ends for the script too (its own work
+between epochs is measured, as in its own runs), is counted, and its worker restart paid; the script's next
+``iter()`` of the loader goes on with the meter. At the batch request after the last window the
 measurement is written and the process ends (``os._exit``): the script's remaining epochs, evaluation and
 checkpoints never run.
 
@@ -153,7 +154,7 @@ class _Session:
             for batch in self.meter:
                 _copy(batch, device, params["pin_memory"])
             self.finish()
-        self.stream = self._handed(self.meter)
+        self.stream = _Stream(self, self.meter)
         return self.stream
 
     def _measuring(self, device: torch.device) -> None:
@@ -162,12 +163,6 @@ class _Session:
             torch.cuda.reset_peak_memory_stats(device)
         if self.monitor is not None:
             self.monitor.measuring = True
-
-    def _handed(self, meter: Meter) -> Any:
-        for batch in meter:
-            self.handed_out += 1
-            yield batch
-        self.finish()
 
     def finish(self) -> None:
         """The windows are done: write the measurement and end the process, its loader workers first."""
@@ -240,6 +235,38 @@ class _Session:
                  "script.loader: N (the N-th DataLoader the script builds)" if self.which == "auto"
                  else f"script.loader = {self.which} was never iterated")
         return f"the script ended without training on a DataLoader: it built {len(self.built)} ({seen}); {which}"
+
+
+class _Stream:
+    """What the script's loop iterates: the meter's batches, each epoch ending for the script where the training
+    loader's does. The script's own work between epochs (evaluation, a checkpoint, a log line) then runs inside the
+    measurement, as in its own runs, and its next ``iter()`` of the loader goes on with the meter: the first batch
+    of the new epoch, which the meter already took, waits here for it."""
+
+    def __init__(self, session: _Session, meter: Meter):
+        self.session, self.batches = session, iter(meter)
+        self.held: tuple[Any] | None = None
+        self.epoch = 0
+
+    def __iter__(self) -> _Stream:
+        return self
+
+    def __next__(self) -> Any:
+        session = self.session
+        if self.held is not None:
+            (batch,), self.held = self.held, None
+        else:
+            try:
+                batch = next(self.batches)
+            except StopIteration:  # the windows are done
+                session.finish()
+                raise
+            ended = session.loader.epochs_ended if session.loader is not None else 0
+            if ended != self.epoch:  # the batch opens the loader's next epoch: the script's epoch ends first
+                self.epoch, self.held = ended, (batch,)
+                raise StopIteration
+        session.handed_out += 1
+        return batch
 
 
 _SESSION: _Session | None = None
