@@ -6,8 +6,8 @@ first in even rounds, the plain run first in odd ones).
     python benchmarks/script_overhead.py examples/image_classifier/tunekit.yaml --set num_workers=8 \
         --set batch_size=128 --set pin_memory=true --repeats 3 --out results/script-overhead
 
-Target: overhead = 1 - trial / plain <= 1 %. The plain clock skips as many batches as the trial's warm-up and set-aside took and
-times as many as its windows held, so both count the same part of the run.
+Target: overhead = 1 - trial / plain <= 1 %. The plain clock skips as many batches as the trial's warm-up and
+set-aside took and times as many as its windows held, so both count the same part of the run.
 """
 
 from __future__ import annotations

@@ -257,27 +257,40 @@ def test_a_chatty_dataset_cannot_fill_the_disk_with_logs(tmp_path: Path, monkeyp
     assert dropped > 0 and b"keeps the first and last 32768 bytes]" in log
 
 
-def test_sigterm_while_the_dataset_is_prepared_ends_its_processes(write_config, tmp_path: Path):
-    marker = 7654321  # in the prepare process's command line
-    cfg = write_config(sleepy_config(**{"workload.dataset_args": {"build_wait_s": 60, "num_samples": marker}}))
+@pytest.mark.parametrize("fork_server", [True, False])
+def test_sigterm_while_the_dataset_is_prepared_ends_its_processes(write_config, tmp_path: Path, fork_server: bool):
+    """The dataset is built forked from the fork server (or, without one, in a fresh `python -m tunekit.worker
+    --prepare`); a SIGTERM to the sweep while it builds ends that process, and the sweep exits 130."""
+    marker = 7654321  # in a fresh interpreter's command line
+    cfg = write_config(sleepy_config(**{"workload.dataset_args": {"build_wait_s": 60, "num_samples": marker},
+                                        "trial.fork_server": fork_server}))
     proc = subprocess.Popen([sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(tmp_path / "run")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def preparing() -> list[psutil.Process]:
-        return [p for p in psutil.process_iter(["cmdline"])
-                if "tunekit.workloads.prepare" in " ".join(p.info["cmdline"] or []) and
-                str(marker) in " ".join(p.info["cmdline"] or [])]
+        try:
+            below = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        if not fork_server:
+            return [p for p in below if "--prepare" in " ".join(p.cmdline()) and str(marker) in " ".join(p.cmdline())]
+        servers = [p for p in below if "--fork-server" in " ".join(p.cmdline())]
+        return [c for s in servers for c in s.children()]  # the server's one child: the dataset being built
 
     deadline = time.monotonic() + 120
-    while not preparing():
+    while not (found := preparing()):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err, err
     deadline = time.monotonic() + 10
-    while preparing():  # the sweep killed it before exiting; give the kernel a moment to reap it
-        assert time.monotonic() < deadline, preparing()
+
+    def alive() -> list[psutil.Process]:
+        return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+    while alive():  # the sweep killed it before exiting; give the kernel a moment to reap it
+        assert time.monotonic() < deadline, alive()
         time.sleep(0.05)
 
 

@@ -105,7 +105,9 @@ def sweep(config: str | os.PathLike[str] | dict[str, Any], *, out: str | os.Path
     if strategy not in (None, "staged", "grid"):
         raise UsageError(f"strategy={strategy!r}: choose staged or grid")
     minutes = _budget(budget_min)
-    cfg = config_mod.load(config, overrides={**(overrides or {}), **fixed_knobs(knobs)})
+    from tunekit.launcher import resolve_paths  # through the fork server the sweep's trials then use
+
+    cfg = config_mod.load(config, overrides={**(overrides or {}), **fixed_knobs(knobs)}, resolve=resolve_paths)
     return sweep_config(cfg, out=out, budget_min=minutes, strategy=strategy, resume=resume, quiet=quiet)
 
 
@@ -153,7 +155,9 @@ def trial(config: str | os.PathLike[str] | dict[str, Any], *, knobs: dict[str, A
     if mode not in MODES:
         raise UsageError(f"mode={mode!r}: choose one of: {', '.join(MODES)}")
     chosen = config_mod.check_knobs(dict(knobs or {}))
-    cfg = config_mod.load(config, overrides=overrides)
+    from tunekit.launcher import resolve_paths
+
+    cfg = config_mod.load(config, overrides=overrides, resolve=resolve_paths)
     run = first_knobs(cfg, **chosen)
     measurement, trial_dir = run_single(cfg, run, mode, Path(out or Path("results") / f"{cfg.name}-trial"),
                                         announce=lambda number: on_start(number, run, cfg) if on_start else None)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -415,14 +416,20 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node[last] = value
 
 
+Resolver = Callable[[dict[str, Any], dict[str, str]], "dict[str, str | None] | str"]
+"""Checks import paths for a config (its ``to_dict()``): each path's problem or None, or why the check failed."""
+
+
 def load(path: str | os.PathLike[str] | dict[str, Any], *, check_imports: bool = True,
-         overrides: dict[str, Any] | None = None) -> Config:
+         overrides: dict[str, Any] | None = None, resolve: Resolver | None = None) -> Config:
     """Load and validate a config file (or already-parsed config data), with dotted-key overrides applied first.
 
     Args:
         path: the YAML file, or a mapping of config keys.
         check_imports: also resolve every import path (in a subprocess, so this process never imports torch).
         overrides: ``{"trial.window_s": 10, ...}``, applied before validation.
+        resolve: runs the import-path check (a factory config's; ``launcher.resolve_paths`` runs it through the
+            sweep's fork server); default: a subprocess of its own.
 
     Raises:
         ConfigError: listing every problem found, one line each.
@@ -437,7 +444,7 @@ def load(path: str | os.PathLike[str] | dict[str, Any], *, check_imports: bool =
             raise ConfigError([f"{source}: the top level must be a mapping of keys, got {_kind(raw)}"])
         for key, value in overrides.items():
             set_dotted(raw, key, json.loads(json.dumps(value, default=_import_path)))
-    return from_dict(raw, source=source, check_imports=check_imports, default_name=name)
+    return from_dict(raw, source=source, check_imports=check_imports, default_name=name, resolve=resolve)
 
 
 def _import_path(obj: Any) -> str:
@@ -479,7 +486,8 @@ def read_yaml(path: str | os.PathLike[str]) -> Any:
 
 
 def from_dict(
-    raw: Any, *, source: str = "<dict>", check_imports: bool = False, default_name: str = "run"
+    raw: Any, *, source: str = "<dict>", check_imports: bool = False, default_name: str = "run",
+    resolve: Resolver | None = None,
 ) -> Config:
     """Validate already-parsed data (see :func:`load`)."""
     errors: list[str] = []
@@ -500,7 +508,7 @@ def from_dict(
             base = Path(source).parent if source not in ("<dict>", "<config>") else Path.cwd()
             cfg.script.cwd = str((base / (cfg.script.cwd or ".")).resolve())
         if check_imports:  # every problem in one pass, the import paths' too
-            errors.extend(_check_import_paths(cfg, source))
+            errors.extend(_check_import_paths(cfg, source, resolve))
     if errors:
         raise ConfigError(errors)
     assert cfg is not None
@@ -843,7 +851,7 @@ IMPORT_PATH_KEYS = tuple(f.name for f in dataclasses.fields(Workload) if f.metad
 """The workload keys that name a ``module:attr`` import path."""
 
 
-def _check_import_paths(cfg: Config, source: str) -> list[str]:
+def _check_import_paths(cfg: Config, source: str, resolve: Resolver | None = None) -> list[str]:
     if cfg.script is not None:
         paths = {"script.count": cfg.script.count} if cfg.script.count else {}
     elif cfg.workload is None:
@@ -853,6 +861,11 @@ def _check_import_paths(cfg: Config, source: str) -> list[str]:
                  if getattr(cfg.workload, key) is not None}
     if not paths:
         return []
+    if resolve is not None and cfg.script is None:
+        found = resolve(cfg.to_dict(), paths)
+        if isinstance(found, str):
+            return [f"{source}: workload: could not check import paths: {found}"]
+        return [f"{source}: {key}: {_show(paths[key])} {msg}" for key, msg in found.items() if msg]
     cmd = [sys.executable, "-m", "tunekit.workloads.resolve", json.dumps(paths)]
     # a script's count resolves where the script runs (its folder is on its path), a factory's where tunekit does
     cwd = cfg.script.cwd if cfg.script is not None else None

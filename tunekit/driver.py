@@ -27,7 +27,15 @@ from tunekit.config import Config, from_dict
 from tunekit.contract import Knobs, Measurement, Mode, TrialSpec, skipped_measurement
 from tunekit.env import matmul_peaks, snapshot, sweep_warnings
 from tunekit.errors import UsageError
-from tunekit.launcher import child_env, kill_tree, release_nodes, run_trial, start_fork_server, torchrun_command
+from tunekit.launcher import (
+    child_env,
+    kill_tree,
+    release_nodes,
+    run_task,
+    run_trial,
+    start_fork_server,
+    torchrun_command,
+)
 from tunekit.records import TrialRow
 
 __all__ = ["SweepResult", "run_sweep", "run_single", "run_node", "first_knobs", "rebuild", "probe_cuda",
@@ -281,7 +289,7 @@ def _write_outputs(sweep: _RunningSweep, env: dict[str, Any], before: list[str],
             "warnings_before": before, "warnings_after": after,
             "invocations": [*sweep.earlier, {
                 "date": env.get("date"), "wall_s": round(time.monotonic() - sweep.started, 1),
-                "dataset_s": round(sweep.dataset_s, 1), "trials": len(sweep.rows), "interrupted": sweep.interrupted}]}
+                "dataset_s": round(sweep.dataset_s, 3), "trials": len(sweep.rows), "interrupted": sweep.interrupted}]}
     write_json_atomic(sweep.run_dir / "sweep.json", meta)
     summary = report.summarize(sweep.cfg, sweep.rows, strategy=sweep.strategy, stop_reason=sweep.stop_reason,
                                env=env, warnings=tuple(before + after))
@@ -405,21 +413,16 @@ def _prepare_dataset(cfg: Config, console: Any) -> None:
     """Build the dataset once (and any cache it makes) before the first trial, in a subprocess."""
     wl = {"dataset": cfg.workload.dataset, "dataset_args": cfg.workload.dataset_args}
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "tunekit.workloads.prepare", json.dumps(wl)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=max(600.0, cfg.trial.timeout_s))
-    except subprocess.TimeoutExpired:
-        kill_tree(proc)
+    # forked by the fork server (its imports paid once), else a fresh interpreter; an interrupt ends it
+    rc, out = run_task(cfg.to_dict(), ["--prepare", json.dumps(wl)], max(600.0, cfg.trial.timeout_s))
+    lines = [line for line in out.strip().splitlines() if line.strip()]
+    if rc is None:
         console.print("warning: preparing the dataset timed out; the first trial will finish it")
         return
-    finally:  # an interrupt ends the preparation and every process it started
-        kill_tree(proc)
-    if proc.returncode != 0:  # the trials will fail and say why; the sweep goes on
-        tail = (err.strip().splitlines() or ["no output"])[-1]
-        console.print(f"warning: building the dataset failed: {tail}")
+    if rc != 0:  # the trials will fail and say why; the sweep goes on
+        console.print(f"warning: building the dataset failed: {(lines or ['no output'])[-1]}")
         return
-    size = out.strip()
+    size = lines[-1] if lines else "?"
     said = "an IterableDataset" if size == "an iterable of" else f"{size} samples"
     console.print(f"dataset ready: {said} ({time.monotonic() - t0:.1f} s)")
 

@@ -35,7 +35,8 @@ from tunekit._files import read_json, write_json_atomic
 from tunekit.contract import STATUSES, Measurement, TrialSpec, failed_measurement
 from tunekit.outcome import classify_error, silent_ranks
 
-__all__ = ["run_trial", "kill_tree", "worker_command", "script_command", "torchrun_command", "release_nodes",
+__all__ = ["run_trial", "run_task", "resolve_paths", "kill_tree", "worker_command", "script_command",
+           "torchrun_command", "release_nodes",
            "child_env", "REQUIRED_FIELDS", "LOG_KEEP_BYTES", "BOOTSTRAP"]
 
 REQUIRED_FIELDS = ("rate", "rate_windows", "noise_cv", "step_time_s", "data_wait_frac", "headroom", "warmup_s")
@@ -286,6 +287,51 @@ def _server(env: dict[str, str]) -> _ForkServer:
     if server is None:
         server = _SERVERS["server"] = _ForkServer(env)
     return server
+
+
+def run_task(config: dict[str, Any], argv: list[str], timeout_s: float) -> tuple[int | None, str]:
+    """One of the worker's short tasks (``--resolve PATHS``, ``--prepare WORKLOAD``) for ``config``: forked by the
+    fork server (whose imports of torch and the workload's modules are then paid once for the whole sweep), else
+    in a fresh interpreter. Returns its exit code (None when it timed out and was killed) and its output. An
+    interrupt kills it before propagating."""
+    env = child_env()
+    proc: Any = None
+    if bool((config.get("trial") or {}).get("fork_server", True)) and not config.get("script"):
+        server = _server(env)
+        proc = None if server.broken else server.request(argv, env, _preload(config))
+    if proc is None:
+        proc = subprocess.Popen([sys.executable, "-m", "tunekit.worker", *argv], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        rc = None
+    finally:
+        kill_tree(proc)
+    reader.join(timeout=JOIN_READER_S)
+    if not reader.is_alive():
+        proc.stdout.close()
+    return rc, b"".join(chunks).decode(errors="replace")
+
+
+JOIN_READER_S = 5.0
+"""How long a task's output may take to arrive once it has ended."""
+
+
+def resolve_paths(config: dict[str, Any], paths: dict[str, str]) -> dict[str, str | None] | str:
+    """``config.load``'s import-path check run by :func:`run_task` (through the fork server, which the sweep's
+    trials then use): each path's problem or None; a one-line reason when the check itself failed."""
+    rc, out = run_task(config, ["--resolve", json.dumps(paths)], 300.0)
+    lines = [line for line in out.strip().splitlines() if line.strip()]
+    if rc != 0 or not lines:
+        return lines[-1] if lines else f"the check ended with exit code {rc} and no output"
+    try:
+        return dict(json.loads(lines[-1]))
+    except ValueError:
+        return lines[-1]
 
 
 def start_fork_server(config: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ malformed file).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -17,6 +18,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from tunekit._files import read_json, write_json_atomic
 from tunekit.contract import TrialSpec, failed_measurement
@@ -36,6 +38,23 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # pragma: no cover - alive, someone else's
         return True
     return True
+
+
+def _task(name: str, data: dict[str, Any]) -> int:
+    """``--resolve PATHS``: which import paths do not resolve (JSON on the last line); ``--prepare WORKLOAD``: build
+    the dataset once before the sweep's first trial (its length on the last line): datasets that build a cache on
+    first use (synthetic_jpeg writes its JPEG files) would otherwise spend that time inside the first trial."""
+    from tunekit.workloads import check_paths, resolve
+
+    if name == "--resolve":
+        print(json.dumps(check_paths(data)))
+        return 0
+    dataset = resolve(data["dataset"])(**data.get("dataset_args", {}))
+    try:
+        print(len(dataset))
+    except TypeError:  # an IterableDataset has no length, and needs none: built is all that was asked
+        print("an iterable of")
+    return 0
 
 
 def watch_parent() -> None:
@@ -93,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         from tunekit.worker._forkserver import serve
 
         return serve(int(args[1]))
+    if args[:1] in (["--prepare"], ["--resolve"]):  # a sweep's short tasks, forked from the server as trials are
+        return _task(args[0], json.loads(args[1]))
     watch_parent()
     rank = _rank()
     spec, out_path = _spec_and_paths(args, rank)
