@@ -15,13 +15,13 @@ import pytest
 from tests.conftest import REPO
 from tunekit.contract import (
     MEASUREMENT_VERSION,
+    REQUIRED_FIELDS,
     Knobs,
     Measurement,
     TrialSpec,
     failed_measurement,
     skipped_measurement,
 )
-from tunekit.launcher import REQUIRED_FIELDS
 
 FIELDS = {f.name for f in dataclasses.fields(Measurement)}
 METHODS = {"to_dict", "held"}

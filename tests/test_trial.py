@@ -316,10 +316,10 @@ def test_bad_output_is_detected(tmp_path: Path):
     out.write_text("{not json")
     assert _outcome(spec, 0, False, 60, out, tmp_path / "log").status == "bad_output"
     out.write_text(json.dumps({"status": "ok", "samples_per_s": float("nan")}))  # version 1, as the worker writes
-    assert "non-finite rate" in _outcome(spec, 0, False, 60, out, tmp_path / "log").reason
+    assert "rate = nan is not a finite" in _outcome(spec, 0, False, 60, out, tmp_path / "log").reason
     out.write_text(json.dumps({"version": 2, "status": "ok", "rate": 0.0, "rate_windows": [0.0], "noise_cv": 0.0,
                                "step_time_s": 1.0, "data_wait_frac": 0.0, "headroom": 0.5, "warmup_s": 1.0}))
-    assert "reports rate = 0.0" in _outcome(spec, 0, False, 60, out, tmp_path / "log").reason
+    assert "rate = 0.0 is not positive" in _outcome(spec, 0, False, 60, out, tmp_path / "log").reason
     out.write_text(json.dumps({"version": 99, "status": "ok"}))
     assert _outcome(spec, 0, False, 60, out, tmp_path / "log").status == "bad_output"
     out.unlink()

@@ -216,3 +216,31 @@ def test_an_import_path_that_does_not_resolve_says_where_it_looked(tmp_path: Pat
     problems = check_paths({"workload.model": "mytask_nowhere:make_model", "workload.dataset": "sub/task.py:make"})
     assert f"looked in {tmp_path}" in problems["workload.model"] and "PYTHONPATH" in problems["workload.model"]
     assert f"relative to the folder tunekit runs in, {tmp_path}" in problems["workload.dataset"]
+
+
+def test_a_study_holding_nan_or_negative_figures_is_data_not_a_raw_error(write_config, tmp_path: Path):
+    """A study.db whose record of a trial holds NaN and negative figures (edited, corrupted): `tunekit report` gave
+    a raw StatisticsError and wrote nothing; it now reads that trial as bad_output, naming it and the field, and
+    writes every output."""
+    import json
+    import sqlite3
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    _tiny_run(write_config, out)
+    db = sqlite3.connect(out / "study.db")
+    (trial_id, text), = db.execute("select trial_id, value_json from trial_user_attributes where key = "
+                                   "'measurement' and value_json like '%\"number\": 1,%'").fetchall()
+    record = json.loads(text)
+    record.update(rate=float("nan"), noise_cv=-0.5, rate_windows=[float("nan"), -3.0])
+    db.execute("update trial_user_attributes set value_json = ? where trial_id = ? and key = 'measurement'",
+               (json.dumps(record), trial_id))
+    db.commit()
+    db.close()
+    done = subprocess.run([sys.executable, "-m", "tunekit", "report", str(out)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Error" not in done.stderr
+    report = (out / "report.md").read_text()
+    assert "bad_output: study.db's record of trial 1 is not a measurement: rate = nan" in report

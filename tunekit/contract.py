@@ -7,13 +7,14 @@ docs/measurement.md lists its fields (a test holds the two equal).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 __all__ = ["Stage", "Mode", "Knobs", "TrialSpec", "Measurement", "MEASUREMENT_VERSION", "STATUSES", "KNOB_NAMES",
-           "failed_measurement", "skipped_measurement"]
+           "failed_measurement", "skipped_measurement", "measurement_problem", "REQUIRED_FIELDS"]
 
 STATUSES: tuple[str, ...] = ("ok", "oom", "timeout", "crashed", "illegal_access", "bad_output", "diverged",
                              "skipped")
@@ -560,6 +561,30 @@ def _renamed_v1(items: dict[str, Any]) -> dict[str, Any]:
 
 
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Measurement)) - {"version", "other"}
+
+REQUIRED_FIELDS = ("rate", "rate_windows", "noise_cv", "step_time_s", "data_wait_frac", "headroom", "warmup_s")
+"""The fields every completed measurement holds."""
+
+
+def measurement_problem(m: Measurement, complete: bool = True) -> str | None:
+    """What makes a record unusable as a measurement, or None: a completed one lacking a required field (with
+    ``complete``: what a worker writes now; records of older runs may lack some), holding a non-finite or negative
+    figure, or no positive rate (a worker's bug, or a study edited by hand); a failed one without a reason. The
+    launcher checks what a worker wrote, the store what it reads back."""
+    if m.status != "ok":
+        return None if m.reason or not complete else "a failed measurement without a reason"
+    for name in REQUIRED_FIELDS:
+        value = getattr(m, name)
+        if value is None:
+            if complete or name == "rate":
+                return f"it lacks {name}"
+            continue
+        values = value if isinstance(value, list) else [value]
+        if any(not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 for v in values):
+            return f"{name} = {value} is not a finite, non-negative figure"
+    if m.rate <= 0:
+        return f"rate = {m.rate} is not positive"
+    return None
 
 
 def failed_measurement(spec: TrialSpec, status: str, reason: str, **extra: Any) -> Measurement:

@@ -32,14 +32,13 @@ import psutil
 
 import tunekit
 from tunekit._files import read_json, write_json_atomic
-from tunekit.contract import STATUSES, Measurement, TrialSpec, failed_measurement
+from tunekit.contract import REQUIRED_FIELDS, STATUSES, Measurement, TrialSpec, failed_measurement, measurement_problem
 from tunekit.outcome import classify_error, silent_ranks
 
 __all__ = ["run_trial", "run_task", "resolve_paths", "kill_tree", "worker_command", "script_command",
            "torchrun_command", "release_nodes",
            "child_env", "REQUIRED_FIELDS", "LOG_KEEP_BYTES", "BOOTSTRAP"]
 
-REQUIRED_FIELDS = ("rate", "rate_windows", "noise_cv", "step_time_s", "data_wait_frac", "headroom", "warmup_s")
 """The fields of :class:`Measurement` an ``ok`` measurement must hold, non-null and finite."""
 _TERM_GRACE_S = 5.0
 LOG_KEEP_BYTES = 4 * 2**20
@@ -643,18 +642,5 @@ def _accept(data: Any) -> Measurement | str:
         m = Measurement.from_dict(data)
     except (TypeError, ValueError) as exc:
         return f"measurement.json is not a measurement: {exc}"
-    return _check_measurement(m) or m
-
-
-def _check_measurement(m: Measurement) -> str | None:
-    if m.status != "ok":
-        return None if m.reason else "a failed measurement without a reason"
-    for name in REQUIRED_FIELDS:
-        value = getattr(m, name)
-        if value is None:
-            return f"measurement.json lacks {name}"
-        if isinstance(value, float) and not math.isfinite(value):
-            return f"measurement.json has a non-finite {name}: {value}"
-    if not isinstance(m.rate, (int, float)) or m.rate <= 0:
-        return f"measurement.json reports rate = {m.rate}"
-    return None
+    problem = measurement_problem(m)
+    return f"measurement.json: {problem}" if problem else m

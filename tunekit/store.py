@@ -34,7 +34,7 @@ from optuna.trial import TrialState
 
 from tunekit import __version__
 from tunekit.config import COMPILE_MODES, Config, extra_knobs
-from tunekit.contract import Knobs, Measurement, Mode, Stage
+from tunekit.contract import Knobs, Measurement, Mode, Stage, measurement_problem
 from tunekit.errors import StorageError, UsageError
 from tunekit.records import TrialRow
 
@@ -190,7 +190,13 @@ class RunStore:
                 if m is None or t.user_attrs.get("status") == _INTERRUPTED:
                     continue
                 number = t.user_attrs.get("number", t.number)
-                rows.append(TrialRow.from_measurement(Measurement.from_dict({**m, "number": number})))
+                record = Measurement.from_dict({**m, "number": number})
+                problem = measurement_problem(record, complete=False)
+                if problem:  # a study edited or corrupted: this trial is data that says so, never a figure
+                    record = Measurement(status="bad_output", number=number, stage=record.stage, mode=record.mode,
+                                         params=record.params, reason=f"study.db's record of trial {number} is "
+                                         f"not a measurement: {problem}")
+                rows.append(TrialRow.from_measurement(record))
         return sorted(rows, key=lambda r: r.number)
 
     @_guarded
