@@ -267,15 +267,21 @@ def test_sigterm_while_the_dataset_is_prepared_ends_its_processes(write_config, 
     proc = subprocess.Popen([sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(tmp_path / "run")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
+    def command(p: psutil.Process) -> str:
+        try:
+            return " ".join(p.cmdline())
+        except psutil.Error:  # gone, or a zombie not reaped yet (the import-path check's, say)
+            return ""
+
     def preparing() -> list[psutil.Process]:
         try:
             below = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
+            if not fork_server:
+                return [p for p in below if "--prepare" in command(p) and str(marker) in command(p)]
+            servers = [p for p in below if "--fork-server" in command(p)]
+            return [c for s in servers for c in s.children() if command(c)]  # the dataset being built
+        except psutil.Error:
             return []
-        if not fork_server:
-            return [p for p in below if "--prepare" in " ".join(p.cmdline()) and str(marker) in " ".join(p.cmdline())]
-        servers = [p for p in below if "--fork-server" in " ".join(p.cmdline())]
-        return [c for s in servers for c in s.children()]  # the server's one child: the dataset being built
 
     deadline = time.monotonic() + 120
     while not (found := preparing()):
