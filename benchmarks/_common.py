@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import csv
+import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +32,25 @@ def run_trial(config: str | Path, out: Path, sets: list[str], *,
     if len(made) != 1 or not (made[0] / "measurement.json").exists():
         return Measurement(status="crashed", reason=(proc.stderr.strip().splitlines() or ["no measurement"])[-1]), None
     return Measurement.from_dict(read_json(made[0] / "measurement.json")), made[0]
+
+
+_CLOCK = Path(__file__).resolve().parent / "_plain_clock"
+
+
+def plain_rate(command: list[str], cwd: str | Path, loader: dict[str, Any], skip: int, count: int,
+               timeout_s: float = 1800) -> float:
+    """A training script's own throughput by the plain clock (benchmarks/_plain_clock: a timestamp per batch
+    request, nothing else) over batches ``skip``+1 … ``skip``+``count`` of its training loader, with ``loader``'s
+    attributes set on it as a trial would."""
+    from tunekit.launcher import child_env
+
+    env = {**child_env(), "TUNEKIT_PLAIN_CLOCK": f"{skip} {count}", "TUNEKIT_PLAIN_LOADER": json.dumps(loader)}
+    env["PYTHONPATH"] = os.pathsep.join([str(_CLOCK), env.get("PYTHONPATH", "")])
+    run = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    found = re.search(r"plain-clock rate ([0-9.]+)", run.stderr)
+    if not found:
+        raise SystemExit(f"the plain run of {command} printed no rate: {run.stderr.strip().splitlines()[-3:]}")
+    return float(found.group(1))
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -13,20 +13,14 @@ set-aside took and times as many as its windows held, so both count the same par
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
 import statistics
-import subprocess
 from pathlib import Path
 
-from _common import run_trial, write_csv
+from _common import plain_rate, run_trial, write_csv
 
 from tunekit import config
 from tunekit.contract import Knobs, TrialSpec
-from tunekit.launcher import child_env, script_command
-
-_CLOCK = Path(__file__).resolve().parent / "_plain_clock"
+from tunekit.launcher import script_command
 
 
 def _plain(cfg: config.Config, knobs: Knobs, loader: dict, skip: int, count: int) -> float:
@@ -34,14 +28,7 @@ def _plain(cfg: config.Config, knobs: Knobs, loader: dict, skip: int, count: int
     settings = {"num_workers": loader["num_workers"], "prefetch_factor": loader["prefetch_factor"],
                 "pin_memory": loader["pin_memory"],
                 "persistent_workers": loader.get("persistent_workers", loader["num_workers"] > 0)}
-    env = {**child_env(), "TUNEKIT_PLAIN_CLOCK": f"{skip} {count}", "TUNEKIT_PLAIN_LOADER": json.dumps(settings)}
-    env["PYTHONPATH"] = os.pathsep.join([str(_CLOCK), env.get("PYTHONPATH", "")])
-    run = subprocess.run(script_command(spec), cwd=cfg.script.cwd, env=env, capture_output=True, text=True,
-                         timeout=1800)
-    found = re.search(r"plain-clock rate ([0-9.]+)", run.stderr)
-    if not found:
-        raise SystemExit(f"the plain run printed no rate: {run.stderr.strip().splitlines()[-3:]}")
-    return float(found.group(1))
+    return plain_rate(script_command(spec), cfg.script.cwd, settings, skip, count)
 
 
 def main() -> None:

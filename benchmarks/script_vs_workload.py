@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import statistics
 import subprocess
 import sys
@@ -23,15 +21,14 @@ import time
 from pathlib import Path
 
 import yaml
-from _common import write_csv
+from _common import plain_rate, write_csv
 
 from tunekit import config
 from tunekit.contract import Knobs, TrialSpec
-from tunekit.launcher import child_env, script_command
+from tunekit.launcher import script_command
 
 _ROOT = Path(__file__).resolve().parent.parent
 _EXAMPLE = _ROOT / "examples" / "image_classifier"
-_CLOCK = Path(__file__).resolve().parent / "_plain_clock"
 
 
 def _sweep(cfg: Path, out: Path, budget: float, sets: list[str]) -> dict:
@@ -48,16 +45,6 @@ def _sweep(cfg: Path, out: Path, budget: float, sets: list[str]) -> dict:
     trials = sum(1 for line in (out / "trials.csv").read_text().splitlines()[1:] if line.strip())
     return {"wall_s": round(wall, 1), "trials": trials, "knee": rec["dataloader"] | rec["training"],
             "knee_rate": rec["evidence"]["rate"], "band": rec["evidence"].get("band"), "rec": rec}
-
-
-def _plain(command: list[str], loader: dict, skip: int, count: int) -> float:
-    env = {**child_env(), "TUNEKIT_PLAIN_CLOCK": f"{skip} {count}", "TUNEKIT_PLAIN_LOADER": json.dumps(loader)}
-    env["PYTHONPATH"] = os.pathsep.join([str(_CLOCK), env.get("PYTHONPATH", "")])
-    run = subprocess.run(command, cwd=_EXAMPLE, env=env, capture_output=True, text=True, timeout=900)
-    found = re.search(r"plain-clock rate ([0-9.]+)", run.stderr)
-    if not found:
-        raise SystemExit(f"the plain run of {command} printed no rate: {run.stderr.strip().splitlines()[-3:]}")
-    return float(found.group(1))
 
 
 def main() -> None:
@@ -100,7 +87,7 @@ def _reruns(rec: dict, args: argparse.Namespace, out: Path) -> None:
         order = list(runs) if round_ % 2 == 0 else list(reversed(runs))
         for name in order:
             command, loader = runs[name]
-            rate = _plain(command, loader, args.skip, args.count)
+            rate = plain_rate(command, _EXAMPLE, loader, args.skip, args.count, timeout_s=900)
             reruns.append({"round": round_, "run": name, "rate": round(rate, 2), "command": " ".join(command),
                            "set_on_dataloader": json.dumps(loader)})
             print(f"round {round_}: {name}: {rate:.1f} samples/s")

@@ -31,7 +31,7 @@ def test_shipped_configs_load():
     # subprocess for all of them (test_unresolvable_import_paths checks that load runs it); a path that does not
     # resolve rides along, so a resolver that found nothing wrong with anything would fail here
     paths["control: workload.model"] = "tunekit.workloads.synthetic:no_such_model"
-    resolved = subprocess.run([sys.executable, "-m", "tunekit.workloads.resolve", json.dumps(paths)],
+    resolved = subprocess.run([sys.executable, "-m", "tunekit.worker", "--resolve", json.dumps(paths)],
                               capture_output=True, text=True, timeout=300)
     assert resolved.returncode == 0, resolved.stderr
     problems = json.loads(resolved.stdout.strip().splitlines()[-1])

@@ -150,20 +150,26 @@ def check(recommended: str | os.PathLike[str], config: str | os.PathLike[str] | 
 
     trial = _api.trial(config, knobs=run_knobs, mode="train", out=out_dir,
                        overrides={**(overrides or {}), **plan.knee_values(cfg, rec.config)}, on_start=on_start)
-    m = trial.measurement
+    outcome = _measured(base, trial, env, tuned_on, cfg)
+    return _with_retune(outcome, rec, config, cfg, overrides, knobs, out_dir, quiet) if retune else outcome
+
+
+def _measured(base: dict[str, Any], trial: Any, env: dict[str, Any], tuned_on: dict[str, Any],
+              cfg: config_mod.Config) -> CheckOutcome:
+    """The check's outcome once its trial ran: another machine after all (its device), a failure, or the
+    comparison with the recorded figures."""
+    m, recorded = trial.measurement, base["recorded"]
     current = machine_fingerprint(env, device=m.device_name, cpus=m.cpu_count, memory_bytes=m.host_mem_total_bytes,
                                   versions=m.versions)
     hardware, software = rules.machine_changes(tuned_on, current)
     machine = MachineCheck(tuned_on, current, tuple(hardware), tuple(software))
-    base.update(machine=machine, measurement=m, trial_dir=trial.trial_dir)
+    base = {**base, "machine": machine, "measurement": m, "trial_dir": trial.trial_dir}
     if hardware:  # the trial ran on another device than the recorded one
-        outcome = CheckOutcome("other_machine", _other_machine_line(recorded, machine), **base)
-    elif not trial.ok:
-        outcome = CheckOutcome("failed", f"failed: the committed config did not complete here: {m.status} — "
-                               f"{m.reason}", **base)
-    else:
-        outcome = _compared(base, recorded, m, _ceilings(rec_path, machine), cfg)
-    return _with_retune(outcome, rec, config, cfg, overrides, knobs, out_dir, quiet) if retune else outcome
+        return CheckOutcome("other_machine", _other_machine_line(recorded, machine), **base)
+    if not trial.ok:
+        return CheckOutcome("failed", f"failed: the committed config did not complete here: {m.status} — "
+                            f"{m.reason}", **base)
+    return _compared(base, recorded, m, _ceilings(base["recommended"], machine), cfg)
 
 
 # --- the recorded side ---------------------------------------------------------------------------------------

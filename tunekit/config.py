@@ -866,7 +866,7 @@ def _check_import_paths(cfg: Config, source: str, resolve: Resolver | None = Non
         if isinstance(found, str):
             return [f"{source}: workload: could not check import paths: {found}"]
         return [f"{source}: {key}: {_show(paths[key])} {msg}" for key, msg in found.items() if msg]
-    cmd = [sys.executable, "-m", "tunekit.workloads.resolve", json.dumps(paths)]
+    cmd = [sys.executable, "-m", "tunekit.worker", "--resolve", json.dumps(paths)]  # imports torch: not here
     # a script's count resolves where the script runs (its folder is on its path), a factory's where tunekit does
     cwd = cfg.script.cwd if cfg.script is not None else None
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd)

@@ -558,7 +558,7 @@ def _outcome(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float,
         return failed_rank
     log = _tail(log_path)
     if rc is not None and rc < 0:
-        name = signal.Signals(-rc).name if -rc in signal.valid_signals() else str(-rc)
+        name = _signal_name(-rc)
         status, reason = classify_error(log) if log.strip() else ("crashed", "")
         if status == "crashed":
             hint = " (not sent by tunekit; the kernel's OOM killer is the usual sender)" if name == "SIGKILL" else ""
@@ -599,7 +599,7 @@ def _rank_failure(out_path: Path, log: str) -> Measurement | None:
 
 
 def _signal_name(number: int) -> str:
-    return signal.Signals(number).name if number in signal.valid_signals() else f"signal {number}"
+    return signal.Signals(number).name if number in signal.valid_signals() else str(number)
 
 
 def hung_ranks(trial_dir: Path) -> str:

@@ -175,6 +175,16 @@ def _swept_batch(rows: list[TrialRow], choice: Choice) -> int | None:
     return max(counts, key=lambda b: (len(counts[b]), b == chosen, b)) if counts else chosen
 
 
+def _bounded(rows: list[TrialRow], batch: int | None) -> tuple[Point, ...]:
+    """The end-to-end configs at ``batch`` the plan skipped with an upper bound, each at that bound."""
+    points = []
+    for r in rows:
+        bound = r.measurement.skip_bound
+        if r.status == "skipped" and r.mode == Mode.train and bound and r.knobs.batch_size == batch:
+            points.append(Point(r.knobs.num_workers, bound, bound, bound, int(r.measurement.skip_bound_trial or -1)))
+    return tuple(sorted(points, key=lambda p: p.workers))
+
+
 def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlot | str:
     """The axis batch is the one most worker counts ran at (:func:`_swept_batch`); the end-to-end trials at other
     batches are drawn too, hollow and labelled with their batch (a sweep walks the workers at one batch, then
@@ -203,10 +213,6 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
     def at(row: TrialRow) -> str:
         return "" if row.knobs.batch_size == batch else f", batch {row.knobs.batch_size}"
 
-    bounded = tuple(sorted((Point(r.knobs.num_workers, float(r.measurement.skip_bound), float(r.measurement.skip_bound),
-                                  float(r.measurement.skip_bound), int(r.measurement.skip_bound_trial or -1))
-                            for r in rows if r.status == "skipped" and r.mode == Mode.train
-                            and r.measurement.skip_bound and r.knobs.batch_size == batch), key=lambda p: p.workers))
     knee = choice.knee
     knee_ceiling = (compute_ceiling(rows, knee.knobs.batch_size) if knee is not None and batch is not None
                     and knee.knobs.batch_size != batch else None)
@@ -223,7 +229,7 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
         best=_point(choice.best) if choice.best else None, loader_ceiling=loader,
         compute_ceiling=compute.rate * world if compute else None,
         best_label=f"best{' (' + at(choice.best)[2:] + ')' if choice.best and at(choice.best) else ''}",
-        bounded=bounded, knee_ceiling=knee_ceiling.rate * world if knee_ceiling else None,
+        bounded=_bounded(rows, batch), knee_ceiling=knee_ceiling.rate * world if knee_ceiling else None,
         knee_ceiling_label=f"compute ceiling at the knee's batch {knee.knobs.batch_size}" if knee_ceiling and knee
         else "",
         compute_label=f"compute ceiling{f' x {world} GPUs' if world > 1 else ''}"
