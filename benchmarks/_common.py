@@ -15,12 +15,12 @@ from tunekit._files import atomic_path, read_json
 from tunekit.contract import Measurement
 
 
-def run_trial(config: str | Path, out: Path, sets: list[str], *,
+def run_trial(config: str | Path, out: Path, sets: list[str], *, mode: str = "train",
               echo: bool = False) -> tuple[Measurement, Path | None]:
-    """``tunekit trial CONFIG --out OUT --set …``: its measurement and trial folder. A command that left no
+    """``tunekit trial CONFIG --out OUT --mode MODE --set …``: its measurement and trial folder. A command that left no
     measurement (killed, or failed before its trial began) gives a crashed one and no folder, never an earlier
     trial's."""
-    cmd = [sys.executable, "-m", "tunekit", "trial", str(config), "--out", str(out)]
+    cmd = [sys.executable, "-m", "tunekit", "trial", str(config), "--out", str(out), "--mode", mode]
     for item in sets:
         cmd += ["--set", item]
     trials = out / "trials"
