@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import fcntl
+import os
+import tempfile
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +117,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    """Tests marked ``alone`` have the CPUs to themselves when pytest-xdist runs tests side by side (the suite's
+    ``-n 2``): they measure real CPU work (verdicts read from workers' CPU time, a host other processes keep busy, a
+    run that must not be marked disturbed), so a neighbour would change their answer. A readers-writer lock over
+    the workers of one run: every other test holds ``cpus`` shared for its setup, call and teardown; an ``alone``
+    test takes the ``gate`` first, so no new test starts beside it, then waits for ``cpus`` exclusively, and then
+    for what the tests before it left running to end (a killed sweep's trial dying with it, a server shutting
+    down): until the CPUs are quiet for half a second, at most 15 s."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:  # one process runs every test: nothing runs beside any of them
+        yield
+        return
+    folder = Path(tempfile.gettempdir()) / f"tunekit-tests-{run}"
+    folder.mkdir(exist_ok=True)
+    with open(folder / "gate", "a") as gate, open(folder / "cpus", "a") as cpus:
+        alone = item.get_closest_marker("alone") is not None
+        fcntl.flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(cpus, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        if alone:
+            _wait_for_quiet_cpus()
+        try:
+            yield
+        finally:
+            fcntl.flock(cpus, fcntl.LOCK_UN)
+
+
+def _wait_for_quiet_cpus(quiet: float = 25.0, deadline_s: float = 15.0) -> None:
+    """Until the machine's CPU use stays under ``quiet`` % of one CPU over half a second (or the deadline)."""
+    import time
+
+    import psutil
+
+    cpus, end = psutil.cpu_count() or 1, time.monotonic() + deadline_s
+    psutil.cpu_percent()
+    while time.monotonic() < end:
+        time.sleep(0.5)
+        if psutil.cpu_percent() * cpus < quiet:
+            return

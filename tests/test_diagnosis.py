@@ -208,6 +208,7 @@ def _trial(tmp: Path, cfg: dict, n: int, mode: str, **knobs) -> Measurement:
     return dataclasses.replace(m, number=n)
 
 
+@pytest.mark.alone
 def test_real_cpu_scenarios(tmp_path: Path):
     """Per-sample waits with one worker -> data-starved; a heavy step on cheap data -> compute-bound."""
     # half-second windows: 6 steps of the loader-bound pipeline (80 ms a batch), 8 of the 60-ms step
@@ -340,6 +341,7 @@ def _loader_bound(tmp_path: Path, dataset_args: dict, workers: int, first: int) 
     return trial_verdicts(rows, SELECTION)[first + 1]
 
 
+@pytest.mark.alone
 def test_waiting_workers_are_data_starved_and_computing_workers_cpu_preprocessing(tmp_path: Path):
     """Both loaders at the same worker count, twice the cores of this box: workers that sleep (slow storage) leave
     the CPUs idle -> data-starved with the storage fix; workers that burn CPU saturate them -> cpu-preprocessing.
@@ -383,6 +385,7 @@ def test_the_run_names_the_memory_boundary_of_a_batch_over_the_headroom_limit():
     assert wall.evidence == {"OOM at batch": 512, "largest batch that fits": 128}
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_storage_and_cpu_bound_loaders_get_their_verdict_and_fix_in_every_output(write_config, tmp_path: Path):
     """The same worker counts on the same box, through whole sweeps: trials.csv, report.md and recommended.yaml

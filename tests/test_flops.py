@@ -164,6 +164,10 @@ def test_the_share_and_the_output_per_money_in_the_report_the_evidence_and_the_c
     assert money_summary(s) == ("4,800,000 samples per unit of money at 4800.0 samples/s (cost.per_hour 3.6); best "
                                 "4,900,000, defaults 1,000,000.")
     assert money_summary(_run(500e12)) is None  # no price, no money
+    tokens = flop_summary(_run(500e12, **{"workload.unit": "tokens", "workload.count": "tunekit.workloads.text:"
+                                                                                          "count_tokens"}))
+    assert "forward and backward, counted with FlopCounterMode, on one batch, its padding's work included: shares " \
+           "of executed FLOPs" in tokens  # the tokens counted are not the positions the model computed on
 
 
 def test_the_compute_bound_fix_turns_on_the_share_of_the_peak():

@@ -60,6 +60,7 @@ def test_dict_batches_with_a_padding_collate_are_measured_in_tokens(tmp_path: Pa
     assert m.rate == pytest.approx(expected * m.measured_steps / m.measured_s, rel=0.25)
 
 
+@pytest.mark.alone
 def test_an_iterable_dataset_runs_and_unsharded_workers_are_flagged(tmp_path: Path):
     iterable = {"workload.dataset_args": {}, "workload.model_args": {"step_wait_s": 0.002}, "trial.window_s": 0.5}
     sharded = _trial(tmp_path, "sharded", {"num_workers": 2, "batch_size": 8},

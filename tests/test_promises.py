@@ -113,6 +113,7 @@ def quiet_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"cwd": cwd, "config": config, "out": cwd / "results" / NAME, "result": result}
 
 
+@pytest.mark.alone  # quiet_run's sweep must not be disturbed: the sighup test reads its stderr
 def test_a_sweep_without_out_writes_results_name_under_the_current_folder(quiet_run: dict):
     out = quiet_run["out"]
     for name in ("recommended.yaml", "report.md", "trials.csv", "study.db", "config.resolved.yaml", "env.json",
@@ -124,6 +125,7 @@ def test_a_sweep_without_out_writes_results_name_under_the_current_folder(quiet_
     assert not (REPO / "results" / NAME).exists()  # relative to where it ran, not to the package
 
 
+@pytest.mark.alone  # quiet_run's sweep must not be disturbed: the sighup test reads its stderr
 def test_a_quiet_sweep_prints_no_progress_bar_and_no_trial_log(quiet_run: dict):
     result = quiet_run["result"]
     assert not re.search(r"^trial \d+ \[", result.stderr, re.M), result.stderr  # the per-trial log lines
@@ -145,6 +147,7 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("phase,held", [("opening the run", "tunekit.driver:snapshot"),
                                         ("writing outputs", "tunekit.report:write_outputs")])
 def test_sighup_while_opening_the_run_or_writing_outputs_exits_130_and_keeps_the_run(

@@ -123,3 +123,18 @@ def test_a_run_counting_tokens_never_labels_its_rates_samples(tmp_path):
     evidence = yaml.safe_load((tmp_path / "recommended.yaml").read_text())["evidence"]
     assert evidence["unit"] == "tokens" and evidence["rate"] == 60_000 and evidence["items_per_money"] > 0
     assert not [k for k in evidence if "sample" in k]
+
+
+def test_an_epoch_ending_inside_a_trial_is_warned_with_what_it_cost():
+    """Workers kept across epochs (script mode records it) only refill their queues; others restart."""
+    from tests.conftest import measurement
+    from tunekit.report._markdown import report_md
+
+    rows = rows_from_measurements([
+        measurement(0, "end_to_end", "train", 700, num_workers=4, epochs_ended=3,
+                    loader_measured={"persistent_workers": True}),
+        measurement(1, "end_to_end", "train", 650, num_workers=2, epochs_ended=2)])
+    md = report_md(summarize(config.from_dict(sleepy_config()), rows, strategy="staged"), [], {})
+    assert ("trial 0: the loader's epoch ended 3 time(s) inside the trial; its workers persist, and each refill of "
+            "their queues for the next epoch is part of the measurement") in md
+    assert "trial 1: the loader's epoch ended 2 time(s) inside the trial; each restart of its workers is part" in md

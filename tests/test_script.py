@@ -79,25 +79,33 @@ def sleepy_script(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_script_trial_measures_the_known_answer_inside_the_scripts_own_loop(tmp_path: Path, sleepy_script: Path):
-    """The script's loop, metered from inside: 2 workers x 5 ms per sample deliver 400/s against a 20 ms step of 8
-    samples (400/s); the measurement agrees with the factory workload's trial of the same job, the script never
-    reached its checkpoint, and its process tree is gone."""
-    raw = _script_config(tmp_path, [sys.executable, str(sleepy_script), "-j", "{num_workers}", "-b", "{batch_size}"])
-    m = _trial(tmp_path, raw, num_workers=2, prefetch_factor=2, batch_size=8)
-    assert m.status == "ok", m.reason
-    assert m.params["num_workers"] == 2 and m.params["batch_size"] == 8
-    assert m.loader_measured["dataset"] == "_SleepyDataset" and m.loader_measured["index"] == 1
-    analytic = expected_samples_per_s(2, 8, 0.005, 0.02)
-    assert 0.6 * analytic < m.rate < 1.1 * analytic
-    factory = config.from_dict({"name": "f", "device": "cpu", "workload": {
+def test_script_mode_and_workload_mode_agree_on_the_knee_of_a_known_answer_job(tmp_path: Path, sleepy_script: Path):
+    """The same job twice, as the user's script run unedited and as factories: 1 worker x 5 ms per sample delivers
+    200/s, 3 workers 600/s against a 20 ms step of 8 samples (400/s). Both sweeps pick 3 workers, at the same
+    figure within noise; the script trials meter its loop from inside (the training loader, not another), never
+    reach its checkpoint, and leave no process behind."""
+    import tunekit
+
+    search = {"num_workers": [1, 3], "batch_size": [8], "pin_memory": [False], "prefetch_factor": [2]}
+    raw = _script_config(tmp_path, [sys.executable, str(sleepy_script), "-j", "{num_workers}", "-b", "{batch_size}"],
+                         **search)
+    script = tunekit.sweep(raw, out=tmp_path / "script", strategy="grid")
+    factory = tunekit.sweep({"name": "f", "device": "cpu", "workload": {
         "model": "tunekit.workloads.synthetic:sleepy_model", "model_args": {"step_wait_s": 0.02},
         "dataset": "tunekit.workloads.synthetic:sleepy_dataset", "dataset_args": {"sample_wait_s": 0.005}},
-        "trial": dict(QUICK)}).to_dict()
-    f = run_trial(TrialSpec(number=1, stage="single", mode="train", config=factory,
-                            knobs=Knobs(num_workers=2, prefetch_factor=2, batch_size=8)), tmp_path / "f", 120)
-    assert f.status == "ok" and 0.8 < m.rate / f.rate < 1.25  # the same job, the same figure within noise
-    assert not list(tmp_path.glob("epoch*.pt"))  # the script ended at the batch request after the last window
+        "search": search, "trial": dict(QUICK)}, out=tmp_path / "factory", strategy="grid")
+    knees = {}
+    for mode, outcome in (("script", script), ("factory", factory)):
+        knee = outcome.summary.choice.knee
+        assert knee is not None, (mode, outcome.reason)
+        knees[mode] = knee
+    assert knees["script"].knobs.num_workers == knees["factory"].knobs.num_workers == 3, knees
+    analytic = expected_samples_per_s(3, 8, 0.005, 0.02)
+    assert 0.6 * analytic < knees["script"].rate < 1.1 * analytic
+    assert 0.8 < knees["script"].rate / knees["factory"].rate < 1.25  # the same job, the same figure within noise
+    m = knees["script"].measurement
+    assert m.loader_measured["dataset"] == "_SleepyDataset" and m.loader_measured["index"] == 1
+    assert not list(tmp_path.glob("epoch*.pt"))  # every trial ended at the batch request after its last window
     assert _no_process_runs(str(sleepy_script))
 
 

@@ -76,6 +76,7 @@ def knee_grid(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"config": config, "out": base / "run"}
 
 
+@pytest.mark.alone
 def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path, knee_grid: dict):
     config = write_config(_knee_config(**{"cost.per_hour": 3.6}))
     assert config.read_text() == knee_grid["config"].read_text()  # the grid below swept this same config

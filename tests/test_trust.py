@@ -130,6 +130,7 @@ def test_outputs_are_all_written_or_none(write_config, tmp_path: Path, monkeypat
     assert not (out / ".plots.new").exists()
 
 
+@pytest.mark.alone
 def test_a_trial_on_a_machine_other_processes_keep_busy_names_them(tmp_path: Path):
     """Busy loops outside the trial's tree, one per usable CPU: the trial measures the cores they took, warns, and
     its verdict is shared-host with CPU advice (no GPU here)."""

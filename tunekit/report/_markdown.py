@@ -233,8 +233,11 @@ def _trial_warnings(rows: tuple[TrialRow, ...]) -> list[str]:
     for r in rows:
         out += [f"trial {r.number}: {w}" for w in r.measurement.warnings or []]
         if r.measurement.epochs_ended:
+            kept = (r.measurement.loader_measured or {}).get("persistent_workers")
+            cost = ("its workers persist, and each refill of their queues for the next epoch is" if kept else
+                    "each restart of its workers is")
             out.append(f"trial {r.number}: the loader's epoch ended {r.measurement.epochs_ended} time(s) inside "
-                       "the trial; each restart of its workers is part of the measurement")
+                       f"the trial; {cost} part of the measurement")
     return out
 
 

@@ -53,9 +53,13 @@ def flop_summary(s: RunSummary) -> str | None:
     if ceiling is not None and ceiling is not k and s.flop_share(ceiling) is not None:
         shares.append(f"its compute ceiling (batch {k.knobs.batch_size}) {share_text(s.flop_share(ceiling))}")
     sheet = f"; datasheet {si(peak.datasheet_flops, 'FLOP/s')}" if peak.datasheet_flops else ""
+    # items counted by the workload (tokens, say) are not the positions the model computes on: a padded batch's
+    # padding is work too, so the count per item is of executed FLOPs, and it varies with the batch it was taken on
+    executed = (", on one batch, its padding's work included: shares of executed FLOPs, above the useful share "
+                "by the batches' padding" if s.unit != "samples" else "")
     return (f"Model FLOP utilisation: {', '.join(shares)} of this device's measured matmul peak ({si(flops, 'FLOP')} "
-            f"per {k.item}, forward and backward, counted with FlopCounterMode; peak {si(peak.flops, 'FLOP/s')} in "
-            f"{peak.precision}, trial {peak.trial}{sheet}).")
+            f"per {k.item}, forward and backward, counted with FlopCounterMode{executed}; peak "
+            f"{si(peak.flops, 'FLOP/s')} in {peak.precision}, trial {peak.trial}{sheet}).")
 
 
 def money_summary(s: RunSummary) -> str | None:
