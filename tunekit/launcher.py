@@ -575,8 +575,9 @@ def _outcome(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float,
 
 def _rank_failure(out_path: Path, log: str) -> Measurement | None:
     """The failure of a multi-rank trial: a rank that died without a word (torchrun's summary in the log names it
-    and its exit code), else the first failure in time the ranks reported (its peers fail after it, in their
-    collectives, for want of it)."""
+    and its exit code; one that SIGTERM ended is torchrun stopping the survivors, the cause only when no rank
+    reported), else the first failure in time the ranks reported (its peers fail after it, in their collectives,
+    for want of it)."""
     found: dict[int, Measurement] = {}
     for path in out_path.parent.glob("measurement.rank*.json"):
         try:
@@ -588,6 +589,8 @@ def _rank_failure(out_path: Path, log: str) -> Measurement | None:
             found[int(path.name.split(".")[1].removeprefix("rank"))] = accepted
     first = min(found.values(), key=lambda m: float(m.failed_at or 0.0)) if found else None
     silent = silent_ranks(log, set(found)) if first is not None or "ChildFailedError" in log else []
+    if first is not None:  # torchrun stops the survivors of a failed rank with SIGTERM: those are not the cause
+        silent = [r for r in silent if r[2] != -signal.SIGTERM]
     if not silent:
         return first
     rank, local, code = silent[0]

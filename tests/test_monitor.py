@@ -1,0 +1,39 @@
+"""The trial's monitor thread: host memory read cheaply inside the windows, its growth still seen."""
+
+from __future__ import annotations
+
+import time
+
+from tunekit.worker import _monitor
+from tunekit.worker._monitor import Monitor
+
+
+def _until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "the monitor took no sample in time"
+        time.sleep(0.02)
+
+
+def test_inside_the_windows_pss_is_read_rarely_and_growth_still_counts(monkeypatch):
+    """Outside the windows every sample reads PSS; inside them only every pss_period_s, the samples between adding
+    the change in the tree's RSS to the last PSS read: 256 MiB touched inside the windows raise the measured peak by
+    about that much with no PSS read meanwhile, and the read after the windows confirms it."""
+    reads = []
+    real = _monitor._tree_memory
+    monkeypatch.setattr(_monitor, "_tree_memory", lambda root: reads.append(1) or real(root))
+    monitor = Monitor(None, host_period_s=0.05, pss_period_s=3600).start()
+    try:
+        _until(lambda: len(reads) >= 2)  # warm-up: every sample reads PSS
+        before = monitor.host_pss_peak
+        monitor.measuring = True
+        reads_at_start = len(reads)
+        grown = bytearray(256 << 20)  # zero pages become resident only once written
+        grown[::4096] = b"x" * len(grown[::4096])
+        _until(lambda: monitor.host_pss_peak_measured > before + (200 << 20))
+        assert len(reads) - reads_at_start <= 1  # at most the one due as the windows began
+        monitor.sample_now()  # after the windows: PSS read once more
+        assert len(reads) > reads_at_start and monitor.host_pss_peak_measured > before + (200 << 20)
+        del grown
+    finally:
+        monitor.stop()
