@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import REPO
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "outcome", "contract"),
+    ("errors", "outcome", "contract", "command"),
     ("_files", "config"),
     ("records", "recommended", "workloads"),
     ("rules", "store", "launcher"),

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tunekit import command as command_mod
 from tunekit import config
 from tunekit.contract import Knobs, TrialSpec
 from tunekit.launcher import run_trial, script_command
@@ -238,10 +239,10 @@ def test_validate_names_placeholders_that_are_not_knobs(write_config):
 
 def test_fill_command_leaves_out_a_placeholder_without_a_value_with_its_flag():
     command = "python train.py --data /d -j {num_workers} --batch={batch_size} --amp"
-    assert config.fill_command(command, {"num_workers": 4, "batch_size": 64}) == [
+    assert command_mod.fill_command(command, {"num_workers": 4, "batch_size": 64}) == [
         "python", "train.py", "--data", "/d", "-j", "4", "--batch=64", "--amp"]
-    assert config.fill_command(command, {}) == ["python", "train.py", "--data", "/d", "--amp"]
-    assert config.placeholders(textwrap.dedent(command)) == {"num_workers", "batch_size"}
+    assert command_mod.fill_command(command, {}) == ["python", "train.py", "--data", "/d", "--amp"]
+    assert command_mod.placeholders(textwrap.dedent(command)) == {"num_workers", "batch_size"}
 
 
 def test_a_bootstrap_that_cannot_load_ends_the_script_at_once_with_the_reason(tmp_path: Path, sleepy_script: Path):

@@ -388,7 +388,7 @@ user's own process (and every process the command starts: torchrun's ranks too).
 def script_command(spec: TrialSpec) -> list[str]:
     """A script trial's command: ``script.command`` with the trial's knobs filled in; for the script's own
     baseline (stage ``baseline``), only ``script.baseline``'s values, every other placeholder left out with its flag."""
-    from tunekit.config import fill_command
+    from tunekit.command import fill_command
 
     script = spec.config["script"]
     if spec.stage == "baseline":
@@ -403,7 +403,7 @@ def script_command(spec: TrialSpec) -> list[str]:
 def _ranks_of(spec: TrialSpec, command: list[str]) -> list[str]:
     """A script trial of a multi-rank config runs under torchrun with the trial's ranks (1 for the ceilings and
     the scaling trial): a ``torchrun …`` command keeps its own options, ``python train.py …`` gets launch's."""
-    from tunekit.config import torchrun_split
+    from tunekit.command import torchrun_split
 
     launch = dict(spec.config.get("launch") or {})
     if int(launch.get("nproc_per_node") or 1) * int(launch.get("nnodes") or 1) <= 1:

@@ -9,6 +9,7 @@ import click
 import yaml
 
 from tunekit import config as config_mod
+from tunekit.command import placeholders
 from tunekit.errors import UsageError
 
 
@@ -80,7 +81,7 @@ def config_source(config_path: str | None, script: str | None, name: str | None,
             raise UsageError("--name goes with --script; a config file names its run with its name key")
         return config_path
     try:
-        filled = config_mod.placeholders(script)
+        filled = placeholders(script)
     except ValueError as exc:
         raise UsageError(f"--script {script!r}: cannot split it into arguments: {exc}") from None
     own_batch = "batch_size" not in filled and not listed_batches

@@ -6,7 +6,8 @@ from typing import Any, NamedTuple
 
 from tunekit import rules
 from tunekit.analysis import Choice, defaults_trial, select, select_knee, single_gpu_twin
-from tunekit.config import Config, ExtraKnob, Selection, extra_knobs, set_on_loader
+from tunekit.command import set_on_loader
+from tunekit.config import Config, ExtraKnob, Selection, extra_knobs
 from tunekit.contract import Mode, Stage
 from tunekit.diagnosis import Verdict, run_verdicts, trial_verdicts
 from tunekit.env import datasheet_flops, machine_fingerprint, matmul_peaks

@@ -38,7 +38,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from tunekit._files import read_json, write_json_atomic
-from tunekit.config import LOADER_KNOBS, from_dict, set_on_loader
+from tunekit.command import LOADER_KNOBS, set_on_loader
+from tunekit.config import from_dict
 from tunekit.contract import Measurement, TrialSpec, failed_measurement
 from tunekit.outcome import classify_error
 from tunekit.worker import _dist
