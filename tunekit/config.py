@@ -292,6 +292,11 @@ class Config:
         """What throughput counts (``workload.unit`` or ``script.unit``)."""
         return self.script.unit if self.script is not None else self.workload.unit  # type: ignore[union-attr]
 
+    @property
+    def count(self) -> str | None:
+        """The function that counts a batch's items (``workload.count`` or ``script.count``); None: the batch size."""
+        return self.script.count if self.script is not None else self.workload.count  # type: ignore[union-attr]
+
 
 TOP_LEVEL_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config)
                                        if not f.metadata.get("internal") and not dataclasses.is_dataclass(f.type)

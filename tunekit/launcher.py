@@ -32,14 +32,13 @@ import psutil
 
 import tunekit
 from tunekit._files import read_json, write_json_atomic
-from tunekit.contract import REQUIRED_FIELDS, STATUSES, Measurement, TrialSpec, failed_measurement, measurement_problem
+from tunekit.contract import STATUSES, Measurement, TrialSpec, failed_measurement, measurement_problem
 from tunekit.outcome import classify_error, silent_ranks
 
 __all__ = ["run_trial", "run_task", "resolve_paths", "kill_tree", "worker_command", "script_command",
            "torchrun_command", "release_nodes",
-           "child_env", "REQUIRED_FIELDS", "LOG_KEEP_BYTES", "BOOTSTRAP"]
+           "child_env", "LOG_KEEP_BYTES", "BOOTSTRAP"]
 
-"""The fields of :class:`Measurement` an ``ok`` measurement must hold, non-null and finite."""
 _TERM_GRACE_S = 5.0
 LOG_KEEP_BYTES = 4 * 2**20
 """worker.log keeps the first and the last this many bytes of a trial's output (a dataset that prints on every
@@ -365,9 +364,16 @@ def torchrun_command(launch: dict[str, Any], node_rank: int = 0) -> list[str]:
     if nnodes == 1:
         return cmd + ["--standalone"]  # a free port on this host
     host, port = str(launch["rdzv_endpoint"]).rsplit(":", 1)  # static rendezvous: node 0 hosts the store
-    join = max(1, math.ceil(float(launch.get("join_timeout_s") or 60.0)))  # the store waits this long for the nodes
+    join = max(1, math.ceil(_join_timeout_s(launch)))  # the store waits this long for the nodes
     return cmd + [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}",
                   f"--rdzv-conf=timeout={join}"]
+
+
+def _join_timeout_s(launch: dict[str, Any]) -> float:
+    """``launch.join_timeout_s`` of a launch section as a dict (config's default where a hand-made one lacks it)."""
+    from tunekit.config import Launch
+
+    return float(launch.get("join_timeout_s") or Launch().join_timeout_s)
 
 
 def worker_command(spec: TrialSpec) -> list[str]:
@@ -443,7 +449,7 @@ def release_nodes(config: dict[str, Any], timeout_s: float | None = None) -> boo
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                             start_new_session=True, env=child_env())
     if timeout_s is None:  # the rendezvous waits launch.join_timeout_s for the nodes; start-up beside it
-        timeout_s = float(launch.get("join_timeout_s") or 60.0) + 30.0
+        timeout_s = _join_timeout_s(launch) + 30.0
     try:
         return proc.wait(timeout=timeout_s) == 0
     except subprocess.TimeoutExpired:
@@ -589,8 +595,6 @@ def _rank_failure(out_path: Path, log: str) -> Measurement | None:
             found[int(path.name.split(".")[1].removeprefix("rank"))] = accepted
     first = min(found.values(), key=lambda m: float(m.failed_at or 0.0)) if found else None
     silent = silent_ranks(log, set(found)) if first is not None or "ChildFailedError" in log else []
-    if first is not None:  # torchrun stops the survivors of a failed rank with SIGTERM: those are not the cause
-        silent = [r for r in silent if r[2] != -signal.SIGTERM]
     if not silent:
         return first
     rank, local, code = silent[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 
 __all__ = ["classify_error", "silent_ranks"]
 
@@ -91,12 +92,12 @@ def silent_ranks(log: str, reported: set[int]) -> list[tuple[int, int, int]]:
     that wrote one), as ``(rank, local_rank, exit code)``, those killed by a signal first: a rank killed outright
     (the OOM killer, a segfault) writes nothing, and its peers then fail in a collective for want of it, which
     makes their messages ("Connection closed by peer") the wrong ones to blame; torchrun's own "Root Cause" is
-    only the first exit it noticed, and the peers it then stopped show as killed by SIGTERM (last in the order)."""
+    only the first exit it noticed. The peers torchrun then stopped show as killed by SIGTERM: they come last, and
+    not at all when a rank reported its failure (that one made torchrun stop them)."""
     found = {}
     for m in _RANK_EXIT.finditer(log):
-        rank = int(m.group(1))
-        if rank not in reported:
-            found[rank] = (rank, int(m.group(2)), int(m.group(3)))
-    # killed by a signal first, then exited with an error, SIGTERM last: torchrun sends it to the ranks left once
-    # one has failed
-    return sorted(found.values(), key=lambda r: (r[2] == -15, r[2] >= 0, r[0]))
+        rank, code = int(m.group(1)), int(m.group(3))
+        if rank not in reported and not (reported and code == -signal.SIGTERM):
+            found[rank] = (rank, int(m.group(2)), code)
+    # killed by a signal first, then exited with an error, SIGTERM last
+    return sorted(found.values(), key=lambda r: (r[2] == -signal.SIGTERM, r[2] >= 0, r[0]))

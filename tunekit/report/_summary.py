@@ -51,6 +51,8 @@ class RunSummary:
     """selection.tolerance."""
     unit: str = "samples"
     """What throughput counts (workload.unit)."""
+    counted: bool = False
+    """The job counts its own items (``workload.count``): tokens, say, rather than the batch's samples."""
     stop_reason: str = ""
     verdicts: tuple[Verdict, ...] = ()
     trial_verdicts: dict[int, Verdict] = field(default_factory=dict)
@@ -158,6 +160,7 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
                                     memory_bytes=m.host_mem_total_bytes, versions=m.versions) if m else {},
         date=date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         min_headroom=cfg.selection.min_headroom, tolerance=cfg.selection.tolerance, unit=cfg.unit,
+        counted=cfg.count is not None,
         stop_reason=stop_reason,
         verdicts=tuple(run_verdicts(rows, choice.knee, per_trial, cfg.selection, env)),
         trial_verdicts=per_trial, per_hour=cfg.cost.per_hour, warnings=tuple(warnings),

@@ -56,7 +56,7 @@ def flop_summary(s: RunSummary) -> str | None:
     # items counted by the workload (tokens, say) are not the positions the model computes on: a padded batch's
     # padding is work too, so the count per item is of executed FLOPs, and it varies with the batch it was taken on
     executed = (", on one batch, its padding's work included: shares of executed FLOPs, above the useful share "
-                "by the batches' padding" if s.unit != "samples" else "")
+                "by the batches' padding" if s.counted else "")
     return (f"Model FLOP utilisation: {', '.join(shares)} of this device's measured matmul peak ({si(flops, 'FLOP')} "
             f"per {k.item}, forward and backward, counted with FlopCounterMode{executed}; peak "
             f"{si(peak.flops, 'FLOP/s')} in {peak.precision}, trial {peak.trial}{sheet}).")

@@ -185,6 +185,22 @@ def _bounded(rows: list[TrialRow], batch: int | None) -> tuple[Point, ...]:
     return tuple(sorted(points, key=lambda p: p.workers))
 
 
+def _series(train: list[TrialRow], batch: int | None, world: int) -> tuple[Series, ...]:
+    """The end-to-end trials as curves, one per setting other than the workers (pinning, prefetch, GPUs, the
+    user's knobs, and the batch when it is not the axis batch): the axis batch's first, then larger batches."""
+    groups: dict[tuple[bool, str], list[Point]] = {}
+    for r in sorted(train, key=lambda r: (r.knobs.batch_size != batch, -r.knobs.batch_size, -r.knobs.ranks,
+                                          r.knobs.num_workers)):
+        pf = f"prefetch={r.knobs.prefetch_factor}" if r.knobs.num_workers else "loading in the main process"
+        gpus = "" if world == 1 else f"{r.knobs.ranks} GPU{'s' if r.knobs.ranks > 1 else ''}: "
+        mine = "".join(f", {k.removeprefix('workload.')}={v}" for k, v in r.knobs.extra)  # user-defined knobs set
+        other = r.knobs.batch_size != batch
+        where = f", batch {r.knobs.batch_size}" if other else ""
+        groups.setdefault((other, f"{gpus}pin_memory={'on' if r.knobs.pin_memory else 'off'}, {pf}{mine}{where}"),
+                          []).append(_point(r))
+    return tuple(Series(label, tuple(v), other) for (other, label), v in groups.items())
+
+
 def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlot | str:
     """The axis batch is the one most worker counts ran at (:func:`_swept_batch`); the end-to-end trials at other
     batches are drawn too, hollow and labelled with their batch (a sweep walks the workers at one batch, then
@@ -194,17 +210,6 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
     if len({r.knobs.num_workers for r in train}) < 2:
         return "the run has fewer than two worker counts measured end to end"
     world = max(r.knobs.ranks for r in train)
-    groups: dict[tuple[bool, str], list[Point]] = {}
-    everywhere = _train_at(rows, None)
-    for r in sorted(everywhere, key=lambda r: (r.knobs.batch_size != batch, -r.knobs.batch_size, -r.knobs.ranks,
-                                               r.knobs.num_workers)):
-        pf = f"prefetch={r.knobs.prefetch_factor}" if r.knobs.num_workers else "loading in the main process"
-        gpus = "" if world == 1 else f"{r.knobs.ranks} GPU{'s' if r.knobs.ranks > 1 else ''}: "
-        mine = "".join(f", {k.removeprefix('workload.')}={v}" for k, v in r.knobs.extra)  # user-defined knobs set
-        other = r.knobs.batch_size != batch
-        where = f", batch {r.knobs.batch_size}" if other else ""
-        groups.setdefault((other, f"{gpus}pin_memory={'on' if r.knobs.pin_memory else 'off'}, {pf}{mine}{where}"),
-                          []).append(_point(r))
     loader = tuple(sorted((_point(r) for r in rows if r.ok and r.mode == Mode.loader
                            and (batch is None or r.knobs.batch_size == batch)), key=lambda p: p.workers))
     compute = compute_ceiling(rows, batch) if batch is not None else next(
@@ -224,7 +229,7 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
             label = label.replace(" workers", f" workers per rank x {choice.knee.knobs.ranks}")
     return WorkersPlot(
         unit=_unit(rows),
-        title=title, series=tuple(Series(label, tuple(v), other) for (other, label), v in groups.items()),
+        title=title, series=_series(_train_at(rows, None), batch, world),
         knee=_point(choice.knee) if choice.knee else None, knee_label=label,
         best=_point(choice.best) if choice.best else None, loader_ceiling=loader,
         compute_ceiling=compute.rate * world if compute else None,
