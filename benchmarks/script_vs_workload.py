@@ -43,15 +43,17 @@ def _sweep(cfg: Path, out: Path, budget: float, sets: list[str]) -> dict:
                          f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
     rec = yaml.safe_load((out / "recommended.yaml").read_text())
     trials = sum(1 for line in (out / "trials.csv").read_text().splitlines()[1:] if line.strip())
-    return {"wall_s": round(wall, 1), "trials": trials, "knee": rec["dataloader"] | rec["training"],
-            "knee_rate": rec["evidence"]["rate"], "band": rec["evidence"].get("band"), "rec": rec}
+    complete = "Stopped early" not in (out / "report.md").read_text()  # the plan ran out, not the budget
+    return {"wall_s": round(wall, 1), "trials": trials, "complete": complete,
+            "knee": rec["dataloader"] | rec["training"], "knee_rate": rec["evidence"]["rate"],
+            "band": rec["evidence"].get("band"), "rec": rec}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--budget-min", type=float, default=4.0)
     parser.add_argument("--set", dest="sets", action="append", default=[])
-    parser.add_argument("--rounds", type=int, default=2, help="alternated re-runs of the script")
+    parser.add_argument("--rounds", type=int, default=2, help="alternated re-runs of the script (0: none)")
     parser.add_argument("--skip", type=int, default=40, help="batches the plain clock lets pass first")
     parser.add_argument("--count", type=int, default=200, help="batches the plain clock times")
     parser.add_argument("--out", type=Path, default=Path("results/script-vs-workload"))
@@ -64,16 +66,19 @@ def main() -> None:
         _reruns(yaml.safe_load(args.rerun.read_text()), args, out)
         return
     script_sets = [s for s in args.sets if not s.startswith("workload.")]
-    modes = {"script": _sweep(_EXAMPLE / "tunekit.yaml", out / "script", args.budget_min, script_sets),
-             "workload": _sweep(_EXAMPLE / "workload.yaml", out / "workload", args.budget_min, args.sets)}
-    rows = [{"mode": m, **{k: v for k, v in r.items() if k != "rec"}} for m, r in modes.items()]
-    write_csv(out / "sweeps.csv", rows)
-    for row in rows:
-        print(f"{row['mode']}: {row['wall_s']} s, {row['trials']} trials, knee {row['knee']} at {row['knee_rate']}")
+    modes, rows = {}, []
+    for mode, cfg, sets in (("script", "tunekit.yaml", script_sets), ("workload", "workload.yaml", args.sets)):
+        modes[mode] = _sweep(_EXAMPLE / cfg, out / mode, args.budget_min, sets)
+        rows.append(row := {"mode": mode, **{k: v for k, v in modes[mode].items() if k != "rec"}})
+        write_csv(out / "sweeps.csv", rows)  # each sweep kept as it ends: a call cut short keeps the first
+        print(f"{mode}: {row['wall_s']} s, {row['trials']} trials "
+              f"({'complete' if row['complete'] else 'cut by the budget'}), knee {row['knee']} at {row['knee_rate']}",
+              flush=True)
+    cut = "" if all(row["complete"] for row in rows) else ", but a sweep was cut by the budget: not a fair ratio"
     print(f"wall time script / workload: {modes['script']['wall_s'] / modes['workload']['wall_s']:.2f} "
-          "(target <= 1.5)")
-
-    _reruns(modes["script"]["rec"], args, out)
+          f"(target <= 1.5){cut}", flush=True)
+    if args.rounds:
+        _reruns(modes["script"]["rec"], args, out)
 
 
 def _reruns(rec: dict, args: argparse.Namespace, out: Path) -> None:

@@ -132,3 +132,41 @@ def test_jpegs_decoded_and_augmented_on_the_gpu(tmp_path: Path, decode: str):
         assert m.input_on_device is (mode == "train")  # what the gpu-preprocessing verdict reads
         assert m.input_ahead is (mode == "train" and decode == "gpu-overlap")
         assert 0 <= m.device_input_wait_frac <= 1
+
+
+PINNED_SCRIPT = """
+import sys, torch
+from torch.utils.data import DataLoader, TensorDataset
+
+data = TensorDataset(torch.randn(512, 3, 32, 32), torch.randint(0, 10, (512,)))
+model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10)).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+seen = set()
+for epoch in range(1000):
+    for x, y in DataLoader(data, batch_size=32, shuffle=True):
+        seen.add(x.is_pinned())
+        with open(sys.argv[1], "w") as fh:
+            fh.write(repr(sorted(seen)))
+        loss = torch.nn.functional.cross_entropy(model(x.cuda(non_blocking=True)), y.cuda(non_blocking=True))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_scripts_compute_ceiling_copies_a_pinned_batch(tmp_path: Path):
+    """Script mode's compute trial feeds the script's loop one ready batch; on a GPU it is pinned (the fastest copy a
+    loader can give, so the ceiling bounds the pinned end-to-end trials), though the loader and the knobs are not."""
+    import sys
+
+    script, seen = tmp_path / "train.py", tmp_path / "pinned.txt"
+    script.write_text(PINNED_SCRIPT)
+    raw = {"name": "pinned", "device": "cuda", "script": {"command": [sys.executable, str(script), str(seen)],
+           "cwd": str(tmp_path)}, "search": {"num_workers": [0], "batch_size": [32], "pin_memory": [False]},
+           "trial": {"window_s": 0.3, "measure_windows": 2, "precision": None, "warmup_steps": 1}}
+    cfg = config.from_dict(raw, source=str(tmp_path / "cfg.yaml")).to_dict()
+    spec = TrialSpec(number=0, stage="compute", mode="compute", knobs=Knobs(batch_size=32), config=cfg)
+    m = run_trial(spec, tmp_path / "t", 120)
+    assert m.status == "ok", m.reason
+    assert seen.read_text() == "[True]"
+    assert m.loader_measured["pin_memory"] is False
