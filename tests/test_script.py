@@ -125,6 +125,7 @@ def test_knobs_without_a_placeholder_are_set_on_the_training_loader(tmp_path: Pa
     assert m.status == "ok", m.reason
     assert m.loader_measured["num_workers"] == 2 and m.loader_measured["prefetch_factor"] == 3
     assert m.loader_measured["persistent_workers"] is True  # kept across epochs, as the recommendation says
+    assert m.epoch_batches is None and all(steps % 2 == 0 for steps in m.steps_windows)  # long epochs: whole rounds
 
 
 def test_the_baseline_runs_the_script_with_its_own_settings(tmp_path: Path, sleepy_script: Path):
@@ -390,6 +391,8 @@ def test_the_scripts_own_work_between_epochs_is_measured(tmp_path: Path):
     m = _trial(tmp_path, raw, num_workers=2, prefetch_factor=2, batch_size=8)
     assert m.status == "ok", m.reason
     assert m.epochs_ended >= 2
+    # epochs shorter than a window: each window holds whole epochs, so each holds the same share of the 0.25 s
+    assert m.epoch_batches == 6 and all(steps % 6 == 0 for steps in m.steps_windows), m.steps_windows
     expected = 48 / (48 / expected_samples_per_s(2, 8, 0.005, 0.02) + 0.25)
     assert 0.6 * expected < m.rate < 1.25 * expected, (m.rate, expected)
     once = tmp_path / "once.py"  # one epoch only: the loop ends with the batches it gave, none made up

@@ -182,6 +182,43 @@ def test_the_set_aside_stops_at_an_epochs_end_and_a_persistent_loader_crosses_ep
         batches.close()
 
 
+def _epochs_of(batches_per_epoch: int, stall_s: float):
+    """An endless stream of epochs of ``batches_per_epoch`` batches, each epoch opening after ``stall_s`` (a drained
+    pipeline refilling); ``state["epochs"]`` counts the epochs ended."""
+    state = {"epochs": 0}
+
+    def stream():
+        while True:
+            time.sleep(stall_s)
+            for _ in range(batches_per_epoch):
+                yield [torch.zeros(2)]
+            state["epochs"] += 1
+    return stream(), state
+
+
+def test_windows_hold_whole_epochs_when_epochs_are_shorter_than_a_window():
+    """Epochs of 5 batches (10 ms steps, 30 ms opening each) end three times in a 0.25 s window: every window then
+    holds whole epochs, so each holds the same share of their openings; epochs of 400 batches take longer than a
+    window, whose length then follows the rounds alone."""
+    from tunekit.worker._meter import Meter, MeterSettings
+    from tunekit.worker._monitor import TreeCpu
+
+    def measure(per_epoch: int) -> Meter:
+        batches, state = _epochs_of(per_epoch, 0.03)
+        settings = MeterSettings(window_s=0.25, measure_windows=3, max_windows=3, precision=None, warmup_steps=1)
+        meter = Meter(batches, settings, device=torch.device("cpu"), count=len, cpu=TreeCpu(),
+                      epochs=lambda: state["epochs"], epoch_batches=lambda: per_epoch)
+        for _ in meter:
+            time.sleep(0.01)
+        return meter
+
+    short = measure(5).reading
+    assert short.epoch_batches == 5 and len(short.windows) == 3
+    assert all(w.micro_batches % 5 == 0 for w in short.windows), [w.micro_batches for w in short.windows]
+    long = measure(400).reading
+    assert long.epoch_batches is None and len(long.windows) == 3
+
+
 def test_warm_up_steps_stop_after_a_window_of_time(tmp_path: Path):
     """0.2 s steps, 10 warm-up steps asked, window_s 0.5: the warm-up trains steps for about a window (its first
     step, then 1-3 more), not 2 s of them; nothing was prepared ahead (0 workers), so nothing is set aside."""

@@ -236,8 +236,10 @@ def _trial_warnings(rows: tuple[TrialRow, ...]) -> list[str]:
             kept = (r.measurement.loader_measured or {}).get("persistent_workers")
             cost = ("its workers persist, and each refill of their queues for the next epoch is" if kept else
                     "each restart of its workers is")
+            whole = (f"; its windows held whole epochs of {r.measurement.epoch_batches} batches"
+                     if r.measurement.epoch_batches else "")
             out.append(f"trial {r.number}: the loader's epoch ended {r.measurement.epochs_ended} time(s) inside "
-                       f"the trial; {cost} part of the measurement")
+                       f"the trial; {cost} part of the measurement{whole}")
     return out
 
 

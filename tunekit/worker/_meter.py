@@ -10,9 +10,10 @@ window edges. What it does, in order (docs/measurement.md, "Fidelity rules"):
 2. The pipeline fill is set aside: the batches the source shows ready in its queues after the first step (at most
    ``fill``) are taken without a step. A source that shows no queues has none set aside.
 3. Warm-up steps, ending once they have taken a window's time (but at least one, three when compiling).
-4. Timed windows of whole optimizer steps and whole loader rounds, until ``rules.window_stop`` says stop (a fixed
-   count, the precision reached, or the interval wholly below the rate the trial needs); then ``rules.settling``
-   cuts the leading windows that were still settling.
+4. Timed windows of whole optimizer steps and whole loader rounds (whole epochs, when the source's epochs end
+   faster than a window lasts), until ``rules.window_stop`` says stop (a fixed count, the precision reached, or
+   the interval wholly below the rate the trial needs); then ``rules.settling`` cuts the leading windows that were
+   still settling.
 
 The ranks of a multi-rank trial take every decision together (``ranks.any``, ``ranks.max``): they reach the same
 checkpoints, since they step in lockstep.
@@ -148,6 +149,9 @@ class Reading:
     """time.perf_counter() when the last window ended."""
     batch_bytes: int | None = None
     """Bytes of the first batch's tensors (what a loader worker passes through shared memory per batch)."""
+    epoch_batches: int | None = None
+    """The source's batches per epoch when every window held whole epochs (epochs shorter than a window); None
+    when windows held whole loader rounds."""
 
     def fields(self, cpus: int, workers: int, compiling: bool) -> dict[str, Any]:
         """The measurement's fields the meter owns (docs/measurement.md): throughput, noise, waits, GPU busy, CPU,
@@ -156,7 +160,7 @@ class Reading:
                 "warmup_set_aside": self.set_aside, "first_batch_wait_s": self.first_batch_wait_s,
                 "first_step_s": self.first_step_s, "batch_bytes": self.batch_bytes,
                 "compile_s": self.first_step_s - self.first_batch_wait_s if compiling else 0.0}
-        return {**summarise(self.windows, cpus, workers), **warm, **self.stop}
+        return {**summarise(self.windows, cpus, workers), **warm, **self.stop, "epoch_batches": self.epoch_batches}
 
 
 class Meter:
@@ -171,6 +175,7 @@ class Meter:
         ranks: how the trial's processes decide together.
         ready: batches the source holds ready without a wait; None when it cannot tell.
         epochs: epochs the source has ended (the set-aside stops at an epoch's end).
+        epoch_batches: the source's batches per epoch; None when it has no length (or its epochs never end).
         device_wait: seconds the source's fetches so far waited on a stream ahead's device work.
         window_done: called after each window's closing synchronisation (a loss check may raise there).
         measuring: called once, after the warm-up and right before the first window.
@@ -179,11 +184,15 @@ class Meter:
     def __init__(self, batches: Iterator[Any], settings: MeterSettings, *, device: torch.device,
                  count: Callable[[Any], float], cpu: TreeCpu, ranks: Ranks | None = None,
                  ready: Callable[[], int | None] = lambda: None, epochs: Callable[[], int] = lambda: 0,
+                 epoch_batches: Callable[[], int | None] = lambda: None,
                  device_wait: Callable[[], float] = lambda: 0.0, window_done: Callable[[], None] = lambda: None,
                  measuring: Callable[[], None] = lambda: None):
         self._batches, self.settings, self.device = batches, settings, device
         self._count, self._cpu, self._ranks = count, cpu, ranks or OneProcess()
         self._ready, self._epochs, self._device_wait = ready, epochs, device_wait
+        self._epoch_batches = epoch_batches
+        self._span: int | None = None
+        """Micro-batches a window's length is a multiple of, decided at the first window's end (`_window_span`)."""
         self._window_done, self._measuring = window_done, measuring
         self.reading = Reading()
         self._requested = 0
@@ -270,10 +279,26 @@ class Meter:
                              "settling_windows": rates[:drop], "settling_s": settling_s,
                              "rate_interval": rules.rate_interval([w.items for w in kept], [w.wall_s for w in kept])}
 
+    def _window_span(self, elapsed: float, batches: int) -> int:
+        """What a window's micro-batches are a multiple of, decided once, when the first window has lasted its
+        time: whole epochs of the source when an epoch takes no longer than a window (at the first window's pace),
+        else whole loader rounds. Any run of k epochs' batches holds k epoch ends, so windows of whole epochs each
+        hold the same share of what an epoch end costs (a drained and refilled pipeline, a worker restart, the
+        script's own work between epochs); windows that cut epochs would hold 0, 1 or 2 such ends and spread by
+        their cost. The ranks decide together."""
+        epoch = self._epoch_batches()
+        short = bool(epoch) and epoch * elapsed / batches <= self.settings.window_s
+        if self._ranks.any(short):
+            assert epoch is not None
+            self.reading.epoch_batches = epoch
+            return epoch
+        return self.settings.round_batches
+
     def _window(self) -> Generator[Any, None, Window]:
         """One window. It ends on a whole round of the loader's workers: batch j and batch j + workers come from the
         same worker, so a window of whole rounds spans whole production periods of each, and lockstep workers
-        delivering in bursts cannot alias with the window's edges."""
+        delivering in bursts cannot alias with the window's edges. With epochs shorter than a window it ends on
+        whole epochs instead (`_window_span`; each epoch starts its workers' round afresh)."""
         s, cuda = self.settings, self.device.type == "cuda"
         events: list[tuple[Any, Any]] = []
         self._cpu.begin()
@@ -294,8 +319,13 @@ class Meter:
                 else:
                     yield batch
             steps += 1
-            if (steps >= MIN_WINDOW_STEPS and (steps * s.grad_accum) % s.round_batches == 0
+            span = s.round_batches if self._span is None else self._span
+            if (steps >= MIN_WINDOW_STEPS and (steps * s.grad_accum) % span == 0
                     and self._ranks.any(time.perf_counter() - t0 >= s.window_s)):
+                if self._span is None:
+                    self._span = self._window_span(time.perf_counter() - t0, steps * s.grad_accum)
+                    if (steps * s.grad_accum) % self._span:
+                        continue
                 break
         self._sync()
         wall = time.perf_counter() - t0

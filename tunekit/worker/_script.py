@@ -35,7 +35,7 @@ import weakref
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from tunekit._files import read_json, write_json_atomic
@@ -139,12 +139,13 @@ class _Session:
         self.loader = LoaderBatches(_Own(loader))
         count = _counter(self.count_path, params["batch_size"])
         batches, ready, fill = self.loader, self.loader.ready, params["num_workers"] * (params["prefetch_factor"] or 2)
+        epoch = _epoch_batches(loader)
         if self.spec.mode == "compute":  # the script's step on one ready batch: the loader stands aside
             first = next(self.loader)
             self.loader.close()
             if device.type == "cuda":  # as ready as a loader can make it: pinned, so its copy is the fastest one
                 first = pin_memory(first)
-            batches, ready, fill = itertools.repeat(first), (lambda: 0), 0
+            batches, ready, fill, epoch = itertools.repeat(first), (lambda: 0), 0, None
         node_root = os.getppid() if self.ranks is not None and self.ranks.local_rank == 0 else None  # torchrun
         self.monitor = Monitor(nvml_sampler(device), node_root=node_root).start()
         needed = self.spec.needed / self.world if self.spec.needed is not None else None  # each rank's share
@@ -152,7 +153,7 @@ class _Session:
                                             needed=needed)
         self.meter = Meter(batches, settings, device=device, count=count, cpu=TreeCpu(), ranks=self.ranks,
                            ready=ready,
-                           epochs=lambda: self.loader.epochs_ended if self.loader else 0,
+                           epochs=lambda: self.loader.epochs_ended if self.loader else 0, epoch_batches=lambda: epoch,
                            measuring=lambda: self._measuring(device))
         if self.spec.mode == "loader":  # drained here, before the script's loop gets a batch
             for batch in self.meter:
@@ -279,6 +280,17 @@ _SESSION: _Session | None = None
 def _length(dataset: Any) -> int | None:
     try:
         return len(dataset)
+    except TypeError:
+        return None
+
+
+def _epoch_batches(loader: DataLoader) -> int | None:
+    """Batches in one epoch of the training loader as the knobs left it (its batch sampler's length); None for an
+    iterable dataset or a sampler without a length."""
+    if isinstance(loader.dataset, IterableDataset):
+        return None
+    try:
+        return len(loader) or None
     except TypeError:
         return None
 
