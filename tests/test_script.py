@@ -391,7 +391,7 @@ def test_the_scripts_own_work_between_epochs_is_measured(tmp_path: Path):
     m = _trial(tmp_path, raw, num_workers=2, prefetch_factor=2, batch_size=8)
     assert m.status == "ok", m.reason
     assert m.epochs_ended >= 2
-    # epochs shorter than a window: each window holds whole epochs, so each holds the same share of the 0.25 s
+    # epochs within two windows' time: each window holds whole epochs, so each holds the same share of the 0.25 s
     assert m.epoch_batches == 6 and all(steps % 6 == 0 for steps in m.steps_windows), m.steps_windows
     expected = 48 / (48 / expected_samples_per_s(2, 8, 0.005, 0.02) + 0.25)
     assert 0.6 * expected < m.rate < 1.25 * expected, (m.rate, expected)

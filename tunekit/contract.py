@@ -360,8 +360,8 @@ class Measurement:
     epochs_ended: int | None = None
     """How often the loader's epoch ended inside the trial (its worker restarts are part of the measurement)."""
     epoch_batches: int | None = None
-    """The loader's batches per epoch when every window held whole epochs (epochs shorter than a window); None when
-    the windows held whole loader rounds."""
+    """The loader's batches per epoch when every window held whole epochs (an epoch took at most two windows' time);
+    None when the windows held whole loader rounds."""
     warnings: list[str] | None = None
     """What the trial noticed about the data (unsharded iterable workers, identical rank shards), one line each."""
     dataset_len: int | None = None

@@ -10,8 +10,8 @@ window edges. What it does, in order (docs/measurement.md, "Fidelity rules"):
 2. The pipeline fill is set aside: the batches the source shows ready in its queues after the first step (at most
    ``fill``) are taken without a step. A source that shows no queues has none set aside.
 3. Warm-up steps, ending once they have taken a window's time (but at least one, three when compiling).
-4. Timed windows of whole optimizer steps and whole loader rounds (whole epochs, when the source's epochs end
-   faster than a window lasts), until ``rules.window_stop`` says stop (a fixed count, the precision reached, or
+4. Timed windows of whole optimizer steps and whole loader rounds (whole epochs, when the source's epochs take at
+   most two windows' time), until ``rules.window_stop`` says stop (a fixed count, the precision reached, or
    the interval wholly below the rate the trial needs); then ``rules.settling`` cuts the leading windows that were
    still settling.
 
@@ -39,6 +39,11 @@ __all__ = ["Meter", "MeterSettings", "OneProcess", "Reading", "Window", "SourceE
 MIN_WINDOW_STEPS = 3
 """A window lasts at least the window time and at least this many optimizer steps: with second-long steps a
 window of two or three steps quantises throughput too coarsely to be stable."""
+
+
+EPOCH_WINDOWS = 2
+"""Windows hold whole epochs when an epoch takes at most this many windows' time (``window_s``): a window is then
+at most this much longer than ``window_s``, and each holds the same share of the epochs' ends."""
 
 
 class SourceEnded(RuntimeError):
@@ -150,7 +155,7 @@ class Reading:
     batch_bytes: int | None = None
     """Bytes of the first batch's tensors (what a loader worker passes through shared memory per batch)."""
     epoch_batches: int | None = None
-    """The source's batches per epoch when every window held whole epochs (epochs shorter than a window); None
+    """The source's batches per epoch when every window held whole epochs (an epoch within two windows' time); None
     when windows held whole loader rounds."""
 
     def fields(self, cpus: int, workers: int, compiling: bool) -> dict[str, Any]:
@@ -281,13 +286,13 @@ class Meter:
 
     def _window_span(self, elapsed: float, batches: int) -> int:
         """What a window's micro-batches are a multiple of, decided once, when the first window has lasted its
-        time: whole epochs of the source when an epoch takes no longer than a window (at the first window's pace),
-        else whole loader rounds. Any run of k epochs' batches holds k epoch ends, so windows of whole epochs each
+        time: whole epochs of the source when an epoch takes at most twice a window's time (at the first window's
+        pace; a window then lasts at most twice ``window_s``), else whole loader rounds. Any run of k epochs' batches holds k epoch ends, so windows of whole epochs each
         hold the same share of what an epoch end costs (a drained and refilled pipeline, a worker restart, the
         script's own work between epochs); windows that cut epochs would hold 0, 1 or 2 such ends and spread by
         their cost. The ranks decide together."""
         epoch = self._epoch_batches()
-        short = bool(epoch) and epoch * elapsed / batches <= self.settings.window_s
+        short = bool(epoch) and epoch * elapsed / batches <= EPOCH_WINDOWS * self.settings.window_s
         if self._ranks.any(short):
             assert epoch is not None
             self.reading.epoch_batches = epoch
@@ -297,7 +302,7 @@ class Meter:
     def _window(self) -> Generator[Any, None, Window]:
         """One window. It ends on a whole round of the loader's workers: batch j and batch j + workers come from the
         same worker, so a window of whole rounds spans whole production periods of each, and lockstep workers
-        delivering in bursts cannot alias with the window's edges. With epochs shorter than a window it ends on
+        delivering in bursts cannot alias with the window's edges. With epochs of at most two windows it ends on
         whole epochs instead (`_window_span`; each epoch starts its workers' round afresh)."""
         s, cuda = self.settings, self.device.type == "cuda"
         events: list[tuple[Any, Any]] = []
