@@ -34,7 +34,9 @@ def test_two_ranks_give_twice_one_rank(tmp_path: Path):
     assert one.status == "ok" and two.status == "ok", (one.reason, two.reason)
     assert one.ranks is None and two.ranks == 2 and two.nodes == 1
     ratio = two.rate / one.rate
-    assert 1.7 <= ratio <= 2.2, ratio
+    # the ranks' steps sleep side by side (about 2x); a 2-core host running another test file beside this one
+    # gave 1.69, and ranks that took turns would give 1x
+    assert 1.5 <= ratio <= 2.2, ratio
     per_rank = two.per_rank or []
     assert [p["rank"] for p in per_rank] == [0, 1]
     # worked out from the workload: a rank trains 8 samples per step of at least 50 ms, at most 160/s, so two

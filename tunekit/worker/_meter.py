@@ -291,10 +291,9 @@ class Meter:
         hold the same share of what an epoch end costs (a drained and refilled pipeline, a worker restart, the
         script's own work between epochs); windows that cut epochs would hold 0, 1 or 2 such ends and spread by
         their cost. The ranks decide together."""
-        epoch = self._epoch_batches()
-        short = bool(epoch) and epoch * elapsed / batches <= EPOCH_WINDOWS * self.settings.window_s
+        epoch = self._ranks.max(self._epoch_batches() or 0)  # one span for all ranks, or their windows part ways
+        short = epoch > 0 and epoch * elapsed / batches <= EPOCH_WINDOWS * self.settings.window_s
         if self._ranks.any(short):
-            assert epoch is not None
             self.reading.epoch_batches = epoch
             return epoch
         return self.settings.round_batches
