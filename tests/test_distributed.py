@@ -65,13 +65,13 @@ def test_timeout_kills_torchrun_every_rank_and_their_workers(tmp_path: Path):
     pids.mkdir()
     cfg = sleepy_config(**{**SLEEPY, "workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0,
                                                                "hang_at": 3, "pid_dir": str(pids)}})
-    # 12 s: torchrun and two fresh interpreters importing torch serve samples within 3 s here (a crashing rank's
-    # whole trial takes 3.3 s), twice that on a loaded 2-core box; then one hangs, and the timeout must end
-    # torchrun, both ranks and their workers
+    # 20 s: torchrun and two fresh interpreters importing torch serve samples within 3 s on a quick 2-core box (a
+    # crashing rank's whole trial takes 3.3 s), and took over 12 s on a slow one (import torch 4 s, three
+    # processes on 2 cores); then one hangs, and the timeout must end torchrun, both ranks and their workers
     t0 = time.monotonic()
-    m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4, ranks=2), tmp_path / "t", 12)
+    m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4, ranks=2), tmp_path / "t", 20)
     assert m.status == "timeout", m
-    assert time.monotonic() - t0 < 12 + 30
+    assert time.monotonic() - t0 < 20 + 30
     # named from where each rank was: the one whose loader never delivered, the other waiting in the collective
     assert "hung waiting for its DataLoader's batch" in m.reason and "others waited for it" in m.reason, m.reason
     loader_pids = [int(p.name) for p in pids.iterdir()]
