@@ -139,6 +139,69 @@ def test_the_baseline_runs_the_script_with_its_own_settings(tmp_path: Path, slee
     assert m.loader_measured["num_workers"] == 0 and m.loader_measured["batch_size"] == 8  # the script's defaults
 
 
+FACTS = """
+import json, os, sys
+with open(os.path.join(os.getcwd(), "facts.json"), "w") as fh:
+    json.dump({"name": __name__, "argv": sys.argv, "path0": sys.path[0], "file": __file__}, fh)
+"""
+
+
+def test_script_trials_are_forked_and_run_as_the_interpreter_would(tmp_path: Path):
+    """`python train.py …` and `python -m pkg.train …` run by tunekit's own interpreter are forked from a fork server
+    (no interpreter start, no `import torch` per trial) and run as that interpreter would run them: `__main__`, its
+    sys.argv, sys.path[0] the script's folder (the working folder with -m); an uncaught exception is the trial's
+    failure as in a fresh interpreter; with trial.fork_server off, or under torchrun, the command runs itself."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text(FACTS + SLEEPY_SCRIPT)
+    raw = _script_config(tmp_path, [sys.executable, "-m", "pkg.train", "-j", "{num_workers}", "-b", "{batch_size}"])
+    m = _trial(tmp_path, raw, name="module", num_workers=2, prefetch_factor=2, batch_size=8)
+    assert m.status == "ok" and m.started_by == "fork server", (m.status, m.reason, m.started_by)
+    facts = json.loads((tmp_path / "facts.json").read_text())
+    assert facts["name"] == "__main__" and facts["path0"] == str(tmp_path)
+    assert facts["argv"] == [str(tmp_path / "pkg" / "train.py"), "-j", "2", "-b", "8"]
+    script = tmp_path / "train.py"
+    script.write_text(FACTS + SLEEPY_SCRIPT)
+    sub = tmp_path / "run"
+    sub.mkdir()
+    raw = _script_config(tmp_path, [sys.executable, str(script), "-b", "{batch_size}"])
+    raw["script"]["cwd"] = str(sub)
+    m = _trial(tmp_path, raw, name="path", num_workers=0, batch_size=8)
+    assert m.status == "ok" and m.started_by == "fork server", (m.status, m.reason, m.started_by)
+    facts = json.loads((sub / "facts.json").read_text())
+    assert facts["name"] == "__main__" and facts["path0"] == str(tmp_path) and facts["file"] == str(script)
+    assert facts["argv"] == [str(script), "-b", "8"]
+    raw["trial"]["fork_server"] = False
+    assert _trial(tmp_path, raw, name="fresh", num_workers=0, batch_size=8).started_by == "interpreter"
+    broken = tmp_path / "broken.py"
+    broken.write_text(SLEEPY_SCRIPT.replace("for epoch in", "raise ValueError('bad data path')\nfor epoch in"))
+    m = _trial(tmp_path, _script_config(tmp_path, [sys.executable, str(broken)]), name="broken", num_workers=0,
+               batch_size=8)
+    assert m.status == "crashed" and "bad data path" in m.reason and m.started_by == "fork server", m.reason
+
+
+def test_what_a_fork_server_runs_for_a_command(tmp_path: Path):
+    """Only this interpreter running a script or a module without interpreter options is forked; the modules it
+    imports at its top level are preloaded, but none of its own folder (another module of that name would be taken
+    for it)."""
+    script = tmp_path / "train.py"
+    script.write_text("import argparse, torch\nfrom torch.utils.data import DataLoader\nfrom data import load\n"
+                      "from . import nothing\n\ndef main():\n    import yaml\n")
+    (tmp_path / "data.py").write_text("")
+    entry = command_mod.script_entry([sys.executable, "train.py", "-b", "8"], str(tmp_path), None, sys.executable)
+    assert entry == {"path": str(script), "args": ["-b", "8"], "cwd": str(tmp_path)}
+    assert command_mod.script_imports(entry) == ["argparse", "torch", "torch.utils.data"]
+    assert command_mod.script_entry([sys.executable, "-m", "pkg.train"], str(tmp_path), None, sys.executable) == \
+        {"module": "pkg.train", "args": [], "cwd": str(tmp_path)}
+    other = tmp_path / "python3"  # another interpreter of that name
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    for command in ([str(other), "train.py"], [sys.executable, "-u", "train.py"], [sys.executable, "missing.py"],
+                    [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "train.py"]):
+        assert command_mod.script_entry(command, str(tmp_path), None, sys.executable) is None, command
+    assert command_mod.script_entry(["python3", "train.py"], str(tmp_path), str(tmp_path), sys.executable) is None
+
+
 @pytest.mark.parametrize(("body", "args", "expected"), [
     ("import sys\nprint('no loader here')\n", [], "without building a torch DataLoader"),
     (SLEEPY_SCRIPT, ["--epochs", "0"], "without training on a DataLoader"),
@@ -317,6 +380,7 @@ def test_a_torchrun_command_measures_every_ranks_training_loader_merged(tmp_path
     assert config.from_dict(raw).launch.nproc_per_node == 2
     m = _trial(tmp_path, raw, num_workers=2, prefetch_factor=2, batch_size=8, ranks=2)
     assert m.status == "ok", m.reason
+    assert m.started_by == "interpreter"  # torchrun runs itself, never forked
     assert m.ranks == 2 and len(m.per_rank) == 2 and m.loader_measured["dataset"] == "_SleepyDataset"
     analytic = 2 * expected_samples_per_s(2, 8, 0.005, 0.02)
     assert 0.5 * analytic < m.rate < 1.15 * analytic

@@ -1,17 +1,19 @@
 """A script command's grammar: its arguments, its ``{knob}`` placeholders and how a trial fills them, the torchrun
-in front of it, and which loader knobs a trial sets on the training DataLoader instead. Pure text: nothing here
-runs a command or imports torch."""
+in front of it, which loader knobs a trial sets on the training DataLoader instead, and what a fork server runs
+for it (the program, the modules it imports). Nothing here runs a command or imports torch."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
 import shlex
+import shutil
 from typing import Any
 
 __all__ = ["split_command", "placeholders", "fill_command", "torchrun_split", "is_python", "LOADER_KNOBS",
-           "set_on_loader"]
+           "set_on_loader", "script_entry", "script_imports"]
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w.]*)\}")
 
@@ -89,3 +91,46 @@ def set_on_loader(command: str | list[str]) -> tuple[str, ...]:
 
 def _as_text(value: Any) -> str:
     return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
+
+
+def script_entry(command: list[str], cwd: str, path_env: str | None, interpreter: str) -> dict[str, Any] | None:
+    """What a fork server runs for ``command`` (``path`` or ``module``, its ``args``, the ``cwd``), or None when the
+    command is not ``interpreter`` (symlinks resolved; ``path_env`` is the PATH it is looked up on) running a script
+    or a module without interpreter options, or starts torchrun."""
+    if len(command) < 2 or not is_python(command[0]) or torchrun_split(command) is not None:
+        return None
+    found = shutil.which(command[0], path=path_env) if os.sep not in command[0] else \
+        os.path.join(cwd, command[0])
+    if not found or os.path.realpath(found) != os.path.realpath(interpreter):
+        return None
+    if command[1] == "-m" and len(command) >= 3:
+        return {"module": command[2], "args": command[3:], "cwd": cwd}
+    if command[1].startswith("-"):
+        return None
+    path = os.path.join(cwd, command[1])
+    return {"path": path, "args": command[2:], "cwd": cwd} if os.path.isfile(path) else None
+
+
+def script_imports(entry: dict[str, Any]) -> list[str]:
+    """The installed modules a script imports at its top level, for a fork server to import once: none of the
+    script's own folder (the server's ``sys.path`` does not hold it, and another module of that name would be
+    taken for it), and none for a module run with ``-m``."""
+    path = entry.get("path")
+    if not path:
+        return []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+    folders = {os.path.dirname(path), entry["cwd"]}
+    local = {name.split(".")[0] for name in names for folder in folders
+             if os.path.exists(os.path.join(folder, name.split(".")[0] + ".py"))
+             or os.path.isdir(os.path.join(folder, name.split(".")[0]))}
+    return sorted({name for name in names if name.split(".")[0] not in local and name != "__future__"})

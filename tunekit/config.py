@@ -188,9 +188,10 @@ class TrialSettings:
     timeout_s: float = field(default=300.0, metadata=_meta(gt=0))
     """Wall-clock limit for one trial, start-up and warm-up included."""
     fork_server: bool = True
-    """Start single-process trials from a server that has imported torch and the workload's modules once (each
-    trial still runs in a fresh process and session of its own and initialises CUDA itself); false: a fresh
-    interpreter per trial."""
+    """Start single-process trials from a server that has imported torch and the workload's modules once, or a
+    script's imports (``python SCRIPT`` or ``python -m MODULE`` run by tunekit's own interpreter: each trial runs the
+    program as that interpreter would); each trial still runs in a process and session of its own and initialises
+    CUDA itself; false: a fresh interpreter per trial."""
 
 
 @dataclass(kw_only=True)

@@ -100,8 +100,11 @@ def _start(spec: TrialSpec, spec_path: Path, out_path: Path) -> Any:
              "start_new_session": True}
     script = spec.config.get("script")
     if script:
-        return subprocess.Popen(script_command(spec), cwd=script.get("cwd") or None,
-                                env=_script_env(script, trial_env, spec_path, out_path), **pipes)
+        command, script_env = script_command(spec), _script_env(script, trial_env, spec_path, out_path)
+        forked = _fork_script(spec, command, script.get("cwd") or os.getcwd(), script_env)
+        if forked is not None:
+            return forked
+        return subprocess.Popen(command, cwd=script.get("cwd") or None, env=script_env, **pipes)
     forked = _fork_trial(spec, [str(spec_path), str(out_path)], env, trial_env)
     if forked is not None:
         return forked
@@ -169,13 +172,15 @@ class _ForkServer:
         self.broken = False
         self.refusal = ""  # the server's reason when it refused to fork (an import made forking unsafe)
 
-    def request(self, argv: list[str], env: dict[str, str], preload: list[str]) -> _Forked | None:
-        """Fork one trial; None when the server cannot (then it is not asked again)."""
+    def request(self, argv: list[str], env: dict[str, str], preload: list[str],
+                script: dict[str, Any] | None = None) -> _Forked | None:
+        """Fork one trial (the worker on ``argv``, or the user's ``script``, `script_entry`); None when the server
+        cannot (then it is not asked again)."""
         read_end, write_end = os.pipe()
         reply: dict[str, Any] | None = None
+        message = {"argv": argv, "env": env, "preload": preload, **({"script": script} if script else {})}
         try:
-            socket.send_fds(self.sock, [json.dumps({"argv": argv, "env": env, "preload": preload}).encode()],
-                            [write_end])
+            socket.send_fds(self.sock, [json.dumps(message).encode()], [write_end])
             while reply is None or "exit" in reply:  # an earlier trial's exit, unread after an interrupt
                 reply = self.receive(timeout=_FORK_REPLY_S)
                 if reply is None:
@@ -274,6 +279,29 @@ def _fork_trial(spec: TrialSpec, argv: list[str], env: dict[str, str], trial_env
         return None
     server = _server(env)
     return None if server.broken else server.request(argv, trial_env, _preload(spec.config))
+
+
+_PER_TRIAL = ("TUNEKIT_STARTED_AT", "TUNEKIT_TRIAL_DIR", "TUNEKIT_SCRIPT_SPEC", "TUNEKIT_SCRIPT_MEASUREMENT")
+"""What differs between the trials of one environment: a fork server is started without them."""
+
+
+def _fork_script(spec: TrialSpec, command: list[str], cwd: str, env: dict[str, str]) -> _Forked | None:
+    """A script trial forked by a fork server started in the script's environment (``script.env`` and the
+    bootstrap on ``PYTHONPATH``), which then runs the program as its interpreter would (``runpy``: ``__main__``, its
+    ``sys.argv`` and ``sys.path[0]``) in the script's folder: the interpreter's start and ``import torch`` are paid
+    once per sweep. Only for a single-process trial whose command is ``python SCRIPT …`` or ``python -m MODULE …``
+    run by this very interpreter (``sys.executable``), without interpreter options; None otherwise, or once the
+    server could not fork (the caller then runs the command itself)."""
+    if not _forkable(spec):
+        return None
+    from tunekit.command import script_entry, script_imports
+
+    entry = script_entry(command, cwd, env.get("PATH"), sys.executable)
+    if entry is None:
+        return None
+    server = _server({k: v for k, v in env.items() if k not in _PER_TRIAL})
+    preload = ["tunekit.worker._script", *script_imports(entry)]
+    return None if server.broken else server.request([], env, preload, script=entry)
 
 
 def _server(env: dict[str, str]) -> _ForkServer:

@@ -3,7 +3,9 @@ modules) once per sweep, then forks a fresh child per single-process trial.
 
 ``python -m tunekit.worker --fork-server FD`` serves requests on the SOCK_SEQPACKET socket ``FD``, one at a time.
 A request is a JSON object ``{"argv": [SPEC, MEASUREMENT], "env": {...}, "preload": [module, ...]}`` sent with one
-file descriptor, the write end of the pipe that becomes the trial's stdout and stderr. The server imports the
+file descriptor, the write end of the pipe that becomes the trial's stdout and stderr; a script-mode trial's has
+``"script": {"path" | "module", "args", "cwd"}`` instead of the worker's argv: the child runs the user's program
+as the interpreter would (``runpy``), its DataLoader hooked by ``tunekit.worker._script``. The server imports the
 preload modules (a failing import is left for the trial to report), then forks; it answers ``{"pid": PID}``, and
 ``{"exit": PID, "code": CODE}`` once that child has ended (``CODE`` as ``subprocess.Popen.returncode`` gives it:
 negative for a signal). It answers ``{"unsafe": REASON}`` and exits instead when an import initialised CUDA or
@@ -44,7 +46,8 @@ def _preload(modules: list[str]) -> None:
             pass
 
 
-def _child(argv: list[str], env: dict[str, str], out_fd: int, sock: socket.socket) -> None:
+def _child(argv: list[str], env: dict[str, str], out_fd: int, sock: socket.socket,
+           script: dict[str, Any] | None = None) -> None:
     """The trial: a session of its own, the pipe as stdout and stderr, the launcher's environment, the signal
     dispositions of a fresh interpreter (the server's own: it installs none); never returns."""
     code = 1
@@ -57,12 +60,15 @@ def _child(argv: list[str], env: dict[str, str], out_fd: int, sock: socket.socke
         os.environ.clear()
         os.environ.update(env)
         os.environ["TUNEKIT_FORKED_FROM"] = str(os.getppid())  # the monitor counts the pages shared with the server
-        sys.argv = [os.path.join(os.path.dirname(__file__), "__main__.py"), *argv]
-        from tunekit.worker import main
+        if script is not None:
+            code = _run_script(script)
+        else:
+            sys.argv = [os.path.join(os.path.dirname(__file__), "__main__.py"), *argv]
+            from tunekit.worker import main
 
-        code = main(argv)
+            code = main(argv)
     except SystemExit as exc:  # as the interpreter would exit
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = _exit_code(exc)
     except BaseException:  # noqa: BLE001 - whatever happens, the child never returns into the server's loop
         import traceback
 
@@ -73,6 +79,47 @@ def _child(argv: list[str], env: dict[str, str], out_fd: int, sock: socket.socke
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if isinstance(exc.code, int):
+        return exc.code
+    if exc.code is not None:  # sys.exit("message") prints it, as the interpreter does
+        sys.stderr.write(f"{exc.code}\n")
+        return 1
+    return 0
+
+
+def _run_script(script: dict[str, Any]) -> int:
+    """The user's program as ``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` would run it, in its folder, with
+    the meter's hook installed (what the bootstrap's sitecustomize does in a fresh interpreter); an uncaught
+    exception goes to ``sys.excepthook`` (the hook's writes the trial's failure), and the interpreter's exit follows:
+    non-daemon threads joined, ``atexit`` handlers run."""
+    import atexit
+    import runpy
+
+    os.chdir(script["cwd"])
+    from tunekit.worker import _script
+
+    _script.install()
+    code = 0
+    try:
+        if "module" in script:
+            sys.argv = [script["module"], *script["args"]]
+            sys.path[0] = script["cwd"]
+            runpy.run_module(script["module"], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [script["path"], *script["args"]]
+            sys.path[0] = os.path.dirname(os.path.abspath(script["path"]))
+            runpy.run_path(script["path"], run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException as exc:  # noqa: BLE001 - as the interpreter reports an uncaught exception
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        code = 1
+    threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own exit: non-daemon threads joined
+    atexit._run_exitfuncs()
+    return code
 
 
 def _cuda_poisoned() -> bool:
@@ -132,7 +179,7 @@ def serve(fd: int) -> int:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _child(list(request["argv"]), dict(request["env"]), fds[0], sock)
+            _child(list(request["argv"]), dict(request["env"]), fds[0], sock, request.get("script"))
         checked = True
         for f in fds:
             os.close(f)

@@ -147,7 +147,8 @@ class _Session:
                 first = pin_memory(first)
             batches, ready, fill, epoch = itertools.repeat(first), (lambda: 0), 0, None
         node_root = os.getppid() if self.ranks is not None and self.ranks.local_rank == 0 else None  # torchrun
-        self.monitor = Monitor(nvml_sampler(device), node_root=node_root).start()
+        forked_from = int(os.environ.get("TUNEKIT_FORKED_FROM") or 0) or None  # the fork server, when it forked us
+        self.monitor = Monitor(nvml_sampler(device), node_root=node_root, forked_from=forked_from).start()
         needed = self.spec.needed / self.world if self.spec.needed is not None else None  # each rank's share
         settings = MeterSettings.from_trial(self.cfg.trial, round_batches=max(1, params["num_workers"]), fill=fill,
                                             needed=needed)
