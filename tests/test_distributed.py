@@ -108,18 +108,18 @@ def test_a_rank_torchrun_stopped_with_sigterm_is_not_blamed_for_the_one_that_rep
     1's exit code comes before the SIGTERM torchrun sent rank 0 because of it."""
     from tunekit._files import write_json_atomic
     from tunekit.contract import failed_measurement
-    from tunekit.launcher import _rank_failure
+    from tunekit.ending import rank_failure
 
     spec = _spec(sleepy_config(**SLEEPY), num_workers=0, batch_size=4, ranks=2)
     write_json_atomic(tmp_path / "spec.json", spec.to_dict())
     log = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\nFailures:\n[1]:\n  time      : x\n"
            "  host      : h\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 7)\n"
            "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 8)\n")
-    alone = _rank_failure(tmp_path / "measurement.json", log)
+    alone = rank_failure(tmp_path / "measurement.json", log)
     assert alone is not None and alone.reason.startswith("rank 1 (local rank 1) exited with code 1"), alone
     reported = failed_measurement(spec, "crashed", "rank 1: RuntimeError: rank one's step broke", failed_at=1.0)
     write_json_atomic(tmp_path / "measurement.rank1.json", reported.to_dict())
-    m = _rank_failure(tmp_path / "measurement.json", log)
+    m = rank_failure(tmp_path / "measurement.json", log)
     assert m is not None and m.reason == "rank 1: RuntimeError: rank one's step broke", m
 
 

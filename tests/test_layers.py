@@ -13,7 +13,7 @@ from tests.conftest import REPO
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "outcome", "contract", "command"),
     ("_files", "config"),
-    ("records", "recommended", "workloads"),
+    ("records", "recommended", "workloads", "ending"),
     ("rules", "store", "launcher"),
     ("analysis", "env"),
     ("diagnosis", "plan"),

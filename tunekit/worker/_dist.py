@@ -54,7 +54,7 @@ class Ranks:
 
     def mark(self, batch: int, received: bool) -> None:
         """Record the batch this rank asks for or holds, overwriting the last: on a timeout the launcher names the
-        rank that waits for a batch the others hold (``launcher.hung_ranks``). One small write per fetch."""
+        rank that waits for a batch the others hold (``ending.hung_ranks``). One small write per fetch."""
         if self.progress >= 0:
             os.pwrite(self.progress, f"{batch} {'got' if received else 'asked'} {time.time():.3f}".ljust(40)
                       .encode(), 0)

@@ -18,9 +18,9 @@ gloo group of their own (made once the script has joined its process group, befo
 batch) and rank 0 writes the merged measurement (``_dist.merge``); torchrun's own process trains nothing and is
 left alone.
 
-Modes: ``train`` measures the script's own step; ``compute`` feeds it the loader's first batch again and again,
-the loader stopped (the script's step on a ready batch, pinned on a GPU: a ceiling has the fastest copy); ``loader`` drains the loader in the bootstrap alone
-(with the host-to-device copy on a GPU) before the script's loop gets any batch.
+Modes: ``train`` measures the script's own step; ``compute`` feeds it the loader's first batch again and again, the
+loader stopped (the script's step on a ready batch, pinned on a GPU: a ceiling has the fastest copy); ``loader`` drains
+the loader in the bootstrap alone (with the host-to-device copy on a GPU) before the script's loop gets any batch.
 """
 
 from __future__ import annotations
