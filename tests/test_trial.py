@@ -346,7 +346,7 @@ def test_killed_worker_process_is_crashed_with_signal(tmp_path: Path):
 
 
 def test_bad_output_is_detected(tmp_path: Path):
-    from tunekit.launcher import _outcome
+    from tunekit.ending import classify as _outcome
 
     spec = _spec(sleepy_config(), num_workers=0)
     out = tmp_path / "measurement.json"
