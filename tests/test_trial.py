@@ -205,9 +205,10 @@ def test_windows_hold_whole_epochs_when_epochs_are_shorter_than_a_window():
 
     def measure(per_epoch: int) -> Meter:
         batches, state = _epochs_of(per_epoch, 0.03)
-        settings = MeterSettings(window_s=0.25, measure_windows=3, max_windows=3, precision=None, warmup_steps=1)
+        settings = MeterSettings(window_s=0.25, measure_windows=3, max_windows=3, precision=None, warmup_steps=1,
+                                 epoch_batches=per_epoch)
         meter = Meter(batches, settings, device=torch.device("cpu"), count=len, cpu=TreeCpu(),
-                      epochs=lambda: state["epochs"], epoch_batches=lambda: per_epoch)
+                      epochs=lambda: state["epochs"])
         for _ in meter:
             time.sleep(0.01)
         return meter

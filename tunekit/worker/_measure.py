@@ -25,7 +25,7 @@ from tunekit.worker import _dist
 from tunekit.worker._flops import count_flops, matmul_peak
 from tunekit.worker._loader import LoaderBatches
 from tunekit.worker._meter import Meter, MeterSettings, Reading
-from tunekit.worker._monitor import Monitor, TreeCpu, nvml_sampler
+from tunekit.worker._monitor import Monitor, TreeCpu, fork_server_pid, nvml_sampler
 from tunekit.worker._probes import sync_share, warn_if_ranks_read_the_same
 from tunekit.worker._record import device_memory, measurement
 from tunekit.worker._setup import Setup, set_up
@@ -115,8 +115,7 @@ def measure(spec: TrialSpec) -> Measurement | None:
     setup = set_up(spec)
     device, ranks = setup.device, setup.ranks
     node_root = os.getppid() if ranks is not None and ranks.local_rank == 0 else None  # torchrun: the node's tree
-    forked_from = int(os.environ.get("TUNEKIT_FORKED_FROM") or 0) or None  # the fork server, when it forked us
-    monitor = Monitor(nvml_sampler(device), node_root=node_root, forked_from=forked_from).start()
+    monitor = Monitor(nvml_sampler(device), node_root=node_root, forked_from=fork_server_pid()).start()
     try:
         metered = _run(spec, setup, monitor)
         peak = matmul_peak(device, setup.cfg.workload.precision) if spec.probe_peak and ranks is None else {}

@@ -99,6 +99,8 @@ class MeterSettings:
     """Micro-batches (batches handed out) per optimizer step."""
     round_batches: int = 1
     """A loader round (its worker count): windows end on a multiple of it."""
+    epoch_batches: int | None = None
+    """The source's batches per epoch; None when it has no length (or its epochs never end in a trial)."""
     fill: int = 0
     """Most batches the pipeline holds ready (workers × prefetch, plus what a stream ahead holds); the set-aside
     takes no more."""
@@ -108,7 +110,7 @@ class MeterSettings:
     @classmethod
     def from_trial(cls, trial: TrialSettings, **shape: Any) -> MeterSettings:
         """The config's ``trial`` settings, with the pipeline's shape (``compiling``, ``grad_accum``,
-        ``round_batches``, ``fill``, ``needed``)."""
+        ``round_batches``, ``epoch_batches``, ``fill``, ``needed``)."""
         return cls(window_s=trial.window_s, measure_windows=trial.measure_windows, max_windows=trial.max_windows,
                    precision=trial.precision, warmup_steps=trial.warmup_steps, **shape)
 
@@ -180,7 +182,6 @@ class Meter:
         ranks: how the trial's processes decide together.
         ready: batches the source holds ready without a wait; None when it cannot tell.
         epochs: epochs the source has ended (the set-aside stops at an epoch's end).
-        epoch_batches: the source's batches per epoch; None when it has no length (or its epochs never end).
         device_wait: seconds the source's fetches so far waited on a stream ahead's device work.
         window_done: called after each window's closing synchronisation (a loss check may raise there).
         measuring: called once, after the warm-up and right before the first window.
@@ -189,13 +190,11 @@ class Meter:
     def __init__(self, batches: Iterator[Any], settings: MeterSettings, *, device: torch.device,
                  count: Callable[[Any], float], cpu: TreeCpu, ranks: Ranks | None = None,
                  ready: Callable[[], int | None] = lambda: None, epochs: Callable[[], int] = lambda: 0,
-                 epoch_batches: Callable[[], int | None] = lambda: None,
                  device_wait: Callable[[], float] = lambda: 0.0, window_done: Callable[[], None] = lambda: None,
                  measuring: Callable[[], None] = lambda: None):
         self._batches, self.settings, self.device = batches, settings, device
         self._count, self._cpu, self._ranks = count, cpu, ranks or OneProcess()
         self._ready, self._epochs, self._device_wait = ready, epochs, device_wait
-        self._epoch_batches = epoch_batches
         self._span: int | None = None
         """Micro-batches a window's length is a multiple of, decided at the first window's end (`_window_span`)."""
         self._window_done, self._measuring = window_done, measuring
@@ -291,7 +290,7 @@ class Meter:
         epoch ends, so windows of whole epochs each hold the same share of what an epoch end costs (a drained and
         refilled pipeline, a worker restart, the script's own work between epochs); windows that cut epochs would hold
         0, 1 or 2 such ends and spread by their cost. The ranks decide together."""
-        epoch = self._ranks.max(self._epoch_batches() or 0)  # one span for all ranks, or their windows part ways
+        epoch = self._ranks.max(self.settings.epoch_batches or 0)  # one span for all ranks, or windows part
         short = epoch > 0 and epoch * elapsed / batches <= EPOCH_WINDOWS * self.settings.window_s
         if self._ranks.any(short):
             self.reading.epoch_batches = epoch

@@ -16,7 +16,12 @@ from typing import Any, NamedTuple
 
 import psutil
 
-__all__ = ["Monitor", "TreeCpu", "CpuUse", "nvml_sampler"]
+__all__ = ["Monitor", "TreeCpu", "CpuUse", "nvml_sampler", "fork_server_pid"]
+
+
+def fork_server_pid() -> int | None:
+    """The fork server's pid when it forked this trial (it sets ``TUNEKIT_FORKED_FROM`` in the child), else None."""
+    return int(os.environ.get("TUNEKIT_FORKED_FROM") or 0) or None
 
 
 def _tree(root: psutil.Process) -> list[psutil.Process]:

@@ -46,7 +46,7 @@ from tunekit.outcome import classify_error
 from tunekit.worker import _dist
 from tunekit.worker._loader import LoaderBatches, tensors
 from tunekit.worker._meter import Meter, MeterSettings
-from tunekit.worker._monitor import Monitor, TreeCpu, nvml_sampler
+from tunekit.worker._monitor import Monitor, TreeCpu, fork_server_pid, nvml_sampler
 from tunekit.worker._record import assemble, device_memory
 from tunekit.worker._step import checked_count
 from tunekit.workloads import resolve
@@ -147,14 +147,13 @@ class _Session:
                 first = pin_memory(first)
             batches, ready, fill, epoch = itertools.repeat(first), (lambda: 0), 0, None
         node_root = os.getppid() if self.ranks is not None and self.ranks.local_rank == 0 else None  # torchrun
-        forked_from = int(os.environ.get("TUNEKIT_FORKED_FROM") or 0) or None  # the fork server, when it forked us
-        self.monitor = Monitor(nvml_sampler(device), node_root=node_root, forked_from=forked_from).start()
+        self.monitor = Monitor(nvml_sampler(device), node_root=node_root, forked_from=fork_server_pid()).start()
         needed = self.spec.needed / self.world if self.spec.needed is not None else None  # each rank's share
         settings = MeterSettings.from_trial(self.cfg.trial, round_batches=max(1, params["num_workers"]), fill=fill,
-                                            needed=needed)
+                                            needed=needed, epoch_batches=epoch)
         self.meter = Meter(batches, settings, device=device, count=count, cpu=TreeCpu(), ranks=self.ranks,
                            ready=ready,
-                           epochs=lambda: self.loader.epochs_ended if self.loader else 0, epoch_batches=lambda: epoch,
+                           epochs=lambda: self.loader.epochs_ended if self.loader else 0,
                            measuring=lambda: self._measuring(device))
         if self.spec.mode == "loader":  # drained here, before the script's loop gets a batch
             for batch in self.meter:
