@@ -180,6 +180,24 @@ def test_script_trials_are_forked_and_run_as_the_interpreter_would(tmp_path: Pat
     assert m.status == "crashed" and "bad data path" in m.reason and m.started_by == "fork server", m.reason
 
 
+def test_a_relative_pythonpath_of_script_env_is_the_scripts_folders_forked_or_not(tmp_path: Path):
+    """`script.env`'s PYTHONPATH reaches the script (after the bootstrap), and a relative entry of it names a folder
+    of the script's working folder, as it does for a fresh interpreter started there: the fork server is started in
+    that folder too (the interpreter makes PYTHONPATH's entries absolute against the folder it starts in), not in
+    the launcher's (here the repository, which has no lib/helper.py)."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "helper.py").write_text("WHERE = 'the script folder'\n")
+    script = tmp_path / "train.py"
+    script.write_text("import helper\nassert helper.WHERE == 'the script folder'\n" + SLEEPY_SCRIPT)
+    raw = _script_config(tmp_path, [sys.executable, str(script)])
+    raw["script"]["env"] = {"PYTHONPATH": "lib"}
+    forked = _trial(tmp_path, raw, name="forked", num_workers=0, batch_size=8)
+    assert forked.status == "ok" and forked.started_by == "fork server", (forked.status, forked.reason)
+    raw["trial"]["fork_server"] = False
+    fresh = _trial(tmp_path, raw, name="fresh", num_workers=0, batch_size=8)
+    assert fresh.status == "ok" and fresh.started_by == "interpreter", (fresh.status, fresh.reason)
+
+
 def test_what_a_fork_server_runs_for_a_command(tmp_path: Path):
     """Only this interpreter running a script or a module without interpreter options is forked; the modules it
     imports at its top level are preloaded, but none of its own folder (another module of that name would be taken

@@ -409,10 +409,13 @@ def test_precision_measures_until_the_interval_is_tight_leaving_out_settling_win
     base = {"workload.model": "tests._workloads:settling_model", "workload.model_args": {"fast_after": 18},
             "workload.dataset_args": {"sample_wait_s": 0.0},
             "trial.window_s": 0.5, "trial.measure_windows": 2}
-    precise = run_trial(_spec(sleepy_config(**base, **{"trial.precision": 0.05, "trial.max_windows": 6}),
+    # the cut often takes two windows (the second holds the last slow steps), and two kept windows are precise only
+    # when they agree within 0.4 % (t = 12.7 for one degree of freedom): room for more windows on a loaded host
+    precise = run_trial(_spec(sleepy_config(**base, **{"trial.precision": 0.05, "trial.max_windows": 12}),
                               num_workers=0, batch_size=8), tmp_path / "precise", 60)
     assert precise.status == "ok", precise
-    assert precise.stop_reason == "precise" and len(precise.settling_windows) >= 1
+    windows = (precise.settling_windows, precise.rate_windows, precise.rate_interval)
+    assert precise.stop_reason == "precise" and len(precise.settling_windows) >= 1, windows
     assert precise.windows_measured == len(precise.settling_windows) + len(precise.rate_windows)
     assert precise.settling_windows[0] < 0.8 * min(precise.rate_windows)  # the slow first window
     assert precise.rate_interval <= 0.05

@@ -157,13 +157,13 @@ class _ForkServer:
     """The launcher's end of ``python -m tunekit.worker --fork-server`` (tunekit/worker/_forkserver.py): one per
     environment and working folder, started at the first trial that can use it, ended with this process."""
 
-    def __init__(self, env: dict[str, str]):
-        self.key = _server_key(env)
+    def __init__(self, env: dict[str, str], cwd: str | None = None):
+        self.key = _server_key(env, cwd)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tunekit.worker", "--fork-server", str(theirs.fileno())],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True, env=env,
+            stderr=subprocess.DEVNULL, start_new_session=True, env=env, cwd=cwd,
         )
         theirs.close()
         self.sock = ours
@@ -258,9 +258,10 @@ _FORK_REPLY_S = 120.0
 _SERVERS: dict[str, _ForkServer] = {}
 
 
-def _server_key(env: dict[str, str]) -> tuple[Any, ...]:
-    """What a fork server is started for: the trials' environment and working folder."""
-    return (tuple(sorted(env.items())), os.getcwd())
+def _server_key(env: dict[str, str], cwd: str | None = None) -> tuple[Any, ...]:
+    """What a fork server is started for: the trials' environment and working folder (``cwd``, else this
+    process's)."""
+    return (tuple(sorted(env.items())), os.path.abspath(cwd or os.getcwd()))
 
 
 def _forkable(spec: TrialSpec) -> bool:
@@ -297,19 +298,22 @@ def _fork_script(spec: TrialSpec, command: list[str], cwd: str, env: dict[str, s
     entry = script_entry(command, cwd, env.get("PATH"), sys.executable)
     if entry is None:
         return None
-    server = _server({k: v for k, v in env.items() if k not in _PER_TRIAL})
+    # started in the script's folder, as the command would be: the interpreter makes the relative entries of
+    # PYTHONPATH absolute against the folder it starts in, and the server's imports and sys.path are the child's
+    server = _server({k: v for k, v in env.items() if k not in _PER_TRIAL}, cwd)
     preload = ["tunekit.worker._script", *script_imports(entry)]
     return None if server.broken else server.request([], env, preload, script=entry)
 
 
-def _server(env: dict[str, str]) -> _ForkServer:
-    """This process's fork server for ``env``, started when there is none for it yet."""
+def _server(env: dict[str, str], cwd: str | None = None) -> _ForkServer:
+    """This process's fork server for ``env`` in ``cwd`` (else this process's folder), started when there is none
+    for it yet."""
     server = _SERVERS.get("server")
-    if server is not None and server.key != _server_key(env):
+    if server is not None and server.key != _server_key(env, cwd):
         server.close()
         server = None
     if server is None:
-        server = _SERVERS["server"] = _ForkServer(env)
+        server = _SERVERS["server"] = _ForkServer(env, cwd)
     return server
 
 
@@ -449,8 +453,11 @@ def _ranks_of(spec: TrialSpec, command: list[str]) -> list[str]:
 
 
 def _script_env(script: dict[str, Any], env: dict[str, str], spec_path: Path, out_path: Path) -> dict[str, str]:
+    """The script's environment: the trial's, ``script.env`` over it, the bootstrap first on PYTHONPATH, and where
+    the hook finds the trial's spec and writes its measurement."""
     extra = {str(k): str(v) for k, v in (script.get("env") or {}).items()}
-    path = os.pathsep.join([str(BOOTSTRAP), env.get("PYTHONPATH", "")])
+    # the bootstrap first, then the script's own PYTHONPATH (script.env), then the launcher's
+    path = os.pathsep.join(p for p in (str(BOOTSTRAP), extra.get("PYTHONPATH"), env.get("PYTHONPATH")) if p)
     return {**env, **extra, "PYTHONPATH": path, "TUNEKIT_SCRIPT_SPEC": str(spec_path),
             "TUNEKIT_SCRIPT_MEASUREMENT": str(out_path)}
 
