@@ -106,7 +106,17 @@ def _one_fork_server_across_tests(monkeypatch: pytest.MonkeyPatch):
         launcher._close_servers()
 
 
+LONGEST_FIRST = ("test_script.py", "test_reliability.py", "test_distributed.py", "test_sweep.py", "test_trial.py",
+                 "test_own_job.py", "test_lifecycle.py", "test_promises.py", "test_trust.py", "test_config.py",
+                 "test_diagnosis.py", "test_check.py")
+"""The files whose tests take longest (tens of seconds each, whole sweeps and trials), in that order: pytest-xdist
+hands out whole files (``--dist loadfile``, ``--no-loadscope-reorder``) in the order collected, and with the long
+ones first the short ones fill the end, so neither worker waits long for the other's last file."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order kept
     try:
         import torch
 
