@@ -422,6 +422,10 @@ def test_precision_measures_until_the_interval_is_tight_leaving_out_settling_win
     fixed = run_trial(_spec(sleepy_config(**base), num_workers=0, batch_size=8), tmp_path / "fixed", 60)
     assert fixed.stop_reason == "fixed" and fixed.windows_measured == 2 and fixed.settling_windows == []
     assert fixed.rate < 0.9 * precise.rate
+    # the settling windows' batches are warm-up batches (both trials warm up alike: 3 slow steps, no set-aside)
+    settled = precise.warmup_batches - fixed.warmup_batches
+    items = [rate * precise.settling_s for rate in (min(precise.settling_windows), max(precise.settling_windows))]
+    assert items[0] / 8 - 1 <= settled <= items[1] / 8 + 1, (settled, precise.settling_windows, precise.settling_s)
 
 
 def test_the_fork_server_refuses_once_an_import_initialised_cuda(tmp_path: Path):

@@ -279,6 +279,7 @@ class Meter:
         settling_s = sum(w.wall_s for w in windows[:drop])
         self.reading.windows = kept
         self.reading.warmup_s += settling_s  # windows cut as still settling were warm-up after all
+        self.reading.warmup_batches += sum(w.micro_batches for w in windows[:drop])
         self.reading.stop = {"stop_reason": reason, "windows_measured": len(windows),
                              "settling_windows": rates[:drop], "settling_s": settling_s,
                              "rate_interval": rules.rate_interval([w.items for w in kept], [w.wall_s for w in kept])}
