@@ -37,3 +37,16 @@ def test_inside_the_windows_pss_is_read_rarely_and_growth_still_counts(monkeypat
         del grown
     finally:
         monitor.stop()
+
+
+def test_the_fork_server_counts_only_for_the_process_it_forked(monkeypatch):
+    """TUNEKIT_FORKED_FROM names the server in the child it forked; a process the trial starts (a wrapper script's
+    own python) inherits the variable but was not forked by it, and counts no server pages."""
+    import os
+
+    monkeypatch.setenv("TUNEKIT_FORKED_FROM", str(os.getppid()))
+    assert _monitor.fork_server_pid() == os.getppid()
+    monkeypatch.setenv("TUNEKIT_FORKED_FROM", str(os.getpid()))  # any pid but the parent's
+    assert _monitor.fork_server_pid() is None
+    monkeypatch.delenv("TUNEKIT_FORKED_FROM")
+    assert _monitor.fork_server_pid() is None

@@ -173,6 +173,16 @@ def test_script_trials_are_forked_and_run_as_the_interpreter_would(tmp_path: Pat
     assert facts["argv"] == [str(script), "-b", "8"]
     raw["trial"]["fork_server"] = False
     assert _trial(tmp_path, raw, name="fresh", num_workers=0, batch_size=8).started_by == "interpreter"
+    # a symlinked script: sys.path[0] is its real folder, __file__ the path it was run by
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "train.py").write_text(FACTS + SLEEPY_SCRIPT)
+    (sub / "linked.py").symlink_to(tmp_path / "real" / "train.py")
+    raw = _script_config(tmp_path, [sys.executable, "linked.py"])
+    raw["script"]["cwd"] = str(sub)
+    m = _trial(tmp_path, raw, name="linked", num_workers=0, batch_size=8)
+    assert m.status == "ok" and m.started_by == "fork server", (m.status, m.reason, m.started_by)
+    facts = json.loads((sub / "facts.json").read_text())
+    assert facts["path0"] == str(tmp_path / "real") and facts["file"] == str(sub / "linked.py")
     broken = tmp_path / "broken.py"
     broken.write_text(SLEEPY_SCRIPT.replace("for epoch in", "raise ValueError('bad data path')\nfor epoch in"))
     m = _trial(tmp_path, _script_config(tmp_path, [sys.executable, str(broken)]), name="broken", num_workers=0,
@@ -218,6 +228,33 @@ def test_what_a_fork_server_runs_for_a_command(tmp_path: Path):
                     [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "train.py"]):
         assert command_mod.script_entry(command, str(tmp_path), None, sys.executable) is None, command
     assert command_mod.script_entry(["python3", "train.py"], str(tmp_path), str(tmp_path), sys.executable) is None
+    venv = tmp_path / "venv" / "bin"  # a virtualenv's python: a symlink to this interpreter, another environment
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    assert command_mod.script_entry([str(venv / "python"), "train.py"], str(tmp_path), None, sys.executable) is None
+    # a script that sets the environment or sys.path up before its imports runs itself: the server imported torch
+    # before it ran
+    for name, head in (("threads.py", "import os\nos.environ['OMP_NUM_THREADS'] = '1'\nimport torch\n"),
+                       ("src.py", "import sys\nsys.path.insert(0, '../src')\nimport mylib\n"),
+                       ("env.py", "from os import environ\nenviron.setdefault('MKL_NUM_THREADS', '1')\nimport torch\n"),
+                       ("put.py", "import os\nos.putenv('KMP_AFFINITY', 'compact')\nimport torch\n")):
+        (tmp_path / name).write_text(head + "print('train')\n")
+        assert command_mod.script_entry([sys.executable, name], str(tmp_path), None, sys.executable) is None, name
+    # after its imports it may, and reading them first is no setting up
+    (tmp_path / "late.py").write_text("import os, sys\nprint(os.environ.get('HOME'), sys.path[0])\nimport torch\n"
+                                      "os.environ['WANDB_MODE'] = 'offline'\n")
+    assert command_mod.script_entry([sys.executable, "late.py"], str(tmp_path), None, sys.executable) is not None
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "train.py").write_text("import os\nos.environ['OMP_NUM_THREADS'] = '1'\nimport torch\n")
+    assert command_mod.script_entry([sys.executable, "-m", "pkg.train"], str(tmp_path), None, sys.executable) is None
+    # a symlinked script runs from its real folder (sys.path[0]): that folder's modules are its own, not preloaded
+    real = tmp_path / "shared"
+    real.mkdir()
+    (real / "utils.py").write_text("")
+    (real / "train.py").write_text("import torch\nimport utils\n")
+    (tmp_path / "linked.py").symlink_to(real / "train.py")
+    linked = command_mod.script_entry([sys.executable, "linked.py"], str(tmp_path), None, sys.executable)
+    assert command_mod.script_imports(linked) == ["torch"]
 
 
 @pytest.mark.parametrize(("body", "args", "expected"), [

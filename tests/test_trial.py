@@ -428,6 +428,27 @@ def test_precision_measures_until_the_interval_is_tight_leaving_out_settling_win
     assert items[0] / 8 - 1 <= settled <= items[1] / 8 + 1, (settled, precise.settling_windows, precise.settling_s)
 
 
+def test_a_wait_on_a_forked_trial_whose_exit_message_was_lost_still_ends():
+    """An interrupt that lands after a wait read the server's exit message but before it kept the code loses that
+    message: a later wait (kill_tree's, without a timeout) must still end once the trial's process group is gone."""
+    import signal
+
+    from tunekit import launcher
+
+    env = launcher.child_env()
+    server = launcher._server(env)
+    proc = server.request(["--resolve", json.dumps({})], env, [])
+    assert proc is not None
+    try:
+        while (server.receive(timeout=60) or {}).get("exit") != proc.pid:  # the message the cut-short wait read
+            pass
+        started = time.monotonic()
+        assert proc.wait(timeout=30) == -signal.SIGKILL  # not TimeoutExpired: the group's end was seen
+        assert time.monotonic() - started < 10
+    finally:
+        proc.stdout.close()
+
+
 def test_the_fork_server_refuses_once_an_import_initialised_cuda(tmp_path: Path):
     """A workload module that leaves torch's CUDA state initialised (here marked so, on the CPU) makes the fork
     server refuse: the trial starts in a fresh interpreter, and so do the trials after it."""

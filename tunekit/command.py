@@ -95,20 +95,83 @@ def _as_text(value: Any) -> str:
 
 def script_entry(command: list[str], cwd: str, path_env: str | None, interpreter: str) -> dict[str, Any] | None:
     """What a fork server runs for ``command`` (``path`` or ``module``, its ``args``, the ``cwd``), or None when the
-    command is not ``interpreter`` (symlinks resolved; ``path_env`` is the PATH it is looked up on) running a script
-    or a module without interpreter options, or starts torchrun."""
+    command is not ``interpreter`` (the same file, symlinks resolved, in the same folder; ``path_env`` is the PATH
+    it is looked up on) running a script or a module without interpreter options, starts torchrun, or runs a file
+    of its own that sets up the environment or ``sys.path`` before its imports."""
     if len(command) < 2 or not is_python(command[0]) or torchrun_split(command) is not None:
         return None
     found = shutil.which(command[0], path=path_env) if os.sep not in command[0] else \
         os.path.join(cwd, command[0])
-    if not found or os.path.realpath(found) != os.path.realpath(interpreter):
+    # the same file, and in the same folder: a virtualenv's python is a symlink to the interpreter it was made
+    # from, yet another environment (its own site-packages)
+    if not found or os.path.realpath(found) != os.path.realpath(interpreter) or \
+            os.path.dirname(os.path.abspath(found)) != os.path.dirname(os.path.abspath(interpreter)):
         return None
     if command[1] == "-m" and len(command) >= 3:
-        return {"module": command[2], "args": command[3:], "cwd": cwd}
-    if command[1].startswith("-"):
+        source = _module_source(command[2], cwd)
+        entry = {"module": command[2], "args": command[3:], "cwd": cwd}
+    elif command[1].startswith("-"):
         return None
-    path = os.path.join(cwd, command[1])
-    return {"path": path, "args": command[2:], "cwd": cwd} if os.path.isfile(path) else None
+    else:
+        source = os.path.join(cwd, command[1])
+        if not os.path.isfile(source):
+            return None
+        entry = {"path": source, "args": command[2:], "cwd": cwd}
+    return None if source and _sets_up_before_imports(source) else entry
+
+
+def _module_source(module: str, cwd: str) -> str | None:
+    """The file ``python -m MODULE`` runs from ``cwd``'s own modules, or None (an installed module)."""
+    base = os.path.join(cwd, *module.split("."))
+    for path in (base + ".py", os.path.join(base, "__main__.py")):
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+_MUTATORS = {"insert", "append", "extend", "remove", "pop", "popitem", "clear", "update", "setdefault",
+             "__setitem__", "__delitem__"}
+
+
+def _env_or_path(node: ast.AST) -> bool:
+    """``os.environ``, ``environ`` (imported from os) or ``sys.path``."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        return (node.value.id, node.attr) in (("os", "environ"), ("sys", "path"))
+    return isinstance(node, ast.Name) and node.id == "environ"
+
+
+def _sets_up(node: ast.AST) -> bool:
+    """Whether ``node`` changes the environment or ``sys.path``: a mutating call on them, ``os.putenv`` /
+    ``unsetenv``, or an assignment to (an item of) them. Reading them is not."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            func = sub.func
+            if isinstance(func, ast.Attribute) and func.attr in _MUTATORS and _env_or_path(func.value):
+                return True
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in ("putenv", "unsetenv"):
+                return True
+        targets = sub.targets if isinstance(sub, (ast.Assign, ast.Delete)) else \
+            [sub.target] if isinstance(sub, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            if _env_or_path(target.value if isinstance(target, ast.Subscript) else target):
+                return True
+    return False
+
+
+def _sets_up_before_imports(path: str) -> bool:
+    """Whether the script's top level changes ``os.environ`` or ``sys.path`` (or calls ``os.putenv``) before its
+    last top-level import: a fork server imported torch and the script's installed imports before the script ran,
+    so what they read when imported (OMP_NUM_THREADS, MKL_NUM_THREADS, the folders on sys.path) would not be what
+    the script set; such a script runs itself, as a fresh interpreter would run it. A file that cannot be read or
+    parsed counts as not (it fails alike either way)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            body = ast.parse(fh.read()).body
+    except (OSError, SyntaxError, ValueError):
+        return False
+    imports = [i for i, node in enumerate(body) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    return any(_sets_up(node) for node in body[:imports[-1] if imports else 0])
 
 
 def script_imports(entry: dict[str, Any]) -> list[str]:
@@ -129,7 +192,7 @@ def script_imports(entry: dict[str, Any]) -> list[str]:
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.append(node.module)
-    folders = {os.path.dirname(path), entry["cwd"]}
+    folders = {os.path.dirname(os.path.realpath(path)), entry["cwd"]}  # sys.path[0]: the script's real folder
     local = {name.split(".")[0] for name in names for folder in folders
              if os.path.exists(os.path.join(folder, name.split(".")[0] + ".py"))
              or os.path.isdir(os.path.join(folder, name.split(".")[0]))}

@@ -236,12 +236,23 @@ class _Forked:
 
     def wait(self, timeout: float | None = None) -> int | None:
         deadline = None if timeout is None else time.monotonic() + timeout
+        gone_since = None  # when the trial's group was first seen gone with no exit message yet
         while self.returncode is None:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            left = _EXIT_POLL_S if deadline is None else min(_EXIT_POLL_S, max(0.0, deadline - time.monotonic()))
             try:
                 reply = self.server.receive(timeout=left)
             except TimeoutError:
-                raise subprocess.TimeoutExpired(f"trial {self.pid}", timeout or 0.0) from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise subprocess.TimeoutExpired(f"trial {self.pid}", timeout or 0.0) from None
+                if _group_alive(self.pid):
+                    gone_since = None
+                elif gone_since is None:
+                    gone_since = time.monotonic()
+                elif time.monotonic() - gone_since >= _EXIT_POLL_S:
+                    # the server answers as soon as it has reaped the trial: its exit message was read by a wait
+                    # that an interrupt cut short before it kept the code
+                    self.returncode = -signal.SIGKILL
+                continue
             if reply is None:  # the server died: wait for the trial's own group to go
                 while _group_alive(self.pid):
                     if deadline is not None and time.monotonic() >= deadline:
@@ -253,6 +264,8 @@ class _Forked:
         return self.returncode
 
 
+_EXIT_POLL_S = 1.0
+"""How often a wait on a forked trial looks whether its process group is still there."""
 _FORK_REPLY_S = 120.0
 """How long the fork server may take to answer a request: its imports of torch and the workload's modules."""
 _SERVERS: dict[str, _ForkServer] = {}

@@ -110,7 +110,7 @@ def _run_script(script: dict[str, Any]) -> int:
             runpy.run_module(script["module"], run_name="__main__", alter_sys=True)
         else:
             sys.argv = [script["path"], *script["args"]]
-            sys.path[0] = os.path.dirname(os.path.abspath(script["path"]))
+            sys.path[0] = os.path.dirname(os.path.realpath(script["path"]))  # as the interpreter: symlinks resolved
             runpy.run_path(script["path"], run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)

@@ -287,10 +287,11 @@ class Meter:
     def _window_span(self, elapsed: float, batches: int) -> int:
         """What a window's micro-batches are a multiple of, decided once, when the first window has lasted its time:
         whole epochs of the source when an epoch takes at most twice a window's time (at the first window's pace; a
-        window then lasts at most twice ``window_s``), else whole loader rounds. Any run of k epochs' batches holds k
-        epoch ends, so windows of whole epochs each hold the same share of what an epoch end costs (a drained and
-        refilled pipeline, a worker restart, the script's own work between epochs); windows that cut epochs would hold
-        0, 1 or 2 such ends and spread by their cost. The ranks decide together."""
+        window then lasts at most ``window_s`` and one epoch, three times ``window_s``), else whole loader rounds.
+        Any run of k epochs' batches holds k epoch ends, so windows of whole epochs each hold the same share of what
+        an epoch end costs (a drained and refilled pipeline, a worker restart, the script's own work between
+        epochs); windows that cut epochs would hold 0, 1 or 2 such ends and spread by their cost. The ranks decide
+        together."""
         epoch = self._ranks.max(self.settings.epoch_batches or 0)  # one span for all ranks, or windows part
         short = epoch > 0 and epoch * elapsed / batches <= EPOCH_WINDOWS * self.settings.window_s
         if self._ranks.any(short):
