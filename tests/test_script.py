@@ -141,8 +141,10 @@ def test_the_baseline_runs_the_script_with_its_own_settings(tmp_path: Path, slee
 
 FACTS = """
 import json, os, sys
+import numpy
 with open(os.path.join(os.getcwd(), "facts.json"), "w") as fh:
-    json.dump({"name": __name__, "argv": sys.argv, "path0": sys.path[0], "file": __file__}, fh)
+    json.dump({"name": __name__, "argv": sys.argv, "path0": sys.path[0], "file": __file__,
+               "draw": int(numpy.random.randint(2**31))}, fh)
 """
 
 
@@ -171,6 +173,7 @@ def test_script_trials_are_forked_and_run_as_the_interpreter_would(tmp_path: Pat
     facts = json.loads((sub / "facts.json").read_text())
     assert facts["name"] == "__main__" and facts["path0"] == str(tmp_path) and facts["file"] == str(script)
     assert facts["argv"] == [str(script), "-b", "8"]
+    first = facts
     raw["trial"]["fork_server"] = False
     assert _trial(tmp_path, raw, name="fresh", num_workers=0, batch_size=8).started_by == "interpreter"
     # a symlinked script: sys.path[0] is its real folder, __file__ the path it was run by
@@ -183,6 +186,7 @@ def test_script_trials_are_forked_and_run_as_the_interpreter_would(tmp_path: Pat
     assert m.status == "ok" and m.started_by == "fork server", (m.status, m.reason, m.started_by)
     facts = json.loads((sub / "facts.json").read_text())
     assert facts["path0"] == str(tmp_path / "real") and facts["file"] == str(sub / "linked.py")
+    assert facts["draw"] != first["draw"]  # the same server forked both: numpy reseeded in each, as at a fresh start
     broken = tmp_path / "broken.py"
     broken.write_text(SLEEPY_SCRIPT.replace("for epoch in", "raise ValueError('bad data path')\nfor epoch in"))
     m = _trial(tmp_path, _script_config(tmp_path, [sys.executable, str(broken)]), name="broken", num_workers=0,

@@ -60,6 +60,9 @@ def _child(argv: list[str], env: dict[str, str], out_fd: int, sock: socket.socke
         os.environ.clear()
         os.environ.update(env)
         os.environ["TUNEKIT_FORKED_FROM"] = str(os.getppid())  # the monitor counts the pages shared with the server
+        numpy = sys.modules.get("numpy")  # its global generator reseeded, as in a fresh interpreter (``random``
+        if numpy is not None:  # reseeds itself at a fork); else every trial would draw the same numbers
+            numpy.random.seed()
         if script is not None:
             code = _run_script(script)
         else:
