@@ -440,8 +440,11 @@ def test_a_wait_on_a_forked_trial_whose_exit_message_was_lost_still_ends():
     proc = server.request(["--resolve", json.dumps({})], env, [])
     assert proc is not None
     try:
-        while (server.receive(timeout=60) or {}).get("exit") != proc.pid:  # the message the cut-short wait read
-            pass
+        while True:  # the message the cut-short wait read
+            reply = server.receive(timeout=60)
+            assert reply is not None, "the fork server died"
+            if reply.get("exit") == proc.pid:
+                break
         started = time.monotonic()
         assert proc.wait(timeout=30) == -signal.SIGKILL  # not TimeoutExpired: the group's end was seen
         assert time.monotonic() - started < 10
