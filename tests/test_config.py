@@ -9,12 +9,20 @@ import pytest
 from tests.conftest import REPO, sleepy_config
 from tunekit import config
 from tunekit.errors import ConfigError
+from tunekit.launcher import resolve_paths
+
+
+def _load(path) -> config.Config:
+    """``config.load`` with its import paths checked as a sweep checks them, through the fork server (the tests of
+    this process share one): the default, a fresh interpreter per check, is what ``tunekit validate`` and
+    test_config_loading_never_imports_torch run."""
+    return config.load(path, resolve=resolve_paths)
 
 
 def _problems(write_config, data) -> list[str]:
     path = write_config(data)
     with pytest.raises(ConfigError) as info:
-        config.load(path)
+        _load(path)
     return info.value.problems
 
 
@@ -47,7 +55,7 @@ def test_shipped_configs_load():
 
 def test_defaults_and_normalisation(write_config):
     data = sleepy_config(**{"search.num_workers": [4, 0, 4, 2], "search.batch_size": 16})
-    cfg = config.load(write_config(data))
+    cfg = _load(write_config(data))
     assert cfg.search.num_workers == [0, 2, 4]  # deduplicated and sorted
     assert cfg.search.batch_size == [16]  # a scalar is a one-element list
     assert cfg.selection.tolerance == 0.03 and cfg.budget.max_trials == 60 and cfg.strategy == "staged"
@@ -56,7 +64,7 @@ def test_defaults_and_normalisation(write_config):
 
 
 def test_auto_workers_spans_zero_to_twice_the_cpus(write_config):
-    cfg = config.load(write_config(sleepy_config(**{"search.num_workers": "auto"})))
+    cfg = _load(write_config(sleepy_config(**{"search.num_workers": "auto"})))
     cpus = config.cpu_count()
     assert cfg.search.num_workers[0] == 0 and cfg.search.num_workers[-1] == 2 * cpus
     assert config.auto_workers(16) == [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
