@@ -47,17 +47,17 @@ def _tree_memory(root: psutil.Process) -> tuple[int, int, int]:
     return pss, rss, n
 
 
-def _tree_rss(root: psutil.Process) -> tuple[int, int]:
-    """(rss, process count) summed over the process and all its descendants: each process's resident-set counter
+def _tree_rss(root: psutil.Process) -> tuple[int, frozenset[int]]:
+    """(rss, pids) of the process and all its descendants, the RSS summed: each process's resident-set counter
     (/proc/<pid>/statm), which costs microseconds and takes no lock of the process's memory map."""
-    rss = n = 0
+    rss, pids = 0, set()
     for proc in _tree(root):
         try:
             rss += proc.memory_info().rss
         except (psutil.Error, OSError):
             continue
-        n += 1
-    return rss, n
+        pids.add(proc.pid)
+    return rss, frozenset(pids)
 
 
 def _shared_share(proc: psutil.Process | None) -> int:
@@ -106,7 +106,8 @@ class Monitor:
         self.node_pss_peak = 0
         self.node_processes = 0
         self._host_period_s, self._pss_period_s = host_period_s, pss_period_s
-        self._last_read: dict[str, tuple[int, int]] = {}  # (pss, rss) of the tree and the node at the last PSS read
+        # (pss, rss, pids) of the tree and of the node at their last PSS read
+        self._last_read: dict[str, tuple[int, int, frozenset[int]]] = {}
         self._nvml_period_s = nvml_period_s if nvml is not None else host_period_s
         self._root = psutil.Process(os.getpid())
         self._stop = threading.Event()
@@ -145,18 +146,22 @@ class Monitor:
 
     def _memory(self, root: psutil.Process, which: str, pss: bool) -> tuple[int, int, int]:
         """(pss, rss, processes) of the tree under ``root``: PSS read, or estimated as the last PSS read plus the
-        change in the RSS sum since (pages that became resident since are the process's own, until it forks)."""
-        if pss:
-            # the RSS before the read: pages that become resident while smaps_rollup is walked count once more in
-            # the estimates after it, rather than not at all
-            rss_before, _ = _tree_rss(root)
-            value, rss, n = _tree_memory(root)
-            value += _shared_share(self._server) if which == "tree" else 0
-            self._last_read[which] = (value, rss_before)
-            return value, rss, n
-        rss, n = _tree_rss(root)
-        last_pss, last_rss = self._last_read.get(which, (rss, rss))
-        return max(0, last_pss + rss - last_rss), rss, n
+        change in the RSS sum since (pages that became resident since are the process's own, until it forks). So
+        PSS is read again whenever the tree's processes changed since the last read: a forked loader worker's RSS
+        counts every page it shares with its parent, which PSS splits between them (estimated, two workers forked
+        after the last read made a rank's figure twice its PSS)."""
+        if not pss:
+            rss, pids = _tree_rss(root)
+            last = self._last_read.get(which)
+            if last is not None and last[2] == pids:
+                return max(0, last[0] + rss - last[1]), rss, len(pids)
+        # the RSS before the read: pages that become resident while smaps_rollup is walked count once more in the
+        # estimates after it, rather than not at all
+        rss_before, pids = _tree_rss(root)
+        value, rss, n = _tree_memory(root)
+        value += _shared_share(self._server) if which == "tree" else 0
+        self._last_read[which] = (value, rss_before, pids)
+        return value, rss, n
 
     def _sample_host(self, read_pss: bool = True) -> None:
         pss, rss, n = self._memory(self._root, "tree", read_pss)
