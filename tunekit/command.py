@@ -159,17 +159,22 @@ def _sets_up(node: ast.AST) -> bool:
     return False
 
 
+def _top_level(path: str) -> list[ast.stmt]:
+    """The top-level statements of a Python file; none when it cannot be read or parsed."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return ast.parse(fh.read()).body
+    except (OSError, SyntaxError, ValueError):
+        return []
+
+
 def _sets_up_before_imports(path: str) -> bool:
     """Whether the script's top level changes ``os.environ`` or ``sys.path`` (or calls ``os.putenv``) before its
     last top-level import: a fork server imported torch and the script's installed imports before the script ran,
     so what they read when imported (OMP_NUM_THREADS, MKL_NUM_THREADS, the folders on sys.path) would not be what
     the script set; such a script runs itself, as a fresh interpreter would run it. A file that cannot be read or
     parsed counts as not (it fails alike either way)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            body = ast.parse(fh.read()).body
-    except (OSError, SyntaxError, ValueError):
-        return False
+    body = _top_level(path)
     imports = [i for i, node in enumerate(body) if isinstance(node, (ast.Import, ast.ImportFrom))]
     return any(_sets_up(node) for node in body[:imports[-1] if imports else 0])
 
@@ -181,13 +186,8 @@ def script_imports(entry: dict[str, Any]) -> list[str]:
     path = entry.get("path")
     if not path:
         return []
-    try:
-        with open(path, encoding="utf-8") as fh:
-            tree = ast.parse(fh.read())
-    except (OSError, SyntaxError, ValueError):
-        return []
     names = []
-    for node in tree.body:
+    for node in _top_level(path):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:

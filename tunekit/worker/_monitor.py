@@ -150,14 +150,12 @@ class Monitor:
         PSS is read again whenever the tree's processes changed since the last read: a forked loader worker's RSS
         counts every page it shares with its parent, which PSS splits between them (estimated, two workers forked
         after the last read made a rank's figure twice its PSS)."""
-        if not pss:
-            rss, pids = _tree_rss(root)
-            last = self._last_read.get(which)
-            if last is not None and last[2] == pids:
-                return max(0, last[0] + rss - last[1]), rss, len(pids)
-        # the RSS before the read: pages that become resident while smaps_rollup is walked count once more in the
-        # estimates after it, rather than not at all
         rss_before, pids = _tree_rss(root)
+        last = self._last_read.get(which)
+        if not pss and last is not None and last[2] == pids:
+            return max(0, last[0] + rss_before - last[1]), rss_before, len(pids)
+        # the RSS before the read is kept: pages that become resident while smaps_rollup is walked count once more
+        # in the estimates after it, rather than not at all
         value, rss, n = _tree_memory(root)
         value += _shared_share(self._server) if which == "tree" else 0
         self._last_read[which] = (value, rss_before, pids)
