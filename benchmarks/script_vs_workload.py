@@ -7,12 +7,15 @@ timed by a plain clock (benchmarks/_plain_clock: a timestamp per batch request, 
 
 Reports per mode: wall time, trials, the knee and its rate; the wall-time ratio (target: script <= 1.5x workload);
 and the script's own throughput under the recommendation against its own settings. Extra `--set` options go to
-both sweeps (e.g. --set workload.precision=fp32 on a CPU: it applies to the workload config only).
+both sweeps (e.g. --set workload.precision=fp32 on a CPU: it applies to the workload config only). `--modes script`
+then `--modes workload` on the same `--out` run the two sweeps in two invocations (two calls to one machine held
+warm): each adds its row to sweeps.csv, and the ratio is printed once both rows are there.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import statistics
 import subprocess
@@ -58,6 +61,8 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=200, help="batches the plain clock times")
     parser.add_argument("--out", type=Path, default=Path("results/script-vs-workload"))
     parser.add_argument("--rerun", type=Path, help="no sweeps: re-run the script under this recommended.yaml")
+    parser.add_argument("--modes", nargs="+", choices=("script", "workload"), default=["script", "workload"],
+                        help="the sweeps to run; rows already in OUT/sweeps.csv for the others are kept")
     args = parser.parse_args()
     out = args.out.resolve()
     subprocess.run([sys.executable, "train.py", "--data", "./data", "--make-data", "2048", "--epochs", "0"],
@@ -66,19 +71,32 @@ def main() -> None:
         _reruns(yaml.safe_load(args.rerun.read_text()), args, out)
         return
     script_sets = [s for s in args.sets if not s.startswith("workload.")]
-    modes, rows = {}, []
+    modes, rows = {}, _earlier_rows(out / "sweeps.csv", keep=set(("script", "workload")) - set(args.modes))
     for mode, cfg, sets in (("script", "tunekit.yaml", script_sets), ("workload", "workload.yaml", args.sets)):
+        if mode not in args.modes:
+            continue
         modes[mode] = _sweep(_EXAMPLE / cfg, out / mode, args.budget_min, sets)
         rows.append(row := {"mode": mode, **{k: v for k, v in modes[mode].items() if k != "rec"}})
         write_csv(out / "sweeps.csv", rows)  # each sweep kept as it ends: a call cut short keeps the first
         print(f"{mode}: {row['wall_s']} s, {row['trials']} trials "
               f"({'complete' if row['complete'] else 'cut by the budget'}), knee {row['knee']} at {row['knee_rate']}",
               flush=True)
-    cut = "" if all(row["complete"] for row in rows) else ", but a sweep was cut by the budget: not a fair ratio"
-    print(f"wall time script / workload: {modes['script']['wall_s'] / modes['workload']['wall_s']:.2f} "
-          f"(target <= 1.5){cut}", flush=True)
-    if args.rounds:
+    walls = {row["mode"]: float(row["wall_s"]) for row in rows}
+    if len(walls) == 2:
+        cut = "" if all(str(row["complete"]) == "True" for row in rows) else \
+            ", but a sweep was cut by the budget: not a fair ratio"
+        print(f"wall time script / workload: {walls['script'] / walls['workload']:.2f} (target <= 1.5){cut}",
+              flush=True)
+    if args.rounds and "script" in modes:
         _reruns(modes["script"]["rec"], args, out)
+
+
+def _earlier_rows(path: Path, keep: set[str]) -> list[dict]:
+    """The rows of an earlier invocation's sweeps.csv for the modes in ``keep`` (not swept this time)."""
+    if not keep or not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return [row for row in csv.DictReader(f) if row["mode"] in keep]
 
 
 def _reruns(rec: dict, args: argparse.Namespace, out: Path) -> None:
@@ -95,8 +113,8 @@ def _reruns(rec: dict, args: argparse.Namespace, out: Path) -> None:
             rate = plain_rate(command, _EXAMPLE, loader, args.skip, args.count, timeout_s=900)
             reruns.append({"round": round_, "run": name, "rate": round(rate, 2), "command": " ".join(command),
                            "set_on_dataloader": json.dumps(loader)})
-            print(f"round {round_}: {name}: {rate:.1f} samples/s")
-    write_csv(out / "reruns.csv", reruns)
+            print(f"round {round_}: {name}: {rate:.1f} samples/s", flush=True)
+            write_csv(out / "reruns.csv", reruns)  # each run kept as it ends
     median = {name: statistics.median(r["rate"] for r in reruns if r["run"] == name) for name in runs}
     print(f"the script under the recommendation: {median['recommended']:.1f} samples/s against "
           f"{median['own settings']:.1f} under its own settings ({median['recommended'] / median['own settings']:.2f}x)"
