@@ -501,3 +501,43 @@ def test_the_baseline_is_owed_once_the_batch_is_final_and_only_by_staged_sweeps(
     assert plan.baseline(cfg, done, strategy="grid", cuda=False) is None
     ran = done + rows_from_measurements([_m(2, "end_to_end", "train", 80, batch_size=16)])
     assert plan.baseline(cfg, ran, strategy="staged", cuda=False) is None
+
+
+def _script_cfg(tmp_path, own_batch=False, **overrides):
+    raw = sleepy_config(**{"search.num_workers": [0, 2, 6, 8], "search.batch_size": [8], "search.compile": ["none"],
+                           "search.prefetch_factor": [2], **overrides})
+    del raw["workload"]
+    command = "python train.py -j {num_workers}" + ("" if own_batch else " -b {batch_size}")
+    raw["script"] = {"command": command, "cwd": str(tmp_path), "own_batch": own_batch}
+    return config.from_dict(raw)
+
+
+def test_a_scripts_own_settings_run_after_the_walks_start_raced_against_its_band(tmp_path):
+    """The script's own settings are one end-to-end trial far below the knee, as a rule: run first, before any band
+    existed, it measured every window (30 of a 190 s sweep on the H200); after the walk's start it races like the
+    PyTorch defaults, which the budget's last trial still gives way to it."""
+    cfg = _script_cfg(tmp_path)
+    rows, choice = _simulate(cfg)
+    order = [(r.stage, r.knobs.num_workers) for r in rows if r.status != "skipped"]
+    first_e2e = next(i for i, (stage, _) in enumerate(order) if stage == "end_to_end")
+    assert order[first_e2e + 1][0] == "baseline", order  # right after the start
+    assert sum(1 for stage, _ in order if stage == "baseline") == 1
+    assert choice.knee is not None and choice.knee.stage != "baseline"
+    before = rows[:next(i for i, r in enumerate(rows) if r.stage == "baseline")]
+    (req,) = plan.next_requests(cfg, before, strategy="staged", cuda=False)
+    assert req.stage == "baseline" and req.knobs.batch_size == 8
+    needed = plan.needed_rate(cfg, before, req)
+    assert needed is not None and needed == _staged.band_target(before, cfg.selection)  # raced
+    # a budget that ends the sweep here runs the script's own settings, then nothing else
+    assert plan.baseline(cfg, before, strategy="staged", cuda=False).stage == "baseline"
+    after = rows[:next(i for i, r in enumerate(rows) if r.stage == "baseline") + 1]
+    assert plan.baseline(cfg, after, strategy="staged", cuda=False).knobs.loader_defaults  # then the defaults
+
+
+def test_a_script_keeping_its_own_batch_runs_its_own_settings_first_unraced(tmp_path):
+    cfg = _script_cfg(tmp_path, own_batch=True)
+    (req,) = plan.next_requests(cfg, [], strategy="staged", cuda=False)
+    assert req.stage == "baseline" and plan.needed_rate(cfg, [], req) is None
+    grid = _script_cfg(tmp_path)
+    (req,) = plan.next_requests(grid, [], strategy="grid", cuda=False)
+    assert req.stage == "baseline"  # a grid measures it first too, in full

@@ -64,8 +64,9 @@ class Stage(_Word):
     def raced(self) -> bool:
         """Whether its trials stop measuring once clearly below the band of the best knee candidate so far: every
         knee stage but ``accumulation``, whose trials are judged among themselves, against the target effective
-        batch."""
-        return self.knee and self is not Stage.accumulation
+        batch; and a script's own baseline, which a staged sweep runs after the start of its end-to-end walk (its
+        gain is a ratio, which a few windows' noise hardly moves, as for the PyTorch defaults)."""
+        return (self.knee and self is not Stage.accumulation) or self is Stage.baseline
 
 
 class Mode(_Word):

@@ -80,9 +80,9 @@ def needed_rate(cfg: Config, rows: list[TrialRow], req: Request) -> float | None
     """The throughput ``req`` must reach to matter, or None: for a knee-stage trial, the band of the best fitting
     knee-stage trial so far; for a loader ceiling, the rate at which it reaches the compute ceiling at its batch
     (all the plan asks of it). A trial whose measurement lies clearly below it need not measure on
-    (``rules.window_stop``); the PyTorch-defaults baseline too, which runs after the start of the end-to-end walk
-    for that reason. None for the compute ceilings, the scaling trial, or while there is nothing to compare
-    with."""
+    (``rules.window_stop``); the baselines too (the PyTorch defaults, a script's own settings), which run after the
+    start of the end-to-end walk for that reason. None for the compute ceilings, the scaling trial, or while there is
+    nothing to compare with."""
     if req.stage == Stage.loader and req.mode == Mode.loader:
         compute = compute_ceiling(rows, req.knobs.batch_size)
         return reach_rate(compute, cfg.selection) if compute is not None else None

@@ -165,9 +165,12 @@ def _defaults(s: _Finished, batch: int) -> Request:
 
 def _end_to_end(s: _Finished) -> list[Request] | None:
     """Workers x pin_memory at the chosen batch, planned from the ceilings: the fewest workers whose loader ceiling
-    reaches the compute ceiling (the most workers when none does); then PyTorch's defaults (every report's
-    baseline, raced against the band the start gave: it is almost always far below it, and a 0-worker trial's
-    windows are the longest of a sweep; the driver runs it even when the budget ends the sweep first); one count
+    reaches the compute ceiling (the most workers when none does); in script mode then the script's own settings
+    (the report's gain is over them; raced against the band the start gave, as the defaults: a script's own settings
+    are usually far below it, and before any band existed that trial measured every window); then PyTorch's
+    defaults (every report's baseline, raced against the band the start gave: it is almost always far below it,
+    and a 0-worker trial's windows are the longest of a sweep; the driver runs these baselines even when the
+    budget ends the sweep first); one count
     above the start to confirm, further up only while that gains beyond the band; then down from the start while
     the counts stay within the band of the best, a count whose loader ceiling cannot reach the band skipped with
     that evidence."""
@@ -178,6 +181,9 @@ def _end_to_end(s: _Finished) -> list[Request] | None:
     first = pending(_at_count(s, batch, start), s.rows)
     if first:
         return [_maybe_skip(first[0], s)]
+    own = _script_baseline(s)
+    if own:
+        return own
     defaults = _defaults(s, batch)
     if pending([defaults], s.rows):
         return [defaults]
@@ -194,13 +200,14 @@ def _end_to_end(s: _Finished) -> list[Request] | None:
 
 
 def baseline_request(cfg: Config, rows: list[TrialRow], cuda: bool) -> Request | None:
-    """The PyTorch-defaults trial when a staged sweep has chosen its batch but not run it yet (None otherwise): the
+    """The baseline trial a staged sweep that has chosen its batch still owes its report (None when none is): in
+    script mode the script's own settings first (the gain the report leads with), then the PyTorch defaults. The
     driver runs it before a budget ends the sweep, so no report lacks its baseline."""
     s = _Finished(cfg, rows, cuda)
     batch = s.batch if _compute(s) == [] else None  # the compute stage over: the batch is final
     if batch is None:
         return None
-    found = pending([_defaults(s, batch)], rows)
+    found = _script_baseline(s) or pending([_defaults(s, batch)], rows)
     return found[0] if found else None
 
 
@@ -499,10 +506,11 @@ def scaling_requests(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Requ
 
 
 def _script_baseline(s: _Finished) -> list[Request]:
-    """Script mode only, first of all: the user's script with its own settings (each placeholder left out with its
-    flag, unless script.baseline gives it; nothing set on its DataLoader): what the report's gain is over. It is
-    one trial whatever its knobs turn out to be (it records what its loader really got), so it is done once any
-    baseline trial is finished."""
+    """Script mode only: the user's script with its own settings (each placeholder left out with its flag, unless
+    script.baseline gives it; nothing set on its DataLoader): what the report's gain is over. A staged sweep runs it
+    after the start of the end-to-end walk (first of all with script.own_batch, whose batch it gives; a grid, first
+    of all). It is one trial whatever its knobs turn out to be (it records what its loader really got), so it is
+    done once any baseline trial is finished."""
     if s.cfg.script is None or s.done(Stage.baseline):
         return []
     return [Request(Stage.baseline, Mode.train, Knobs(batch_size=max(s.search.batch_size), ranks=s.world,
@@ -510,12 +518,13 @@ def _script_baseline(s: _Finished) -> list[Request]:
 
 
 STAGES: tuple[tuple[Stage, StagePlan], ...] = (
-    (Stage.baseline, _script_baseline), (Stage.compute, _compute), (Stage.loader, _loader),
+    (Stage.compute, _compute), (Stage.loader, _loader),
     (Stage.end_to_end, _end_to_end), (Stage.prefetch, _prefetch),
     (Stage.batch, _smaller_batches), (Stage.compile, _compile), (Stage.extra, _extra),
     (Stage.accumulation, _accumulation), (Stage.scaling, _scaling),
 )
-"""Each stage of the staged plan with its planner, in the order they run (the enum's)."""
+"""Each stage of the staged plan with its planner, in the order they run (the enum's; a script's own baseline is
+planned by ``_end_to_end``, after the walk's start, or first of all by ``plan.next_requests`` with own_batch)."""
 
 
 def staged_requests(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
@@ -539,6 +548,7 @@ def estimate_staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> int:
     counts = len([w for w in s.num_workers if w])
     n_loader = 1 + max(0, counts - 1).bit_length()  # the most workers, then a bisection at worst
     n_e2e = 1 + min(3, len(s.num_workers)) * len(pins(cfg, cuda))  # the defaults; the start, one up, one down
+    n_e2e += 1 if cfg.script is not None else 0  # the script's own settings
     total = n_compute + n_loader + n_e2e + (len(s.prefetch_factor) - 1) + (len(s.compile) - 1)
     knobs = extra_knobs(cfg)
     total += (sum(len(k.values) - 1 for k in knobs) + len(s.threads or [])
