@@ -90,20 +90,20 @@ def _run_from_repo(monkeypatch: pytest.MonkeyPatch) -> None:
 def _one_fork_server_across_tests(monkeypatch: pytest.MonkeyPatch):
     """Trials run in this process share one fork server across tests, as a sweep's trials do.
 
-    The launcher keys its fork server on the trials' whole environment (``launcher._server_key``), and pytest sets
+    The launcher keys its fork server on the trials' whole environment (``_forks.server_key``), and pytest sets
     PYTEST_CURRENT_TEST to each test's id: left in, that variable alone would start a fresh server (a fresh
     interpreter importing torch, ~1.5 s on 2 cores) for every test that runs a trial. The trials' environment here is
     the launcher's own, less that one variable. A server a test broke (made it refuse to fork, or killed it) is
     closed after that test, so the next one starts afresh as it would have before."""
-    from tunekit import launcher
+    from tunekit import _forks, launcher
 
     real = launcher.child_env
     monkeypatch.setattr(launcher, "child_env",
                         lambda: {k: v for k, v in real().items() if k != "PYTEST_CURRENT_TEST"})
     yield
-    server = launcher._SERVERS.get("server")
+    server = _forks.SERVERS.get("server")
     if server is not None and (server.broken or server.proc.poll() is not None):
-        launcher._close_servers()
+        _forks.close_servers()
 
 
 LONGEST_FIRST = ("test_script.py", "test_reliability.py", "test_distributed.py", "test_sweep.py", "test_trial.py",

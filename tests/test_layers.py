@@ -12,8 +12,8 @@ from tests.conftest import REPO
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "outcome", "contract", "command"),
-    ("_files", "config"),
-    ("records", "recommended", "workloads", "ending"),
+    ("_files", "config", "_procs"),
+    ("records", "recommended", "workloads", "ending", "_forks"),
     ("rules", "store", "launcher"),
     ("analysis", "env"),
     ("diagnosis", "plan"),

@@ -264,19 +264,19 @@ def test_the_fork_server_starts_trials_that_stay_isolated(tmp_path: Path):
 def test_a_fork_server_started_ahead_serves_the_first_trial(tmp_path: Path):
     """The sweep starts the fork server while it prepares the dataset: the first trial is forked by that same
     server (its imports already paid), not by one started on demand; with trial.fork_server: false none starts."""
-    from tunekit import launcher
+    from tunekit import _forks, launcher
 
-    launcher._close_servers()
+    _forks.close_servers()
     off = sleepy_config(**{"trial.fork_server": False})
     launcher.start_fork_server(config.from_dict(off).to_dict())
-    assert "server" not in launcher._SERVERS
+    assert "server" not in _forks.SERVERS
     cfg = sleepy_config(**{"trial.measure_windows": 2, "trial.window_s": 0.3})
     launcher.start_fork_server(config.from_dict(cfg).to_dict())
-    ahead = launcher._SERVERS["server"].proc
+    ahead = _forks.SERVERS["server"].proc
     assert ahead.poll() is None  # importing torch while nothing asks it for a trial yet
     m = run_trial(_spec(cfg, number=0, batch_size=8), tmp_path / "t", 60)
     assert m.status == "ok" and m.started_by == "fork server"
-    assert launcher._SERVERS["server"].proc is ahead and ahead.poll() is None  # the same server served it
+    assert _forks.SERVERS["server"].proc is ahead and ahead.poll() is None  # the same server served it
 
 
 def test_compute_and_loader_modes(tmp_path: Path):
@@ -433,10 +433,10 @@ def test_a_wait_on_a_forked_trial_whose_exit_message_was_lost_still_ends():
     message: a later wait (kill_tree's, without a timeout) must still end once the trial's process group is gone."""
     import signal
 
-    from tunekit import launcher
+    from tunekit import _forks, launcher
 
     env = launcher.child_env()
-    server = launcher._server(env)
+    server = _forks.server_for(env)
     proc = server.request(["--resolve", json.dumps({})], env, [])
     assert proc is not None
     try:

@@ -6,19 +6,16 @@ writes measurement.rank<r>.json, which stands in for the missing measurement.jso
 
 The worker writes measurement.json itself when it can. What it cannot report — a timeout, a signal, a missing or
 malformed file — the launcher classifies with ``tunekit.ending``. On timeout (or when the caller is interrupted) the
-launcher terminates the trial's whole process group, then kills it, so no DataLoader worker outlives its trial.
-This module never imports torch.
+launcher terminates the trial's whole process group, then kills it (``_procs.kill_tree``), so no DataLoader worker
+outlives its trial. A single-process trial is forked by the fork server when it can be (``_forks``). This module
+never imports torch.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import math
 import os
-import select
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,18 +23,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 import tunekit
-from tunekit import ending
+from tunekit import _forks, ending
 from tunekit._files import write_json_atomic
+from tunekit._procs import TERM_GRACE_S, kill_tree
 from tunekit.contract import Measurement, TrialSpec
 
 __all__ = ["run_trial", "run_task", "resolve_paths", "kill_tree", "worker_command", "script_command",
            "torchrun_command", "release_nodes",
            "child_env", "LOG_KEEP_BYTES", "BOOTSTRAP"]
 
-_TERM_GRACE_S = 5.0
 LOG_KEEP_BYTES = 4 * 2**20
 """worker.log keeps the first and the last this many bytes of a trial's output (a dataset that prints on every
 sample would otherwise fill the disk), with a line saying how much was left out between them."""
@@ -78,7 +73,7 @@ class _CappedLog:
 
     def __exit__(self, *exc: Any) -> None:
         if self._thread is not None:
-            self._thread.join(timeout=_TERM_GRACE_S)
+            self._thread.join(timeout=TERM_GRACE_S)
         if self._pipe is not None:
             self._pipe.close()
         if self._dropped:
@@ -99,11 +94,11 @@ def _start(spec: TrialSpec, spec_path: Path, out_path: Path) -> Any:
     script = spec.config.get("script")
     if script:
         command, script_env = script_command(spec), _script_env(script, trial_env, spec_path, out_path)
-        forked = _fork_script(spec, command, script.get("cwd") or os.getcwd(), script_env)
+        forked = _forks.fork_script(spec, command, script.get("cwd") or os.getcwd(), script_env)
         if forked is not None:
             return forked
         return subprocess.Popen(command, cwd=script.get("cwd") or None, env=script_env, **pipes)
-    forked = _fork_trial(spec, [str(spec_path), str(out_path)], env, trial_env)
+    forked = _forks.fork_trial(spec, [str(spec_path), str(out_path)], env, trial_env)
     if forked is not None:
         return forked
     return subprocess.Popen(worker_command(spec) + [str(spec_path), str(out_path)], env=trial_env, **pipes)
@@ -145,189 +140,11 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
     if spec.config.get("script") and result.status != "ok" and proc.returncode and not timed_out:
         result = ending.script_exit(result, proc.returncode, trial_dir / "worker.log")
     result.returncode, result.launcher_wall_s, result.pid = proc.returncode, wall, proc.pid
-    result.started_by = "fork server" if isinstance(proc, _Forked) else "interpreter"
-    refused = _SERVERS.get("server")
-    if _forkable(spec) and not isinstance(proc, _Forked) and refused is not None and refused.refusal:
-        result.fork_server_refused = refused.refusal  # why this trial paid a fresh interpreter
+    result.started_by = "fork server" if isinstance(proc, _forks.Forked) else "interpreter"
+    if _forks.forkable(spec) and not isinstance(proc, _forks.Forked) and _forks.refusal():
+        result.fork_server_refused = _forks.refusal()  # why this trial paid a fresh interpreter
     write_json_atomic(out_path, result.to_dict())
     return result
-
-
-class _ForkServer:
-    """The launcher's end of ``python -m tunekit.worker --fork-server`` (tunekit/worker/_forkserver.py): one per
-    environment and working folder, started at the first trial that can use it, ended with this process."""
-
-    def __init__(self, env: dict[str, str], cwd: str | None = None):
-        self.key = _server_key(env, cwd)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tunekit.worker", "--fork-server", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True, env=env, cwd=cwd,
-        )
-        theirs.close()
-        self.sock = ours
-        self.broken = False
-        self.refusal = ""  # the server's reason when it refused to fork (an import made forking unsafe)
-
-    def request(self, argv: list[str], env: dict[str, str], preload: list[str],
-                script: dict[str, Any] | None = None) -> _Forked | None:
-        """Fork one trial (the worker on ``argv``, or the user's ``script``, `script_entry`); None when the server
-        cannot (then it is not asked again)."""
-        read_end, write_end = os.pipe()
-        reply: dict[str, Any] | None = None
-        message = {"argv": argv, "env": env, "preload": preload, **({"script": script} if script else {})}
-        try:
-            socket.send_fds(self.sock, [json.dumps(message).encode()], [write_end])
-            while reply is None or "exit" in reply:  # an earlier trial's exit, unread after an interrupt
-                reply = self.receive(timeout=_FORK_REPLY_S)
-                if reply is None:
-                    break
-        except (OSError, TimeoutError):
-            reply = None
-        except BaseException:  # interrupted before the pid came: the server goes, and its child with it
-            os.close(read_end)
-            self.close()
-            raise
-        finally:
-            os.close(write_end)
-        if not reply or "pid" not in reply:
-            self.refusal = str((reply or {}).get("unsafe") or "")
-            os.close(read_end)
-            self.close()
-            return None
-        return _Forked(self, int(reply["pid"]), os.fdopen(read_end, "rb"))
-
-    def receive(self, timeout: float | None) -> dict[str, Any] | None:
-        """The server's next message; None when it closed the socket; TimeoutError when none came in time."""
-        ready, _, _ = select.select([self.sock], [], [], timeout)
-        if not ready:
-            raise TimeoutError
-        data = self.sock.recv(1 << 16)
-        if not data:
-            self.broken = True
-            return None
-        return dict(json.loads(data))
-
-    def close(self) -> None:
-        self.broken = True
-        self.sock.close()
-        try:
-            self.proc.wait(timeout=_TERM_GRACE_S)
-        except subprocess.TimeoutExpired:
-            _signal_group(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-
-class _Forked:
-    """A trial the fork server forked: what run_trial and kill_tree use of ``subprocess.Popen``."""
-
-    def __init__(self, server: _ForkServer, pid: int, stdout: Any):
-        self.server, self.pid, self.stdout = server, pid, stdout
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                self.wait(timeout=0)
-            except subprocess.TimeoutExpired:
-                pass
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        gone_since = None  # when the trial's group was first seen gone with no exit message yet
-        while self.returncode is None:
-            left = _EXIT_POLL_S if deadline is None else min(_EXIT_POLL_S, max(0.0, deadline - time.monotonic()))
-            try:
-                reply = self.server.receive(timeout=left)
-            except TimeoutError:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise subprocess.TimeoutExpired(f"trial {self.pid}", timeout or 0.0) from None
-                if _group_alive(self.pid):
-                    gone_since = None
-                elif gone_since is None:
-                    gone_since = time.monotonic()
-                elif time.monotonic() - gone_since >= _EXIT_POLL_S:
-                    # the server answers as soon as it has reaped the trial: its exit message was read by a wait
-                    # that an interrupt cut short before it kept the code
-                    self.returncode = -signal.SIGKILL
-                continue
-            if reply is None:  # the server died: wait for the trial's own group to go
-                while _group_alive(self.pid):
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise subprocess.TimeoutExpired(f"trial {self.pid}", timeout or 0.0)
-                    time.sleep(0.05)
-                self.returncode = -signal.SIGKILL
-            elif reply.get("exit") == self.pid:
-                self.returncode = int(reply["code"])
-        return self.returncode
-
-
-_EXIT_POLL_S = 1.0
-"""How often a wait on a forked trial looks whether its process group is still there."""
-_FORK_REPLY_S = 120.0
-"""How long the fork server may take to answer a request: its imports of torch and the workload's modules."""
-_SERVERS: dict[str, _ForkServer] = {}
-
-
-def _server_key(env: dict[str, str], cwd: str | None = None) -> tuple[Any, ...]:
-    """What a fork server is started for: the trials' environment and working folder (``cwd``, else this
-    process's)."""
-    return (tuple(sorted(env.items())), os.path.abspath(cwd or os.getcwd()))
-
-
-def _forkable(spec: TrialSpec) -> bool:
-    """A single-process trial with ``trial.fork_server`` on."""
-    return spec.knobs.ranks == 1 and bool((spec.config.get("trial") or {}).get("fork_server", True))
-
-
-def _fork_trial(spec: TrialSpec, argv: list[str], env: dict[str, str], trial_env: dict[str, str]) -> _Forked | None:
-    """The trial forked by this process's fork server (one per environment and working folder, started when first
-    needed); None for a multi-rank trial, with ``trial.fork_server: false``, or once the server for this
-    environment could not fork (a module it imported initialised CUDA, or it died): the caller then starts a fresh
-    interpreter."""
-    if not _forkable(spec):
-        return None
-    server = _server(env)
-    return None if server.broken else server.request(argv, trial_env, _preload(spec.config))
-
-
-_PER_TRIAL = ("TUNEKIT_STARTED_AT", "TUNEKIT_TRIAL_DIR", "TUNEKIT_SCRIPT_SPEC", "TUNEKIT_SCRIPT_MEASUREMENT")
-"""What differs between the trials of one environment: a fork server is started without them."""
-
-
-def _fork_script(spec: TrialSpec, command: list[str], cwd: str, env: dict[str, str]) -> _Forked | None:
-    """A script trial forked by a fork server started in the script's environment (``script.env`` and the
-    bootstrap on ``PYTHONPATH``), which then runs the program as its interpreter would (``runpy``: ``__main__``, its
-    ``sys.argv`` and ``sys.path[0]``) in the script's folder: the interpreter's start and ``import torch`` are paid
-    once per sweep. Only for a single-process trial whose command is ``python SCRIPT …`` or ``python -m MODULE …``
-    run by this very interpreter (``sys.executable``), without interpreter options; None otherwise, or once the
-    server could not fork (the caller then runs the command itself)."""
-    if not _forkable(spec):
-        return None
-    from tunekit.command import script_entry, script_imports
-
-    entry = script_entry(command, cwd, env.get("PATH"), sys.executable)
-    if entry is None:
-        return None
-    # started in the script's folder, as the command would be: the interpreter makes the relative entries of
-    # PYTHONPATH absolute against the folder it starts in, and the server's imports and sys.path are the child's
-    server = _server({k: v for k, v in env.items() if k not in _PER_TRIAL}, cwd)
-    preload = ["tunekit.worker._script", *script_imports(entry)]
-    return None if server.broken else server.request([], env, preload, script=entry)
-
-
-def _server(env: dict[str, str], cwd: str | None = None) -> _ForkServer:
-    """This process's fork server for ``env`` in ``cwd`` (else this process's folder), started when there is none
-    for it yet."""
-    server = _SERVERS.get("server")
-    if server is not None and server.key != _server_key(env, cwd):
-        server.close()
-        server = None
-    if server is None:
-        server = _SERVERS["server"] = _ForkServer(env, cwd)
-    return server
 
 
 def run_task(config: dict[str, Any], argv: list[str], timeout_s: float) -> tuple[int | None, str]:
@@ -338,8 +155,8 @@ def run_task(config: dict[str, Any], argv: list[str], timeout_s: float) -> tuple
     env = child_env()
     proc: Any = None
     if bool((config.get("trial") or {}).get("fork_server", True)) and not config.get("script"):
-        server = _server(env)
-        proc = None if server.broken else server.request(argv, env, _preload(config))
+        server = _forks.server_for(env)
+        proc = None if server.broken else server.request(argv, env, _forks.workload_modules(config))
     if proc is None:
         proc = subprocess.Popen([sys.executable, "-m", "tunekit.worker", *argv], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
@@ -380,23 +197,7 @@ def start_fork_server(config: dict[str, Any]) -> None:
     worker's modules: seconds on a fresh machine) run beside the sweep's dataset preparation rather than inside
     the first trial. Nothing with ``trial.fork_server: false``."""
     if bool((config.get("trial") or {}).get("fork_server", True)) and not config.get("script"):
-        _server(child_env())
-
-
-def _preload(config: dict[str, Any]) -> list[str]:
-    """The modules of the workload's import paths (``module:attr``), for the fork server to import once."""
-    from tunekit.config import IMPORT_PATH_KEYS
-
-    workload = config.get("workload") or {}
-    paths = [workload.get(n) for n in IMPORT_PATH_KEYS]
-    return sorted({p.split(":", 1)[0] for p in paths if isinstance(p, str) and ":" in p})
-
-
-@atexit.register
-def _close_servers() -> None:
-    for server in list(_SERVERS.values()):
-        server.close()
-    _SERVERS.clear()
+        _forks.server_for(child_env())
 
 
 def torchrun_command(launch: dict[str, Any], node_rank: int = 0) -> list[str]:
@@ -506,60 +307,3 @@ def child_env() -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env["TUNEKIT_LAUNCHER_PID"] = str(os.getpid())  # the worker (every rank) dies with the sweep
     return env
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - a reused id we do not own
-        return False
-
-
-def _descendant_groups(pid: int) -> set[int]:
-    """The process groups of every descendant of ``pid`` (torchrun's ranks lead sessions of their own)."""
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return set()
-    groups = set()
-    for child in children:
-        try:
-            groups.add(os.getpgid(child.pid))
-        except OSError:
-            continue
-    return groups
-
-
-def kill_tree(proc: subprocess.Popen[Any]) -> None:
-    """Terminate the trial's process group and the groups of all its descendants, wait a grace period, then kill
-    what is left and reap the leader."""
-    pgid = proc.pid  # start_new_session: the worker (or torchrun) leads its own group
-    groups = {pgid}
-    if proc.poll() is None:
-        groups |= _descendant_groups(proc.pid)
-        for group in groups:  # torchrun forwards SIGTERM to its ranks itself; the loop reaches the rest
-            _signal_group(group, signal.SIGTERM)
-        try:
-            proc.wait(timeout=_TERM_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-    if proc.poll() is None:  # once reaped its pid may belong to another process: only walk a live tree
-        groups |= _descendant_groups(proc.pid)
-    for group in groups:
-        _signal_group(group, signal.SIGKILL)
-    proc.wait()
-    deadline = time.monotonic() + _TERM_GRACE_S
-    while any(_group_alive(g) for g in groups) and time.monotonic() < deadline:
-        for group in groups:
-            _signal_group(group, signal.SIGKILL)
-        time.sleep(0.05)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
