@@ -218,3 +218,22 @@ def test_the_workers_plot_draws_skipped_configs_at_their_bound_and_the_knees_own
     path = tmp_path / "workers.png"
     draw_workers(plot, path)
     assert path.stat().st_size > 10_000
+
+
+def test_drawing_leaves_the_callers_matplotlib_alone(run, tmp_path: Path):
+    """tunekit.sweep in a notebook: the plots are drawn outside pyplot, so the caller's backend stays and their open
+    figures stay open (matplotlib.use switches the backend and closes every pyplot figure)."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    before = matplotlib.get_backend()
+    plt.switch_backend("svg")
+    mine = plt.figure()
+    try:
+        results = plots.render_all(tmp_path, *run, "t", 0.1)
+        assert [r.path for r in results if r.path] and all((tmp_path / r.path.removeprefix("plots/")).stat().st_size
+                                                           for r in results if r.path)
+        assert matplotlib.get_backend() == "svg" and plt.fignum_exists(mine.number)
+    finally:
+        plt.close(mine)
+        plt.switch_backend(before)

@@ -11,24 +11,21 @@ from tunekit.report.plots._data import BatchPlot, CompilePlot, FractionsPlot, St
 
 
 def _figure(title: str) -> tuple[Any, Any]:
-    import matplotlib
+    """A figure of its own, outside pyplot: drawing it neither switches the caller's matplotlib backend nor touches
+    their open figures (``tunekit.sweep`` in a notebook), and PNGs need no display."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    fig = Figure(figsize=(8, 5), dpi=120)
+    ax = fig.subplots()
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     return fig, ax
 
 
 def _save(fig: Any, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
     fig.tight_layout()
     with atomic_path(path) as tmp:  # a killed run never leaves a half-written PNG
-        fig.savefig(tmp, bbox_inches="tight")  # legends placed outside the axes included
-    plt.close(fig)
+        fig.savefig(tmp, format="png", bbox_inches="tight")  # legends placed outside the axes included
 
 
 def draw_workers(plot: WorkersPlot, path: Path) -> None:
