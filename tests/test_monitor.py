@@ -39,6 +39,35 @@ def test_inside_the_windows_pss_is_read_rarely_and_growth_still_counts(monkeypat
         monitor.stop()
 
 
+
+def test_processes_that_come_and_go_inside_the_windows_leave_samples_out_rather_than_read_pss(monkeypatch):
+    """Loader workers without persistent_workers restart at every epoch's end: the tree's processes change between
+    samples. An estimate across that change would count a new process's shared pages whole, and a PSS read at each
+    change would cost the step what the rare reads save; so inside the windows such samples are left out (their RSS
+    and process count still kept) until the next due PSS read."""
+    import subprocess
+    import sys
+
+    reads = []
+    real = _monitor._tree_memory
+    monkeypatch.setattr(_monitor, "_tree_memory", lambda root: reads.append(1) or real(root))
+    monitor = Monitor(None, host_period_s=0.05, pss_period_s=3600).start()
+    children = []
+    try:
+        _until(lambda: len(reads) >= 2)
+        monitor.measuring = True
+        reads_at_start = len(reads)
+        for _ in range(6):  # a child started and ended every few samples: a worker restart each time
+            children.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"]))
+            time.sleep(0.15)
+            children[-1].wait()
+        assert len(reads) - reads_at_start <= 1, len(reads) - reads_at_start  # at most the one due at the start
+        assert monitor.max_processes >= 2  # the samples still counted the processes
+    finally:
+        for child in children:
+            child.kill()
+        monitor.stop()
+
 def test_the_fork_server_counts_only_for_the_process_it_forked(monkeypatch):
     """TUNEKIT_FORKED_FROM names the server in the child it forked; a process the trial starts (a wrapper script's
     own python) inherits the variable but was not forked by it, and counts no server pages."""

@@ -455,8 +455,8 @@ def test_a_wait_on_a_forked_trial_whose_exit_message_was_lost_still_ends():
 def test_loader_workers_forked_after_the_last_pss_read_are_not_counted_whole(tmp_path: Path):
     """Workers fork from the trial's process, sharing its pages: the tree's PSS grows by what they touch, not by
     their RSS. The monitor reads PSS only every 10 s inside the windows and estimates between from the RSS change,
-    so it reads again when the tree's processes changed; estimated across the workers' fork (they start in the
-    short warm-up, after the last read), two workers tripled the figure."""
+    so a sample whose processes changed since the last read is left out; estimated across the workers' fork (they
+    start in the short warm-up, after the last read), two workers tripled the figure."""
     cfg = sleepy_config(**{"trial.window_s": 0.5})
     alone = run_trial(_spec(cfg, number=0, batch_size=8), tmp_path / "alone", 60)
     workers = run_trial(_spec(cfg, number=1, num_workers=2, prefetch_factor=2, batch_size=8), tmp_path / "two", 60)

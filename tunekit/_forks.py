@@ -24,8 +24,7 @@ __all__ = ["ForkServer", "Forked", "forkable", "fork_trial", "fork_script", "ser
 
 
 class ForkServer:
-    """The launcher's end of ``python -m tunekit.worker --fork-server`` (tunekit/worker/_forkserver.py): one per
-    environment and working folder, started at the first trial that can use it, ended with this process."""
+    """One fork server process and the socket to it (its key: the environment and folder it was started for)."""
 
     def __init__(self, env: dict[str, str], cwd: str | None = None):
         self.key = server_key(env, cwd)

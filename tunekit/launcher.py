@@ -141,8 +141,9 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
         result = ending.script_exit(result, proc.returncode, trial_dir / "worker.log")
     result.returncode, result.launcher_wall_s, result.pid = proc.returncode, wall, proc.pid
     result.started_by = "fork server" if isinstance(proc, _forks.Forked) else "interpreter"
-    if _forks.forkable(spec) and not isinstance(proc, _forks.Forked) and _forks.refusal():
-        result.fork_server_refused = _forks.refusal()  # why this trial paid a fresh interpreter
+    refused = _forks.refusal() if _forks.forkable(spec) and not isinstance(proc, _forks.Forked) else ""
+    if refused:
+        result.fork_server_refused = refused  # why this trial paid a fresh interpreter
     write_json_atomic(out_path, result.to_dict())
     return result
 

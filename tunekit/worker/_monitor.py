@@ -144,16 +144,19 @@ class Monitor:
                 self._sample_nvml()
             self._stop.wait(self._nvml_period_s)
 
-    def _memory(self, root: psutil.Process, which: str, pss: bool) -> tuple[int, int, int]:
+    def _memory(self, root: psutil.Process, which: str, pss: bool) -> tuple[int | None, int, int]:
         """(pss, rss, processes) of the tree under ``root``: PSS read, or estimated as the last PSS read plus the
-        change in the RSS sum since (pages that became resident since are the process's own, until it forks). So
-        PSS is read again whenever the tree's processes changed since the last read: a forked loader worker's RSS
+        change in the RSS sum since (pages that became resident since are the process's own, until it forks). The
+        estimate holds only while the tree's processes are those of the last read: a forked loader worker's RSS
         counts every page it shares with its parent, which PSS splits between them (estimated, two workers forked
-        after the last read made a rank's figure twice its PSS)."""
+        after the last read made a rank's figure twice its PSS). Once they changed, pss is None until the next read:
+        the sample is left out, rather than PSS read at every worker restart (each epoch's, without persistent
+        workers), which would cost the step what ``pss_period_s`` saves."""
         rss_before, pids = _tree_rss(root)
         last = self._last_read.get(which)
-        if not pss and last is not None and last[2] == pids:
-            return max(0, last[0] + rss_before - last[1]), rss_before, len(pids)
+        if not pss and last is not None:
+            estimate = max(0, last[0] + rss_before - last[1]) if last[2] == pids else None
+            return estimate, rss_before, len(pids)
         # the RSS before the read is kept: pages that become resident while smaps_rollup is walked count once more
         # in the estimates after it, rather than not at all
         value, rss, n = _tree_memory(root)
@@ -163,14 +166,15 @@ class Monitor:
 
     def _sample_host(self, read_pss: bool = True) -> None:
         pss, rss, n = self._memory(self._root, "tree", read_pss)
-        self.host_pss_peak = max(self.host_pss_peak, pss)
         self.host_rss_peak = max(self.host_rss_peak, rss)
         self.max_processes = max(self.max_processes, n)
-        if self.measuring:
-            self.host_pss_peak_measured = max(self.host_pss_peak_measured, pss)
+        if pss is not None:
+            self.host_pss_peak = max(self.host_pss_peak, pss)
+            if self.measuring:
+                self.host_pss_peak_measured = max(self.host_pss_peak_measured, pss)
         if self._node is not None:
-            pss, _, n = self._memory(self._node, "node", read_pss)
-            self.node_pss_peak = max(self.node_pss_peak, pss)
+            node_pss, _, n = self._memory(self._node, "node", read_pss)
+            self.node_pss_peak = max(self.node_pss_peak, node_pss or 0)
             self.node_processes = max(self.node_processes, n)
 
     def _sample_nvml(self) -> None:
