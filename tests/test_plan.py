@@ -322,6 +322,21 @@ def test_walking_down_stops_once_a_count_falls_out_of_the_band():
     assert req.skip and "3 workers (trial 13, 300.0 samples/s) already fell out of the band" in req.skip
 
 
+def test_a_count_above_the_start_that_falls_out_of_the_band_says_nothing_of_the_counts_below_it():
+    """6 workers start the walk within the band; 8, the count above that confirms the plateau, falls out of it (noise
+    or oversubscription). 2 workers, below the start, are judged by their own loader ceiling, not by 8's rate."""
+    cfg = _cfg(**{"search.batch_size": [8], "search.pin_memory": [False], "search.compile": ["none"],
+                  "search.prefetch_factor": [2]})
+    ms = [_m(0, "compute", "compute", 400)]
+    ms += [_m(i + 1, "loader", "loader", rate, num_workers=w) for i, (w, rate) in
+           enumerate([(0, 100), (2, 200), (6, 600), (8, 800)])]
+    ms += [_m(10, "end_to_end", "train", 400, num_workers=6), _m(11, "end_to_end", "train", 80),
+           _m(12, "end_to_end", "train", 300, num_workers=8)]
+    (req,) = plan.next_requests(cfg, rows_from_measurements(ms), strategy="staged", cuda=False)
+    assert (req.knobs.num_workers, req.stage) == (2, "end_to_end")
+    assert req.skip and "the loader alone gives 200.0 samples/s at 2 workers" in req.skip
+
+
 def test_loader_ceilings_are_measured_only_where_they_decide_the_start():
     """A CPU-bound loader (the showcase's shape): the most workers' ceiling stays below the compute ceiling, so the
     walk starts there and no other loader count is measured; each is skipped with that evidence. Once 16 workers

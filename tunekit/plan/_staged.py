@@ -193,9 +193,11 @@ def _end_to_end(s: _Finished) -> list[Request] | None:
         left = pending(_at_count(s, batch, w), s.rows)
         if left:
             return [_walked(left[0], s, skips)]
-        # a count measured in full: fewer workers with a pin setting that fell out of the band are skipped too;
-        # the first reason found for a request stands
-        skips = {**_below_band(s, batch, w, [c for c in below if c < w]), **skips}
+        # walking down, a count measured in full: fewer workers with a pin setting that fell out of the band are
+        # skipped too (the first reason found for a request stands). A count above the start says nothing of those
+        # below it: the start, within the band, lies between them.
+        if w <= start:
+            skips = {**_below_band(s, batch, w, [c for c in below if c < w]), **skips}
     return []
 
 
