@@ -35,6 +35,9 @@ def test_classification_of_real_error_texts(text: str, status: str):
 
 def test_reasons_name_the_cause():
     assert "pid 4242" in classify_error(CASES[7][0])[1]
+    for killed in CASES[7:9]:  # torch's two wordings of one SIGKILL: both a worker's death, both naming memory
+        reason = classify_error(killed[0])[1]
+        assert reason.startswith("a DataLoader worker died: ") and "4242" in reason and "OOM killer" in reason
     assert "DataLoader worker 1" in classify_error(CASES[9][0])[1]
     assert "sample 3 is corrupt" in classify_error(CASES[9][0])[1]
     assert classify_error(CASES[10][0])[1] == "KeyError: 'label'"

@@ -322,7 +322,9 @@ def test_dying_loader_worker_is_crashed_with_reason(tmp_path: Path):
     cfg = sleepy_config(**{"workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "kill_at": 5}})
     m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4), tmp_path / "t", 60)
     assert m.status == "crashed"
-    assert "DataLoader worker" in m.reason and "killed by signal" in m.reason
+    # torch names the signal or only the pids, by which of its checks saw the death first: the kill is named both ways
+    assert m.reason.startswith("a DataLoader worker died: "), m.reason
+    assert "killed by signal: Killed" in m.reason or "killed from outside" in m.reason, m.reason
 
 
 def test_exception_in_dataset_is_crashed_with_its_message(tmp_path: Path):

@@ -26,7 +26,10 @@ _NODES_MISSING = re.compile(r"Timed out after (\d+) seconds waiting for clients\
 _NO_SHM = re.compile(r"[^\n]*(?:insufficient shared memory|unable to write to file </torch_[^\n]*No space left|"
                      r"unable to allocate shared memory)[^\n]*", re.I)
 
-_LOADER_DIED = re.compile(r"DataLoader worker \(pids?\s*\(?[\d, ]+\)?\) (?:is killed by signal: [\w ]+|"
+# torch says it two ways, by which of its checks saw the death first: its SIGCHLD handler names the signal
+# ("(pid 4242) is killed by signal: Killed."), a failed queue read only the pids ("(pid(s) 4242, 4243) exited
+# unexpectedly"); either can come first for the same SIGKILL
+_LOADER_DIED = re.compile(r"DataLoader worker \(pid(?:\(s\))?\s*[\d, ]+\) (?:is killed by signal: [\w ]+|"
                           r"exited unexpectedly[^\n]*)", re.I)
 
 
@@ -60,6 +63,10 @@ def classify_error(text: str) -> tuple[str, str]:
         if re.search(r"killed by signal: Killed", died, re.I):  # SIGKILL from outside: memory, most likely
             return "crashed", (f"a DataLoader worker died: {died} (a SIGKILL no one sent by hand is the kernel's "
                                "OOM killer: host memory ran out; fewer workers, a smaller prefetch_factor or batch)")
+        if "exited unexpectedly" in died:  # the signal unsaid: a kill from outside, the OOM killer's most often
+            return "crashed", (f"a DataLoader worker died: {died} (killed from outside, most likely; unless someone "
+                               "did it by hand, the kernel's OOM killer: host memory ran out; fewer workers, a "
+                               "smaller prefetch_factor or batch)")
         return "crashed", f"a DataLoader worker died: {died}"
     caught = re.search(r"Caught (\w+) in DataLoader worker process (\d+)", text)
     if caught:
