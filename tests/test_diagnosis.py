@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -393,6 +391,8 @@ def test_storage_and_cpu_bound_loaders_get_their_verdict_and_fix_in_every_output
     import pandas as pd
     import yaml
 
+    import tunekit
+
     workers = [config.cpu_count(), 2 * config.cpu_count()]
     cases = {"data-starved": ({"sample_wait_s": 0.02}, "faster storage"),
              "cpu-preprocessing": ({"sample_wait_s": 0.0, "sample_cpu_s": 0.02}, "on the GPU")}
@@ -401,9 +401,8 @@ def test_storage_and_cpu_bound_loaders_get_their_verdict_and_fix_in_every_output
             "workload.dataset_args": dataset_args, "workload.model_args": {"step_wait_s": 0.001},
             "search.num_workers": workers, "strategy": "grid", "trial.window_s": 0.5}), name=f"{expected}.yaml")
         out = tmp_path / expected
-        run = subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(out), "--quiet"],
-                             capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr
+        run = tunekit.sweep(cfg, out=out)
+        assert run.recommendation is not None, run.reason
         trials = pd.read_csv(out / "trials.csv")
         assert set(trials["verdict"]) == {expected}, trials[["num_workers", "verdict", "verdict_evidence"]]
         rec = yaml.safe_load((out / "recommended.yaml").read_text())

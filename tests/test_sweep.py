@@ -1,4 +1,6 @@
 """End-to-end sweeps on the CPU with a workload whose knee is known: real subprocess trials, a real optuna study.
+The sweeps run through ``tunekit.sweep`` in this process (its trials forked by the fork server the tests share);
+the command line's own promises (exit codes, what it prints, signals) are tested through ``tunekit sweep``.
 
 sleepy_dataset costs 10 ms per sample and sleepy_model 20 ms per step of 8 samples, so end to end the loader gives
 W x 100 samples/s and the model caps it at 400: 0 workers 80/s, 2 -> 200/s, 6 -> 400/s, 8 -> 400/s.
@@ -25,7 +27,7 @@ import tunekit
 from tests.conftest import sleepy_config, study_trials, trial_number
 from tunekit import rules
 
-pytestmark = pytest.mark.slow  # whole sweeps in subprocesses, tens of seconds each
+pytestmark = pytest.mark.slow  # whole sweeps, tens of seconds each
 
 PLATEAU = (6, 8)
 """The analytic plateau of _knee_config: 8 samples per 20 ms step cap it at 400/s; W workers at 10 ms per sample
@@ -64,6 +66,11 @@ def _sweep(config: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[
                           capture_output=True, text=True, timeout=600)
 
 
+def _swept(config: Path, out: Path, **kwargs):
+    """The sweep of ``config`` into ``out`` through the Python API, in this process."""
+    return tunekit.sweep(config, out=out, **kwargs)
+
+
 @pytest.fixture(scope="module")
 def knee_grid(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One grid sweep of the known-answer workload for the module: the grid half of the knee test reads it, the
@@ -71,8 +78,7 @@ def knee_grid(tmp_path_factory: pytest.TempPathFactory) -> dict:
     base = tmp_path_factory.mktemp("grid")
     config = base / "cfg.yaml"
     config.write_text(yaml.safe_dump(_knee_config(**{"cost.per_hour": 3.6}), sort_keys=False))
-    result = _sweep(config, base / "run", "--strategy", "grid")
-    assert result.returncode == 0, result.stderr
+    assert _swept(config, base / "run", strategy="grid").recommendation is not None
     return {"config": config, "out": base / "run"}
 
 
@@ -80,8 +86,8 @@ def knee_grid(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path, knee_grid: dict):
     config = write_config(_knee_config(**{"cost.per_hour": 3.6}))
     assert config.read_text() == knee_grid["config"].read_text()  # the grid below swept this same config
-    staged = _sweep(config, tmp_path / "staged")
-    assert staged.returncode == 0, staged.stderr
+    staged = _swept(config, tmp_path / "staged")
+    assert staged.recommendation is not None, staged.reason
     rec = tunekit.load_recommended(tmp_path / "staged" / "recommended.yaml")
     trials = pd.read_csv(tmp_path / "staged" / "trials.csv")
     _check_knee(rec, trials)
@@ -159,7 +165,7 @@ def test_rerun_resumes_without_repeating_and_report_rebuilds_from_the_study(writ
     assert missing.returncode == 2 and "no study.db here" in missing.stderr
 
 
-def test_resume_after_sigkill_mid_trial(write_config, tmp_path: Path):
+def test_resume_after_sigkill_mid_trial(write_config, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     # two 0.5-s windows and the warm-up keep trial 1 running for well over a second after its pid file appears
     config = write_config(_knee_config(**{"search.num_workers": [0, 2, 6], "trial.window_s": 0.5}))
     out = tmp_path / "run"
@@ -175,9 +181,9 @@ def test_resume_after_sigkill_mid_trial(write_config, tmp_path: Path):
     finished_before = {trial_number(t): t.value for t in study_trials(out) if t.state.is_finished()}
     assert list(finished_before) == [0]
 
-    resumed = _sweep(config, out, "--strategy", "grid")
-    assert resumed.returncode == 0, resumed.stderr
-    assert "were running when the last sweep stopped" in resumed.stderr
+    resumed = _swept(config, out, strategy="grid", quiet=False)
+    assert resumed.recommendation is not None, resumed.reason
+    assert "were running when the last sweep stopped" in capsys.readouterr().err
     with pytest.raises(ProcessLookupError):
         os.killpg(orphan, 0)  # the dead sweep's trial was killed, not left to compete
     trials = study_trials(out)
@@ -190,8 +196,8 @@ def test_resume_after_sigkill_mid_trial(write_config, tmp_path: Path):
 
 def test_budget_max_trials_is_honoured(write_config, tmp_path: Path):
     config = write_config(_knee_config(**{"budget.max_trials": 3}))
-    result = _sweep(config, tmp_path / "run")
-    assert result.returncode == 1  # three trials reach no end-to-end comparison: no recommendation, said why
+    result = _swept(config, tmp_path / "run")
+    assert result.recommendation is None  # three trials reach no end-to-end comparison: no recommendation, said why
     assert len(study_trials(tmp_path / "run")) == 3
     trials = pd.read_csv(tmp_path / "run" / "trials.csv")
     assert len(trials) == 3
@@ -199,7 +205,7 @@ def test_budget_max_trials_is_honoured(write_config, tmp_path: Path):
     assert list(trials["stage"]) == ["compute", "loader", "end_to_end"]
     assert (trials.iloc[-1]["num_workers"], trials.iloc[-1]["pin_memory"]) == (0, False)
     assert not (tmp_path / "run" / "recommended.yaml").exists()
-    assert "No recommendation" in result.stdout
+    assert result.reason.startswith("No recommendation")
     meta = json.loads((tmp_path / "run" / "sweep.json").read_text())
     assert "max_trials = 3" in meta["stop_reason"]
 
@@ -213,8 +219,8 @@ def test_a_data_bound_knee_moves_to_a_smaller_batch_end_to_end(write_config, tmp
                                           "workload.dataset_args": {"sample_wait_s": 0.005},
                                           "search.num_workers": [2], "search.batch_size": [8, 16, 32],
                                           "search.pin_memory": [False]}))
-    run = _sweep(config, tmp_path / "run")
-    assert run.returncode == 0, run.stderr
+    run = _swept(config, tmp_path / "run")
+    assert run.recommendation is not None, run.reason
     trials = pd.read_csv(tmp_path / "run" / "trials.csv")
     assert list(trials["stage"].unique()) == ["compute", "loader", "end_to_end", "batch"]
     batch = trials[trials["stage"] == "batch"]
@@ -246,8 +252,8 @@ def test_user_knobs_the_cheaper_data_setting_is_chosen_and_a_result_changing_one
         "search.extra": {"workload.dataset_args.sample_wait_s": {"values": [0.01, 0.002], "changes_result": False},
                          "workload.dataset_args.num_classes": {"values": [10, 5], "changes_result": True}},
     }))
-    done = _sweep(config, tmp_path / "run")
-    assert done.returncode == 0, done.stderr
+    done = _swept(config, tmp_path / "run")
+    assert done.recommendation is not None, done.reason
     rec = tunekit.load_recommended(tmp_path / "run" / "recommended.yaml")
     assert rec.config == {"workload.dataset_args.sample_wait_s": 0.002}  # the cheaper per-sample cost
     trials = pd.read_csv(tmp_path / "run" / "trials.csv")

@@ -80,13 +80,11 @@ def test_a_loader_worker_killed_by_the_kernel_names_memory():
 
 
 def _tiny_run(write_config, out: Path) -> None:
-    import subprocess
-    import sys
+    import tunekit
 
     cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid"}))
-    done = subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(out), "--quiet"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    done = tunekit.sweep(cfg, out=out)
+    assert done.recommendation is not None, done.reason
 
 
 def test_report_refuses_a_symlink_among_the_outputs_and_writes_nothing_outside(write_config, tmp_path: Path):
@@ -196,18 +194,18 @@ def test_validate_reports_import_problems_beside_the_other_errors(write_config):
     assert any("trial.max_windows" in line for line in lines) and any("no_such_model" in line for line in lines)
 
 
-def test_an_iterable_dataset_sweep_prints_no_false_failure(write_config, tmp_path: Path):
-    import subprocess
-    import sys
+def test_an_iterable_dataset_sweep_prints_no_false_failure(write_config, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]):
+    import tunekit
 
     cfg = write_config(sleepy_config(**{"workload.dataset": "tests._workloads:sharded_stream",
                                         "workload.dataset_args": {}, "search.num_workers": [0],
                                         "search.batch_size": [4, 8], "strategy": "grid",
                                         "trial.window_s": 0.3}))
-    run = subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(tmp_path / "run")],
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert "building the dataset failed" not in run.stderr and "dataset ready: an IterableDataset" in run.stderr
+    run = tunekit.sweep(cfg, out=tmp_path / "run", quiet=False)  # what `tunekit sweep` prints, in this process
+    said = capsys.readouterr().err
+    assert run.recommendation is not None, said
+    assert "building the dataset failed" not in said and "dataset ready: an IterableDataset" in said
 
 
 def test_an_import_path_that_does_not_resolve_says_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
