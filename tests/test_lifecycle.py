@@ -27,7 +27,7 @@ import yaml
 
 import tunekit
 from tests.conftest import REPO, sleepy_config, study_trials
-from tunekit.errors import ConfigError
+from tunekit.errors import ConfigError, UsageError
 
 EXIT_INTERRUPTED = 130  # cli.main: a KeyboardInterrupt (Ctrl-C, or SIGTERM/SIGHUP via the driver) exits 130
 
@@ -408,18 +408,17 @@ def test_load_recommended_without_a_dataloader_names_the_key(tmp_path: Path):
 
 @pytest.mark.slow
 def test_resume_with_a_different_strategy_is_refused(budget_run: dict, tmp_path: Path):
-    """Staged and grid trials must not mix in one study: the staged command rerun with --strategy grid on the same
-    --out is refused (exit 2, one line naming --no-resume) and the study is left as it was."""
+    """Staged and grid trials must not mix in one study: the staged run resumed as a grid in the same folder is
+    refused (exit 2, one line naming --no-resume) and the study is left as it was."""
     out = tmp_path / "run"
     shutil.copytree(budget_run["out"], out)  # a copy of test 1's staged run, so that test keeps its own
     before = [(t.number, t.state, t.user_attrs.get("stage")) for t in study_trials(out)]
     assert before and {stage for _, _, stage in before} <= {"compute", "loader", "end_to_end"}
 
-    args = [a if a != "staged" else "grid" for a in budget_run["args"]]
-    assert args != list(budget_run["args"])
-    grid = _tunekit("sweep", str(budget_run["config"]), "--out", str(out), *args)
-    lines = grid.stderr.strip().splitlines()
-    assert grid.returncode == 2, grid.stderr
-    assert len(lines) == 1 and "--no-resume" in lines[0], grid.stderr
+    assert budget_run["args"] == ("--strategy", "staged", "--budget-min", "0.05")
+    with pytest.raises(UsageError) as refused:  # `tunekit sweep` prints it as its one line and exits 2
+        tunekit.sweep(budget_run["config"], out=out, strategy="grid", budget_min=0.05)
+    assert refused.value.exit_code == 2 and "\n" not in str(refused.value)
+    assert "--no-resume" in str(refused.value)
     assert [(t.number, t.state, t.user_attrs.get("stage")) for t in study_trials(out)] == before
     assert json.loads((out / "sweep.json").read_text())["strategy"] == "staged"

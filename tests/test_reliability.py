@@ -24,7 +24,7 @@ import yaml
 from tests.conftest import sleepy_config, study_trials
 from tunekit import config, launcher, store
 from tunekit.contract import Knobs, TrialSpec
-from tunekit.errors import ConfigError, StorageError, UsageError
+from tunekit.errors import ConfigError, StorageError, TunekitError, UsageError
 from tunekit.launcher import run_trial
 from tunekit.outcome import classify_error
 
@@ -114,10 +114,21 @@ def test_a_failure_message_in_brackets_is_printed_as_text_and_the_sweep_goes_on(
     assert "[/data/img1.jpg]" in trials.iloc[1]["reason"]
 
 
-def _tiny_sweep(write_config, out: Path, **overrides) -> subprocess.CompletedProcess[str]:
+def _tiny_sweep(write_config, out: Path, **overrides):
+    """A tiny grid sweep into ``out`` through the Python API, in this process: a refusal or a storage failure is
+    the TunekitError that ``tunekit sweep`` prints as its one line and exits with (tunekit.cli.main, tested by
+    test_config's command-line tests and by the command lines run here)."""
+    import tunekit
+
     cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid",
                                         **overrides}))
-    return _cli("sweep", str(cfg), "--out", str(out), "--quiet")
+    return tunekit.sweep(cfg, out=out)
+
+
+def _one_line(err: pytest.ExceptionInfo[TunekitError], exit_code: int) -> str:
+    """The refusal's text, checked to be the one line the command line prints, with its exit code."""
+    assert err.value.exit_code == exit_code and "\n" not in str(err.value), (err.value.exit_code, str(err.value))
+    return str(err.value)
 
 
 @pytest.fixture(scope="module")
@@ -153,32 +164,45 @@ def test_trials_the_study_does_not_know_are_never_overwritten(write_config, fini
     out = finished
     kept = {p.name: (p / "measurement.json").read_bytes() for p in (out / "trials").iterdir()}
     (out / "study.db").write_bytes(b"")  # lost: an empty file beside the trials
-    for cmd in (lambda: _tiny_sweep(write_config, out), lambda: _cli("report", str(out))):
-        refused = cmd()
-        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
-    assert (out / "study.db").stat().st_size == 0  # report wrote no schema into it
+    with pytest.raises(TunekitError) as err:
+        _tiny_sweep(write_config, out)
+    _one_line(err, 2)
+    refused = _cli("report", str(out))
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert (out / "study.db").stat().st_size == 0  # neither wrote a schema into it
     assert {p.name: (p / "measurement.json").read_bytes() for p in (out / "trials").iterdir()} == kept
     (out / "study.db").unlink()
-    assert "--no-resume" in _tiny_sweep(write_config, out).stderr  # missing: the same refusal
+    with pytest.raises(TunekitError) as err:  # missing: the same refusal
+        _tiny_sweep(write_config, out)
+    assert "--no-resume" in _one_line(err, 2)
 
 
 def test_a_trial_into_a_sweeps_folder_is_refused_and_unknown_folders_block_a_resume(write_config, finished: Path):
     out = finished
     cfg = write_config(sleepy_config(), name="one.yaml")
-    refused = _cli("trial", str(cfg), "--out", str(out))
-    assert refused.returncode == 2 and "another --out" in refused.stderr
+    import tunekit
+
+    with pytest.raises(TunekitError) as err:
+        tunekit.trial(cfg, out=out)
+    assert "another --out" in _one_line(err, 2)
     (out / "trials" / "99").mkdir()  # written by something else
-    resumed = _tiny_sweep(write_config, out)
-    assert resumed.returncode == 2 and "trials/99" in resumed.stderr and "--no-resume" in resumed.stderr
+    with pytest.raises(TunekitError) as err:
+        _tiny_sweep(write_config, out)
+    said = _one_line(err, 2)
+    assert "trials/99" in said and "--no-resume" in said
 
 
 def test_a_corrupt_study_is_one_line_naming_the_file_and_cause(write_config, finished: Path):
     out = finished
     (out / "study.db").write_bytes(b"this is not a database " * 100)
-    for result in (_tiny_sweep(write_config, out), _cli("report", str(out))):
-        lines = result.stderr.strip().splitlines()
-        assert result.returncode == 1 and len(lines) == 1, result.stderr
-        assert "study.db" in lines[0] and "not a database" in lines[0]
+    with pytest.raises(TunekitError) as err:
+        _tiny_sweep(write_config, out)
+    said = _one_line(err, 1)
+    assert "study.db" in said and "not a database" in said
+    result = _cli("report", str(out))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert "study.db" in lines[0] and "not a database" in lines[0]
 
 
 def test_storage_failures_name_the_database_cause(tmp_path: Path):
@@ -317,12 +341,12 @@ def test_a_read_only_study_is_one_line_naming_the_file(write_config, finished: P
     if subprocess.run(lock, capture_output=True).returncode != 0:
         pytest.skip("this file system cannot make a file read-only for root")
     try:
-        resumed = _tiny_sweep(write_config, out)  # resuming a finished sweep still records its knee
+        with pytest.raises(TunekitError) as err:
+            _tiny_sweep(write_config, out)  # resuming a finished sweep still records its knee
     finally:
         subprocess.run(unlock, check=True)
-    lines = resumed.stderr.strip().splitlines()
-    assert resumed.returncode == 1 and "study.db" in lines[-1] and "readonly" in lines[-1], resumed.stderr
-    assert lines[-1].startswith("tunekit: error:")
+    said = _one_line(err, 1)
+    assert "study.db" in said and "readonly" in said, said
 
 
 def test_a_read_only_run_folder_is_one_line_naming_the_file(write_config, finished: Path):
@@ -337,12 +361,12 @@ def test_a_read_only_run_folder_is_one_line_naming_the_file(write_config, finish
     if subprocess.run(lock, capture_output=True).returncode != 0:
         pytest.skip("this file system cannot make a folder read-only for root")
     try:
-        resumed = _tiny_sweep(write_config, out)
+        with pytest.raises(TunekitError) as err:
+            _tiny_sweep(write_config, out)
     finally:
         subprocess.run(unlock, check=True)
-    lines = resumed.stderr.strip().splitlines()
-    assert resumed.returncode == 1 and len(lines) == 1, resumed.stderr
-    assert lines[0].startswith(f"tunekit: error: {out}/") and "cannot write" in lines[0], lines[0]
+    said = _one_line(err, 1)
+    assert said.startswith(f"{out}/") and "cannot write" in said, said
     assert [(t.number, t.value) for t in study_trials(out)] == before
     assert {p.name: (p / "measurement.json").read_bytes() for p in (out / "trials").iterdir()} == kept
 
@@ -384,20 +408,23 @@ def _finished(out: Path) -> list:
     return [t for t in study_trials(out) if t.state.is_finished() and "measurement" in t.user_attrs]
 
 
-def test_sweep_json_records_each_invocation_and_a_fresh_start_forgets_the_old_ones(write_config, finished: Path):
+def test_sweep_json_records_each_invocation_and_a_fresh_start_forgets_the_old_ones(write_config, finished: Path,
+                                                                                   capsys: pytest.CaptureFixture):
     """A finished sweep rerun resumes (nothing left to run): its record gains a second invocation with the same
     trials, and it prepared neither the dataset nor the fork server; --no-resume starts the folder afresh, and its
     record holds that one invocation alone."""
     out = finished
     first = json.loads((out / "sweep.json").read_text())["invocations"]
     assert len(first) == 1 and first[0]["trials"] == 2 and first[0]["wall_s"] > 0 and first[0]["dataset_s"] > 0
+    import tunekit
+
     cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid"}))
-    rerun = _cli("sweep", str(cfg), "--out", str(out))  # not quiet: what it prepares would be said
-    assert rerun.returncode == 0, rerun.stderr
-    assert "finished trial(s)" in rerun.stderr and "dataset ready" not in rerun.stderr
+    tunekit.sweep(cfg, out=out, quiet=False)  # not quiet: what it prepares would be said
+    said = capsys.readouterr().err
+    assert "finished trial(s)" in said and "dataset ready" not in said, said
     again = json.loads((out / "sweep.json").read_text())["invocations"]
     # dataset_s stays 0.0 unless the one step that starts the fork server and prepares the dataset ran
     assert again[0] == first[0] and len(again) == 2 and again[1]["trials"] == 2 and again[1]["dataset_s"] == 0.0
-    assert _cli("sweep", str(cfg), "--out", str(out), "--quiet", "--no-resume").returncode == 0
+    assert tunekit.sweep(cfg, out=out, resume=False).recommendation is not None
     fresh = json.loads((out / "sweep.json").read_text())["invocations"]
     assert len(fresh) == 1 and fresh[0]["trials"] == 2

@@ -24,7 +24,7 @@ QUICK = {"window_s": 0.5, "measure_windows": 2, "precision": None, "warmup_steps
 
 # a plain training loop over the known-answer workload: 5 ms of wall time per sample, 20 ms per step
 SLEEPY_SCRIPT = """
-import argparse, torch
+import argparse, os, torch
 from torch.utils.data import DataLoader
 from tunekit.workloads.synthetic import sleepy_dataset, sleepy_model
 
@@ -47,12 +47,16 @@ for epoch in range(args.epochs):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    torch.save(model.state_dict(), f"epoch{epoch}.pt")
+    torch.save(model.state_dict(), os.path.join(os.path.dirname(__file__), f"epoch{epoch}.pt"))
 """
 
 
-def _script_config(tmp_path: Path, command: list[str], **search: Any) -> dict[str, Any]:
-    return {"name": "script", "device": "cpu", "script": {"command": command, "cwd": str(tmp_path)},
+def _script_config(tmp_path: Path, command: list[str], *, cwd: Path | None = None, **search: Any) -> dict[str, Any]:
+    """A config that runs ``command`` in ``cwd``; by default in the folder of every test's ``tmp_path`` (this test
+    process's): a script trial's fork server is started for the script's working folder, so the trials of tests
+    that do not need a folder of their own share one, as a sweep's trials do. Each test's script, and what it
+    writes beside itself, stays in its own ``tmp_path``."""
+    return {"name": "script", "device": "cpu", "script": {"command": command, "cwd": str(cwd or tmp_path.parent)},
             "search": {"num_workers": [0, 2], "batch_size": [8], "pin_memory": [False], **search},
             "trial": dict(QUICK)}
 
@@ -90,11 +94,12 @@ def test_script_mode_and_workload_mode_agree_on_the_knee_of_a_known_answer_job(t
     search = {"num_workers": [1, 3], "batch_size": [8], "pin_memory": [False], "prefetch_factor": [2]}
     raw = _script_config(tmp_path, [sys.executable, str(sleepy_script), "-j", "{num_workers}", "-b", "{batch_size}"],
                          **search)
-    script = tunekit.sweep(raw, out=tmp_path / "script", strategy="grid")
+    # the factories first: the script trials of the tests after this one then find the fork server of theirs
     factory = tunekit.sweep({"name": "f", "device": "cpu", "workload": {
         "model": "tunekit.workloads.synthetic:sleepy_model", "model_args": {"step_wait_s": 0.02},
         "dataset": "tunekit.workloads.synthetic:sleepy_dataset", "dataset_args": {"sample_wait_s": 0.005}},
         "search": search, "trial": dict(QUICK)}, out=tmp_path / "factory", strategy="grid")
+    script = tunekit.sweep(raw, out=tmp_path / "script", strategy="grid")
     knees = {}
     for mode, outcome in (("script", script), ("factory", factory)):
         knee = outcome.summary.choice.knee
@@ -156,7 +161,8 @@ def test_script_trials_are_forked_and_run_as_the_interpreter_would(tmp_path: Pat
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "train.py").write_text(FACTS + SLEEPY_SCRIPT)
-    raw = _script_config(tmp_path, [sys.executable, "-m", "pkg.train", "-j", "{num_workers}", "-b", "{batch_size}"])
+    raw = _script_config(tmp_path, [sys.executable, "-m", "pkg.train", "-j", "{num_workers}", "-b", "{batch_size}"],
+                         cwd=tmp_path)
     m = _trial(tmp_path, raw, name="module", num_workers=2, prefetch_factor=2, batch_size=8)
     assert m.status == "ok" and m.started_by == "fork server", (m.status, m.reason, m.started_by)
     facts = json.loads((tmp_path / "facts.json").read_text())
@@ -203,7 +209,7 @@ def test_a_relative_pythonpath_of_script_env_is_the_scripts_folders_forked_or_no
     (tmp_path / "lib" / "helper.py").write_text("WHERE = 'the script folder'\n")
     script = tmp_path / "train.py"
     script.write_text("import helper\nassert helper.WHERE == 'the script folder'\n" + SLEEPY_SCRIPT)
-    raw = _script_config(tmp_path, [sys.executable, str(script)])
+    raw = _script_config(tmp_path, [sys.executable, str(script)], cwd=tmp_path)
     raw["script"]["env"] = {"PYTHONPATH": "lib"}
     forked = _trial(tmp_path, raw, name="forked", num_workers=0, batch_size=8)
     assert forked.status == "ok" and forked.started_by == "fork server", (forked.status, forked.reason)
@@ -509,7 +515,8 @@ def test_the_scripts_own_work_between_epochs_is_measured(tmp_path: Path):
     script = tmp_path / "train.py"
     script.write_text(SLEEPY_SCRIPT.replace("sleepy_dataset(sample_wait_s=0.005)", "sleepy_dataset(num_samples=48, "
                                             "sample_wait_s=0.005)")
-                      .replace('    torch.save(model.state_dict(), f"epoch{epoch}.pt")',
+                      .replace('    torch.save(model.state_dict(), os.path.join(os.path.dirname(__file__), '
+                               'f"epoch{epoch}.pt"))',
                                "    import time; time.sleep(0.25)"))
     raw = _script_config(tmp_path, [sys.executable, str(script), "-j", "{num_workers}", "-b", "{batch_size}"])
     raw["trial"] = {**QUICK, "window_s": 1.0}
