@@ -111,7 +111,7 @@ LONGEST_FIRST = ("test_script.py", "test_reliability.py", "test_distributed.py",
                  "test_diagnosis.py", "test_check.py")
 """The files whose tests take longest (tens of seconds each, whole sweeps and trials), in that order: pytest-xdist
 hands out whole files (``--dist loadfile``, ``--no-loadscope-reorder``) in the order collected, and with the long
-ones first the short ones fill the end, so neither worker waits long for the other's last file."""
+ones first the short ones fill the end, so no worker waits long for another's last file."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -132,7 +132,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
     """Tests marked ``alone`` have the CPUs to themselves when pytest-xdist runs tests side by side (the suite's
-    ``-n 2``): they measure real CPU work (verdicts read from workers' CPU time, a host other processes keep busy, a
+    ``-n 3``): they measure real CPU work (verdicts read from workers' CPU time, a host other processes keep busy, a
     run that must not be marked disturbed), so a neighbour would change their answer. A readers-writer lock over
     the workers of one run: every other test holds ``cpus`` shared for its setup, call and teardown; an ``alone``
     test takes the ``gate`` first, so no new test starts beside it, then waits for ``cpus`` exclusively, and then

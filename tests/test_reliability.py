@@ -93,19 +93,23 @@ def test_a_nan_or_inf_loss_is_diverged_and_never_the_knee(tmp_path: Path, step: 
     assert choice.knee is not None and choice.knee.number == 11 and choice.best.number == 11
 
 
-def test_a_failure_message_in_brackets_is_printed_as_text_and_the_sweep_goes_on(write_config, tmp_path: Path):
+def test_a_failure_message_in_brackets_is_printed_as_text_and_the_sweep_goes_on(write_config, tmp_path: Path,
+                                                                                capsys: pytest.CaptureFixture):
+    import tunekit
+
     cfg = write_config(sleepy_config(**{"workload.dataset": "tests._workloads:bracketed_failure_dataset",
                                         "workload.dataset_args": {}, "search.num_workers": [0, 1, 2],
                                         "search.batch_size": [4], "trial.window_s": 0.3, "strategy": "grid"}))
     out = tmp_path / "run"
-    done = _cli("sweep", str(cfg), "--out", str(out))
-    assert done.returncode == 0, done.stderr
+    done = tunekit.sweep(cfg, out=out, quiet=False)  # the console `tunekit sweep` prints to, in this process
+    said = capsys.readouterr().err
+    assert done.recommendation is not None, said
     for name in ("report.md", "trials.csv", "sweep.json", "recommended.yaml"):
         assert (out / name).exists(), name
-    assert "MarkupError" not in done.stderr
+    assert "MarkupError" not in said
     # the reason as the worker raised it, brackets and all, and the log line's [stage/mode] prefix
-    assert "[/data/img1.jpg]" in done.stderr and "[/__w/pytorch/" in done.stderr and "[bold]" in done.stderr
-    assert "[grid/train]" in done.stderr
+    assert "[/data/img1.jpg]" in said and "[/__w/pytorch/" in said and "[bold]" in said
+    assert "[grid/train]" in said
     assert "[/data/img1.jpg]" in (out / "report.md").read_text()
     # a one-worker loader crashes on every sample, the main process and two workers load fine: the sweep went on
     # past the crash to the next trial
@@ -389,16 +393,18 @@ def test_a_full_disk_is_one_line_and_the_sweep_resumes_once_space_is_freed(write
     free_kib = int(subprocess.run(["df", "-k", "--output=avail", str(small_disk)], capture_output=True,
                                   text=True).stdout.split()[-1])
     (small_disk / "filler").write_bytes(b"\0" * ((free_kib - 230) * 1024))  # room for the study and a few trials
-    full = _cli("sweep", str(cfg), "--out", str(out), "--quiet")
-    assert full.returncode == 1, full.stderr
-    last = full.stderr.strip().splitlines()[-1]
-    assert last.startswith("tunekit: error:") and ("full" in last or "No space left" in last), last
-    assert str(small_disk) in last  # names the file it could not write
+    import tunekit
+
+    with pytest.raises(TunekitError) as err:
+        tunekit.sweep(cfg, out=out)
+    said = _one_line(err, 1)
+    assert "full" in said or "No space left" in said, said
+    assert str(small_disk) in said  # names the file it could not write
     before = {t.user_attrs["number"]: t.value for t in _finished(out)}
 
     (small_disk / "filler").unlink()
-    resumed = _cli("sweep", str(cfg), "--out", str(out), "--quiet")
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = tunekit.sweep(cfg, out=out)
+    assert resumed.recommendation is not None, resumed.reason
     after = {t.user_attrs["number"]: t.value for t in _finished(out)}
     assert all(after[n] == v for n, v in before.items())  # nothing recorded was lost or changed
     assert (out / "recommended.yaml").exists() and len(pd.read_csv(out / "trials.csv")) >= 3
