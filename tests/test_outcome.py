@@ -38,6 +38,9 @@ def test_reasons_name_the_cause():
     for killed in CASES[7:9]:  # torch's two wordings of one SIGKILL: both a worker's death, both naming memory
         reason = classify_error(killed[0])[1]
         assert reason.startswith("a DataLoader worker died: ") and "4242" in reason and "OOM killer" in reason
+    # a worker that exited by itself, with its code: no kill, no memory hint
+    exited = classify_error("RuntimeError: DataLoader worker (pid 4242) exited unexpectedly with exit code 1. ")[1]
+    assert exited.startswith("a DataLoader worker died: ") and "exit code 1" in exited and "OOM" not in exited
     assert "DataLoader worker 1" in classify_error(CASES[9][0])[1]
     assert "sample 3 is corrupt" in classify_error(CASES[9][0])[1]
     assert classify_error(CASES[10][0])[1] == "KeyError: 'label'"

@@ -21,6 +21,7 @@ import psutil
 import pytest
 import yaml
 
+import tunekit
 from tests.conftest import sleepy_config, study_trials
 from tunekit import config, launcher, store
 from tunekit.contract import Knobs, TrialSpec
@@ -95,8 +96,6 @@ def test_a_nan_or_inf_loss_is_diverged_and_never_the_knee(tmp_path: Path, step: 
 
 def test_a_failure_message_in_brackets_is_printed_as_text_and_the_sweep_goes_on(write_config, tmp_path: Path,
                                                                                 capsys: pytest.CaptureFixture):
-    import tunekit
-
     cfg = write_config(sleepy_config(**{"workload.dataset": "tests._workloads:bracketed_failure_dataset",
                                         "workload.dataset_args": {}, "search.num_workers": [0, 1, 2],
                                         "search.batch_size": [4], "trial.window_s": 0.3, "strategy": "grid"}))
@@ -122,8 +121,6 @@ def _tiny_sweep(write_config, out: Path, **overrides):
     """A tiny grid sweep into ``out`` through the Python API, in this process: a refusal or a storage failure is
     the TunekitError that ``tunekit sweep`` prints as its one line and exits with (tunekit.cli.main, tested by
     test_config's command-line tests and by the command lines run here)."""
-    import tunekit
-
     cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid",
                                         **overrides}))
     return tunekit.sweep(cfg, out=out)
@@ -146,12 +143,9 @@ def _finished_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         return path
 
-    import tunekit
-
     old = os.umask(0o077)  # test_outputs_follow_the_umask reads this run's own files
     try:
-        cfg = write(sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid"}))
-        assert tunekit.sweep(cfg, out=base / "run").recommendation is not None
+        assert _tiny_sweep(write, base / "run").recommendation is not None
     finally:
         os.umask(old)
     return base / "run"
@@ -184,8 +178,6 @@ def test_trials_the_study_does_not_know_are_never_overwritten(write_config, fini
 def test_a_trial_into_a_sweeps_folder_is_refused_and_unknown_folders_block_a_resume(write_config, finished: Path):
     out = finished
     cfg = write_config(sleepy_config(), name="one.yaml")
-    import tunekit
-
     with pytest.raises(TunekitError) as err:
         tunekit.trial(cfg, out=out)
     assert "another --out" in _one_line(err, 2)
@@ -393,8 +385,6 @@ def test_a_full_disk_is_one_line_and_the_sweep_resumes_once_space_is_freed(write
     free_kib = int(subprocess.run(["df", "-k", "--output=avail", str(small_disk)], capture_output=True,
                                   text=True).stdout.split()[-1])
     (small_disk / "filler").write_bytes(b"\0" * ((free_kib - 230) * 1024))  # room for the study and a few trials
-    import tunekit
-
     with pytest.raises(TunekitError) as err:
         tunekit.sweep(cfg, out=out)
     said = _one_line(err, 1)
@@ -422,8 +412,6 @@ def test_sweep_json_records_each_invocation_and_a_fresh_start_forgets_the_old_on
     out = finished
     first = json.loads((out / "sweep.json").read_text())["invocations"]
     assert len(first) == 1 and first[0]["trials"] == 2 and first[0]["wall_s"] > 0 and first[0]["dataset_s"] > 0
-    import tunekit
-
     cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid"}))
     tunekit.sweep(cfg, out=out, quiet=False)  # not quiet: what it prepares would be said
     said = capsys.readouterr().err

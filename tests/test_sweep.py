@@ -66,11 +66,6 @@ def _sweep(config: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[
                           capture_output=True, text=True, timeout=600)
 
 
-def _swept(config: Path, out: Path, **kwargs):
-    """The sweep of ``config`` into ``out`` through the Python API, in this process."""
-    return tunekit.sweep(config, out=out, **kwargs)
-
-
 @pytest.fixture(scope="module")
 def knee_grid(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One grid sweep of the known-answer workload for the module: the grid half of the knee test reads it, the
@@ -78,7 +73,7 @@ def knee_grid(tmp_path_factory: pytest.TempPathFactory) -> dict:
     base = tmp_path_factory.mktemp("grid")
     config = base / "cfg.yaml"
     config.write_text(yaml.safe_dump(_knee_config(**{"cost.per_hour": 3.6}), sort_keys=False))
-    assert _swept(config, base / "run", strategy="grid").recommendation is not None
+    assert tunekit.sweep(config, out=base / "run", strategy="grid").recommendation is not None
     return {"config": config, "out": base / "run"}
 
 
@@ -86,7 +81,7 @@ def knee_grid(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path, knee_grid: dict):
     config = write_config(_knee_config(**{"cost.per_hour": 3.6}))
     assert config.read_text() == knee_grid["config"].read_text()  # the grid below swept this same config
-    staged = _swept(config, tmp_path / "staged")
+    staged = tunekit.sweep(config, out=tmp_path / "staged")
     assert staged.recommendation is not None, staged.reason
     rec = tunekit.load_recommended(tmp_path / "staged" / "recommended.yaml")
     trials = pd.read_csv(tmp_path / "staged" / "trials.csv")
@@ -181,7 +176,7 @@ def test_resume_after_sigkill_mid_trial(write_config, tmp_path: Path, capsys: py
     finished_before = {trial_number(t): t.value for t in study_trials(out) if t.state.is_finished()}
     assert list(finished_before) == [0]
 
-    resumed = _swept(config, out, strategy="grid", quiet=False)
+    resumed = tunekit.sweep(config, out=out, strategy="grid", quiet=False)
     assert resumed.recommendation is not None, resumed.reason
     assert "were running when the last sweep stopped" in capsys.readouterr().err
     with pytest.raises(ProcessLookupError):
@@ -196,7 +191,7 @@ def test_resume_after_sigkill_mid_trial(write_config, tmp_path: Path, capsys: py
 
 def test_budget_max_trials_is_honoured(write_config, tmp_path: Path):
     config = write_config(_knee_config(**{"budget.max_trials": 3}))
-    result = _swept(config, tmp_path / "run")
+    result = tunekit.sweep(config, out=tmp_path / "run")
     assert result.recommendation is None  # three trials reach no end-to-end comparison: no recommendation, said why
     assert len(study_trials(tmp_path / "run")) == 3
     trials = pd.read_csv(tmp_path / "run" / "trials.csv")
@@ -219,7 +214,7 @@ def test_a_data_bound_knee_moves_to_a_smaller_batch_end_to_end(write_config, tmp
                                           "workload.dataset_args": {"sample_wait_s": 0.005},
                                           "search.num_workers": [2], "search.batch_size": [8, 16, 32],
                                           "search.pin_memory": [False]}))
-    run = _swept(config, tmp_path / "run")
+    run = tunekit.sweep(config, out=tmp_path / "run")
     assert run.recommendation is not None, run.reason
     trials = pd.read_csv(tmp_path / "run" / "trials.csv")
     assert list(trials["stage"].unique()) == ["compute", "loader", "end_to_end", "batch"]
@@ -252,7 +247,7 @@ def test_user_knobs_the_cheaper_data_setting_is_chosen_and_a_result_changing_one
         "search.extra": {"workload.dataset_args.sample_wait_s": {"values": [0.01, 0.002], "changes_result": False},
                          "workload.dataset_args.num_classes": {"values": [10, 5], "changes_result": True}},
     }))
-    done = _swept(config, tmp_path / "run")
+    done = tunekit.sweep(config, out=tmp_path / "run")
     assert done.recommendation is not None, done.reason
     rec = tunekit.load_recommended(tmp_path / "run" / "recommended.yaml")
     assert rec.config == {"workload.dataset_args.sample_wait_s": 0.002}  # the cheaper per-sample cost

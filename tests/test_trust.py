@@ -80,8 +80,6 @@ def test_a_loader_worker_killed_by_the_kernel_names_memory():
 
 
 def _tiny_run(write_config, out: Path) -> None:
-    import tunekit
-
     cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid"}))
     done = tunekit.sweep(cfg, out=out)
     assert done.recommendation is not None, done.reason
@@ -196,8 +194,6 @@ def test_validate_reports_import_problems_beside_the_other_errors(write_config):
 
 def test_an_iterable_dataset_sweep_prints_no_false_failure(write_config, tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]):
-    import tunekit
-
     cfg = write_config(sleepy_config(**{"workload.dataset": "tests._workloads:sharded_stream",
                                         "workload.dataset_args": {}, "search.num_workers": [0],
                                         "search.batch_size": [4, 8], "strategy": "grid",

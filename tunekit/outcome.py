@@ -60,13 +60,11 @@ def classify_error(text: str) -> tuple[str, str]:
     loader = _LOADER_DIED.search(text)
     if loader:
         died = loader.group(0).rstrip(". ")
-        if re.search(r"killed by signal: Killed", died, re.I):  # SIGKILL from outside: memory, most likely
-            return "crashed", (f"a DataLoader worker died: {died} (a SIGKILL no one sent by hand is the kernel's "
+        # SIGKILL, or a death whose cause torch did not read (no signal, no exit code): from outside, and a kill
+        # no one sent by hand is the kernel's OOM killer
+        if re.search(r"killed by signal: Killed", died, re.I) or died.endswith("exited unexpectedly"):
+            return "crashed", (f"a DataLoader worker died: {died} (a kill no one sent by hand is the kernel's "
                                "OOM killer: host memory ran out; fewer workers, a smaller prefetch_factor or batch)")
-        if "exited unexpectedly" in died:  # the signal unsaid: a kill from outside, the OOM killer's most often
-            return "crashed", (f"a DataLoader worker died: {died} (killed from outside, most likely; unless someone "
-                               "did it by hand, the kernel's OOM killer: host memory ran out; fewer workers, a "
-                               "smaller prefetch_factor or batch)")
         return "crashed", f"a DataLoader worker died: {died}"
     caught = re.search(r"Caught (\w+) in DataLoader worker process (\d+)", text)
     if caught:
