@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -229,6 +230,113 @@ def test_a_bad_recommendation_is_one_line_and_exit_2(committed: SimpleNamespace,
     (line,) = err.splitlines()
     assert line.startswith(f"tunekit: error: {path}: ") and words in line
     assert not (tmp_path / "out").exists()
+
+
+MACHINE = {"device": "CPU: AMD EPYC", "gpu": None, "gpus": 0, "cpu": "AMD EPYC", "cpus": 2,
+           "memory_bytes": 25276071936, "torch": "2.14.1", "cuda": None, "driver": None, "python": "3.11.7"}
+
+
+def _hand_edited(tmp_path: Path, text: str | bytes) -> tuple[Path, Path]:
+    """A recommended.yaml of ``text`` and the config it names, neither from a sweep (each is refused before the
+    config would matter)."""
+    rec, cfg = tmp_path / "recommended.yaml", tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(sleepy_config()))
+    rec.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return rec, cfg
+
+
+def _good_text(**evidence: Any) -> str:
+    from tunekit.recommended import recommendation_dict
+
+    knobs = {"num_workers": 0, "pin_memory": False, "batch_size": 8}
+    return yaml.safe_dump(recommendation_dict(knobs, {"unit": "samples", "rate": 100.0, "machine": MACHINE,
+                                                      **evidence}), sort_keys=False)
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    (_good_text().replace("dataloader:", "dataloaders:"), "dataloaders: not a section of a recommendation; allowed: "
+     "version, dataloader, training, config, script, evidence (did you mean dataloader?)"),
+    (_good_text().replace("  batch_size: 8\n", "  batch_size: 8\n  batch_size: 64\n"),
+     "invalid YAML: duplicate key 'batch_size' (a key may appear only once in a mapping)"),
+    (_good_text().replace("non_blocking: false", "non_blocking: true"),
+     "training.non_blocking = true with dataloader.pin_memory = false"),
+    (_good_text(machine={}), "evidence.machine: records nothing of the machine"),
+    (_good_text(machine={"torch": "2.14.1"}), "evidence.machine: records none of the hardware tunekit check compares "
+     "(device, gpu, gpus, cpu, cpus, memory_bytes)"),
+    (_good_text().replace("samples", "samples\u00e9").encode("latin-1"), "not valid UTF-8 (byte 0xe9 at offset "),
+], ids=["unknown-section", "duplicate-key", "non-blocking-unpinned", "empty-machine", "no-hardware", "not-utf8"])
+def test_a_hand_edited_recommendation_is_one_line_and_exit_2(tmp_path: Path, text: str | bytes, words: str):
+    """What load_recommended refuses, tunekit check refuses the same way (and a fingerprint without hardware, which
+    would pass for any machine): exit 2, one line naming the file, nothing run."""
+    rec, cfg = _hand_edited(tmp_path, text)
+    code, out, err = _cli("check", str(rec), "--config", str(cfg), "--out", str(tmp_path / "out"))
+    assert code == 2 and not out, out + err
+    (line,) = err.splitlines()
+    assert line.startswith(f"tunekit: error: {rec}: ") and words in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def _outcome(rec: Path, status: str = "holds") -> Any:
+    """A check's outcome, as tunekit._check.check returns it (the check itself is not the subject)."""
+    from tunekit._check import CheckOutcome, MachineCheck
+
+    hardware = (("cpus", 64, 2),) if status == "other_machine" else ()
+    return CheckOutcome(status, f"{status}: as recorded", recommended=rec, unit="samples", recorded={"rate": 100.0},
+                        knobs={}, machine=MachineCheck(MACHINE, MACHINE, hardware, ()))
+
+
+def _unwritable(tmp_path: Path, kind: str) -> Path:
+    if kind == "missing folder":
+        return tmp_path / "reports" / "check.xml"
+    if kind == "a folder":
+        (tmp_path / "check.xml").mkdir()
+        return tmp_path / "check.xml"
+    if kind == "folder is a file":
+        (tmp_path / "reports").write_text("")
+        return tmp_path / "reports" / "check.xml"
+    if os.geteuid() == 0:
+        pytest.skip("root writes in a read-only folder")
+    (tmp_path / "reports").mkdir(mode=0o555)
+    return tmp_path / "reports" / "check.xml"
+
+
+@pytest.mark.parametrize(("kind", "words"), [("missing folder", "does not exist"), ("a folder", "is a folder"),
+                                             ("folder is a file", "is not a folder"),
+                                             ("read-only folder", "cannot write in its folder")])
+def test_a_junit_file_that_cannot_be_written_is_refused_before_the_trial(tmp_path: Path, monkeypatch, kind, words):
+    """--junit FILE in a folder that does not exist or takes no file, or FILE a folder: refused in one line, exit 2,
+    before anything is measured (the CI job learns of it now, not after the trial)."""
+    from tunekit import _check
+
+    checked = []
+    monkeypatch.setattr(_check, "check", lambda rec, *args, **kwargs: checked.append(rec) or _outcome(Path(rec)))
+    junit = _unwritable(tmp_path, kind)
+    code, out, err = _cli("check", str(tmp_path / "recommended.yaml"), "--config", str(tmp_path / "cfg.yaml"),
+                          "--junit", str(junit))
+    assert code == 2 and not out and not checked, out + err
+    (line,) = err.splitlines()
+    assert line.startswith(f"tunekit: error: --junit {junit}: ") and words in line, line
+
+
+@pytest.mark.parametrize("status", ["holds", "regressed", "other_machine"])
+def test_a_junit_write_that_fails_after_the_check_leaves_its_exit_code(tmp_path: Path, monkeypatch, status):
+    """The folder was writable when the check began, but the file cannot be written when it ends (here its name
+    became a folder meanwhile): a warning on stderr, and the exit code is still the check's."""
+    from tunekit import _check
+
+    junit = tmp_path / "check.xml"
+
+    def check(rec: str, *args: Any, **kwargs: Any) -> Any:
+        junit.mkdir()
+        return _outcome(Path(rec), status)
+
+    monkeypatch.setattr(_check, "check", check)
+    code, out, err = _cli("check", str(tmp_path / "recommended.yaml"), "--config", str(tmp_path / "cfg.yaml"),
+                          "--junit", str(junit))
+    assert code == _check.EXIT_CODES[status], out + err
+    assert out.splitlines() == [f"{status}: as recorded"]
+    (warning,) = err.splitlines()
+    assert warning.startswith(f"tunekit: warning: --junit: {junit}: cannot write: ") and "exit code" in warning
 
 
 def test_check_needs_exactly_one_of_config_and_script(committed: SimpleNamespace):

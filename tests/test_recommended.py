@@ -239,3 +239,102 @@ def test_threads_and_your_knobs_round_trip_and_a_bad_thread_count_names_its_key(
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match=r"training: threads=0: must be at least 1"):
         tunekit.load_recommended(path)
+
+
+def _write(tmp_path: Path, text: str | bytes) -> Path:
+    path = tmp_path / "recommended.yaml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def _refusal(path: Path) -> str:
+    """The one line load_recommended refuses ``path`` with (a ConfigError naming the file)."""
+    from tunekit.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        tunekit.load_recommended(path)
+    (line,) = err.value.lines()
+    assert line.startswith(f"{path}: "), line
+    return line
+
+
+MACHINE = {"device": "CPU: AMD EPYC", "gpu": None, "gpus": 0, "cpu": "AMD EPYC", "cpus": 2,
+           "memory_bytes": 25276071936, "torch": "2.14.1", "cuda": None, "driver": None, "python": "3.11.7"}
+
+
+def _edited(edit: Any) -> dict[str, Any]:
+    """PINNED with a machine in its evidence, then ``edit`` applied to it (a copy)."""
+    data = yaml.safe_load(yaml.safe_dump({**PINNED, "evidence": {"unit": "samples", "rate": 10.0, "machine": MACHINE}}))
+    edit(data)
+    return data
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (lambda d: d.update(dataloaders=d.pop("dataloader")),
+     "dataloaders: not a section of a recommendation; allowed: version, dataloader, training, config, script, "
+     "evidence (did you mean dataloader?)"),
+    (lambda d: d["training"].update(grad_acum=2),
+     "training.grad_acum: not a setting of training; allowed: grad_accum, compile, ranks, threads, non_blocking"),
+    (lambda d: d.update(dataloader=[d["dataloader"]]), "dataloader: expected a mapping (of batch_size, num_workers"),
+    (lambda d: d.update(evidence=[["rate", 10.0]]), "evidence: expected a mapping (what the sweep measured), got a "
+     "list"),
+    (lambda d: d.update(config=[]), "config: expected a mapping of config keys to values"),
+    (lambda d: d.update(script=["python", "train.py"]), "script: expected a mapping (of command, set_on_dataloader)"),
+    (lambda d: d["dataloader"].update(batch_size={"per_rank": 32}), "batch_size={'per_rank': 32}: expected an integer"),
+    (lambda d: d["evidence"].update(unit={"name": "samples"}), "evidence.unit: expected a string"),
+    (lambda d: d.update(config={"workload.dataset_args.decode": {"mode": "gpu"}}),
+     "config.workload.dataset_args.decode: expected a string, number, boolean or null, got a mapping"),
+    (lambda d: d["evidence"]["machine"].update(gpu=["NVIDIA H200"]),
+     "evidence.machine.gpu: expected a string, number, boolean or null, got a list"),
+    (lambda d: d["dataloader"].update(pin_memory=False),
+     "training.non_blocking = true with dataloader.pin_memory = false: non_blocking copies need pinned memory"),
+    (lambda d: d["evidence"].update(machine={}), "evidence.machine: records nothing of the machine the sweep ran on"),
+    (lambda d: d["evidence"].update(machine=dict.fromkeys(MACHINE)), "evidence.machine: records nothing"),
+], ids=["unknown-section", "unknown-setting", "list-for-section", "list-for-evidence", "list-for-config",
+        "list-for-script", "mapping-for-knob", "mapping-for-unit", "mapping-for-config-value",
+        "list-for-machine-fact", "non-blocking-unpinned", "empty-machine", "null-machine"])
+def test_a_recommendation_tunekit_would_not_write_is_refused_in_one_line(tmp_path: Path, edit, said):
+    """A section or setting tunekit does not write (a typo would be ignored and its default used), a value of the
+    wrong kind, non_blocking copies without pinned memory, and a machine fingerprint that records nothing (it would
+    read as this machine, whatever this one is): one line naming the file, the key and what is allowed."""
+    line = _refusal(_write(tmp_path, yaml.safe_dump(_edited(edit), sort_keys=False)))
+    assert said in line, line
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("version: 2\ndataloader: {batch_size: 8, num_workers: 0, pin_memory: false}\ntraining: {}\n"
+     "dataloader: {batch_size: 64, num_workers: 0, pin_memory: false}\n", "line 4, column 1: invalid YAML: duplicate "
+     "key 'dataloader' (a key may appear only once in a mapping)"),
+    ("version: 2\ndataloader:\n  batch_size: 8\n  num_workers: 0\n  pin_memory: false\n  batch_size: 64\n"
+     "training: {}\n", "line 6, column 3: invalid YAML: duplicate key 'batch_size'"),
+    ("version: 2\ndataloader: {batch_size: 8, num_workers: 0, pin_memory: false}\ntraining: {}\n"
+     "evidence: {rate: 10.0, machine: {cpus: 2, cpus: 64}}\n", "duplicate key 'cpus'"),
+], ids=["section", "setting", "evidence"])
+def test_a_key_given_twice_is_refused_not_the_last_kept(tmp_path: Path, text: str, said: str):
+    """PyYAML keeps the last of two equal keys silently; a recommendation names each once."""
+    line = _refusal(_write(tmp_path, text))
+    assert said in line, line
+
+
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path: Path):
+    text = yaml.safe_dump({**PINNED, "evidence": {"reason": "knee"}}, sort_keys=False).encode()
+    line = _refusal(_write(tmp_path, text.replace(b"knee", b"kn\xe9e")))  # latin-1, as an editor might save it
+    assert "not valid UTF-8 (byte 0xe9 at offset " in line, line
+
+
+def test_every_section_tunekit_writes_still_loads(tmp_path: Path):
+    """The refusals above leave alone what tunekit writes: a script's ``script:`` section, ``config:``, a
+    fingerprint with unknown facts (null), anchors and merges, and non_blocking false with pinning."""
+    data = {**IN_PROCESS, "config": {"workload.dataset_args.decode": "gpu"},
+            "script": {"command": ["python", "train.py", "-j", "0"], "set_on_dataloader": {"pin_memory": False}},
+            "evidence": {"unit": "samples", "rate": 10.0, "machine": {**MACHINE, "cpu": None}}}
+    rec = _load(tmp_path, data)
+    assert rec.config == {"workload.dataset_args.decode": "gpu"} and rec.evidence["machine"]["cpus"] == 2
+    pinned = {**PINNED, "training": {**PINNED["training"], "non_blocking": False}}
+    assert _load(tmp_path, pinned).non_blocking is False
+    merged = ("version: 2\ndataloader: {batch_size: 8, num_workers: 0, pin_memory: false}\n"
+              "training: {<<: {grad_accum: 2}, grad_accum: 4}\n")  # a merge's key overridden: not a duplicate
+    assert tunekit.load_recommended(_write(tmp_path, merged)).grad_accum == 4

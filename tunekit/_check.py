@@ -197,10 +197,10 @@ def _recorded_machine(rec: Recommended, path: Path) -> dict[str, Any]:
     env.json beside it (a committed run folder) still say."""
     ev = rec.evidence
     machine = ev.get("machine")
-    if machine is not None:
-        if not isinstance(machine, dict):
-            raise ConfigError([f"{path}: evidence.machine: expected a mapping (the machine the sweep ran on), got "
-                               f"{type(machine).__name__}"])
+    if machine is not None:  # a mapping that records something (load_recommended)
+        if all(machine.get(key) is None for key in rules.MACHINE_HARDWARE):  # it would pass for any machine
+            raise ConfigError([f"{path}: evidence.machine: records none of the hardware tunekit check compares "
+                               f"({', '.join(rules.MACHINE_HARDWARE)}); leave the key out when it is not known"])
         return dict(machine)
     env_json = path.parent / "env.json"
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import click
 from tunekit._files import write_text_atomic
 from tunekit.cli._outcome import config_source, split_sets
 from tunekit.contract import KNOB_NAMES
+from tunekit.errors import TunekitError, UsageError
 
 
 @click.command()
@@ -33,7 +35,7 @@ from tunekit.contract import KNOB_NAMES
               help="Also sweep a search narrowed around the committed knee and write recommended.retuned.yaml "
                    "beside RECOMMENDED.yaml (the exit code stays the check's).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout instead of the line.")
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--junit", "junit_path", type=click.Path(), default=None,
               help="Also write JUnit XML here: one test case per check (machine, throughput).")
 @click.option("--quiet", is_flag=True, help="No progress bar or trial log for the retune.")
 def check(recommended: str, config_path: str | None, script: str | None, name: str | None, sets: tuple[str, ...],
@@ -43,6 +45,8 @@ def check(recommended: str, config_path: str | None, script: str | None, name: s
     from tunekit import _check
     from tunekit.driver import interrupts_as_keyboard_interrupt
 
+    if junit_path is not None:
+        _writable(junit_path)  # before the trial: a CI job learns of a typo now, not after minutes of measuring
     knobs, overrides = split_sets(sets)
     source = config_source(config_path, script, name, "search.batch_size" in overrides or "batch_size" in knobs)
 
@@ -59,8 +63,28 @@ def check(recommended: str, config_path: str | None, script: str | None, name: s
     else:
         click.echo("\n".join(lines))
     if junit_path is not None:
-        write_text_atomic(junit_path, _junit(outcome))
+        try:
+            write_text_atomic(junit_path, _junit(outcome))
+        except TunekitError as exc:  # the report is lost, the check's answer is not: its exit code stands
+            click.echo(f"tunekit: warning: --junit: {exc}; the exit code is the check's", err=True)
     sys.exit(outcome.exit_code)
+
+
+def _writable(path: str) -> None:
+    """--junit's FILE can be written: not a folder, in a folder that exists and takes a new file (the atomic write
+    puts one beside it first)."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"--junit {path}: is a folder; name the XML file to write")
+    folder = target.parent
+    if not folder.is_dir():
+        why = "is not a folder" if folder.exists() else "does not exist"
+        raise UsageError(f"--junit {path}: its folder {folder} {why}; create it or name another file")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--junit {path}: cannot write in its folder {folder}: {exc.strerror or exc}") from None
 
 
 def _retune_lines(r: Any) -> list[str]:
