@@ -42,7 +42,7 @@ def plain_rate(command: list[str], cwd: str | Path, loader: dict[str, Any], skip
     """A training script's own throughput by the plain clock (benchmarks/_plain_clock: a timestamp per batch
     request, nothing else) over batches ``skip``+1 … ``skip``+``count`` of its training loader, with ``loader``'s
     attributes set on it as a trial would."""
-    from tunekit.launcher import child_env
+    from tunekit.launch import child_env
 
     env = {**child_env(), "TUNEKIT_PLAIN_CLOCK": f"{skip} {count}", "TUNEKIT_PLAIN_LOADER": json.dumps(loader)}
     env["PYTHONPATH"] = os.pathsep.join([str(_CLOCK), env.get("PYTHONPATH", "")])

@@ -23,7 +23,7 @@ from _common import plain_rate, run_trial, write_csv
 
 from tunekit import config
 from tunekit.contract import Knobs, TrialSpec
-from tunekit.launcher import script_command
+from tunekit.launch import script_command
 
 
 def _plain(cfg: config.Config, knobs: Knobs, loader: dict, skip: int, count: int) -> float:

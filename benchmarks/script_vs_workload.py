@@ -28,7 +28,7 @@ from _common import plain_rate, write_csv
 
 from tunekit import config
 from tunekit.contract import Knobs, TrialSpec
-from tunekit.launcher import script_command
+from tunekit.launch import script_command
 
 _ROOT = Path(__file__).resolve().parent.parent
 _EXAMPLE = _ROOT / "examples" / "image_classifier"

@@ -95,10 +95,10 @@ def _one_fork_server_across_tests(monkeypatch: pytest.MonkeyPatch):
     interpreter importing torch, ~1.5 s on 2 cores) for every test that runs a trial. The trials' environment here is
     the launcher's own, less that one variable. A server a test broke (made it refuse to fork, or killed it) is
     closed after that test, so the next one starts afresh as it would have before."""
-    from tunekit import _forks, launcher
+    from tunekit.launch import _forks, _start
 
-    real = launcher.child_env
-    monkeypatch.setattr(launcher, "child_env",
+    real = _start.child_env
+    monkeypatch.setattr(_start, "child_env",
                         lambda: {k: v for k, v in real().items() if k != "PYTEST_CURRENT_TEST"})
     yield
     server = _forks.SERVERS.get("server")

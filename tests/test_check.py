@@ -73,7 +73,7 @@ def _edited(rec: Path, to: Path, **machine: Any) -> Path:
 @pytest.fixture(scope="module")
 def committed(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """The sweep whose recommended.yaml is committed: the known-answer job, a staged sweep of 0 ... 4 workers."""
-    from tunekit import launcher
+    from tunekit.launch import _start
 
     root = tmp_path_factory.mktemp("check")
     cfg = root / "cfg.yaml"
@@ -83,8 +83,8 @@ def committed(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
         "selection.tolerance": 0.05})))  # the answers lie a third apart: a wider floor keeps a loaded box quiet
     with pytest.MonkeyPatch.context() as mp:  # as conftest's autouse fixtures do for each test
         mp.chdir(REPO)
-        real = launcher.child_env
-        mp.setattr(launcher, "child_env", lambda: {k: v for k, v in real().items() if k != "PYTEST_CURRENT_TEST"})
+        real = _start.child_env
+        mp.setattr(_start, "child_env", lambda: {k: v for k, v in real().items() if k != "PYTEST_CURRENT_TEST"})
         sweep = tunekit.sweep(str(cfg), out=root / "run")
     assert sweep.recommendation is not None and sweep.recommendation.num_workers == 1, sweep.reason
     return SimpleNamespace(root=root, cfg=cfg, run=root / "run", rec=root / "run" / "recommended.yaml",
@@ -94,13 +94,13 @@ def committed(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
 @pytest.fixture(scope="module")
 def slower(committed: SimpleNamespace) -> SimpleNamespace:
     """The same job with each sample twice as slow, checked and retuned once: ``--retune --junit``."""
-    from tunekit import launcher
+    from tunekit.launch import _start
 
     junit = committed.root / "slower.xml"
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(REPO)
-        real = launcher.child_env
-        mp.setattr(launcher, "child_env", lambda: {k: v for k, v in real().items() if k != "PYTEST_CURRENT_TEST"})
+        real = _start.child_env
+        mp.setattr(_start, "child_env", lambda: {k: v for k, v in real().items() if k != "PYTEST_CURRENT_TEST"})
         code, out, err = _cli("check", str(committed.rec), "--config", str(committed.cfg), "--set", SLOWER,
                               "--retune", "--quiet", "--junit", str(junit), "--out", str(committed.root / "slower"))
     return SimpleNamespace(code=code, out=out, err=err, junit=junit, run=committed.root / "slower" / "retune")

@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import REPO, sleepy_config
 from tunekit import config
 from tunekit.errors import ConfigError
-from tunekit.launcher import resolve_paths
+from tunekit.launch import resolve_paths
 
 
 def _load(path) -> config.Config:

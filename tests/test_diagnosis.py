@@ -13,7 +13,7 @@ from tunekit.config import Selection
 from tunekit.contract import Knobs, Measurement, TrialSpec
 from tunekit.diagnosis import VERDICTS, run_verdicts, trial_verdicts
 from tunekit.env import environment_warnings
-from tunekit.launcher import run_trial
+from tunekit.launch import run_trial
 from tunekit.records import rows_from_measurements
 
 SELECTION = Selection(tolerance=0.03, min_headroom=0.10)
@@ -461,7 +461,7 @@ def test_the_shm_warning_is_sized_from_the_measured_batch_for_any_workload():
 
 
 def test_a_trial_out_of_shared_memory_says_so():
-    from tunekit.outcome import classify_error
+    from tunekit.launch import classify_error
 
     log = ("ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory "
            "(shm).\nRuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error.")

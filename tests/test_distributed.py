@@ -12,7 +12,7 @@ from tests.conftest import measurement, sleepy_config
 from tunekit import config
 from tunekit.contract import Knobs, TrialSpec
 from tunekit.errors import ConfigError
-from tunekit.launcher import run_trial, worker_command
+from tunekit.launch import run_trial, worker_command
 from tunekit.plan import estimate_total, next_requests
 from tunekit.records import rows_from_measurements
 
@@ -108,7 +108,7 @@ def test_a_rank_torchrun_stopped_with_sigterm_is_not_blamed_for_the_one_that_rep
     1's exit code comes before the SIGTERM torchrun sent rank 0 because of it."""
     from tunekit._files import write_json_atomic
     from tunekit.contract import failed_measurement
-    from tunekit.ending import rank_failure
+    from tunekit.launch._ending import rank_failure
 
     spec = _spec(sleepy_config(**SLEEPY), num_workers=0, batch_size=4, ranks=2)
     write_json_atomic(tmp_path / "spec.json", spec.to_dict())
@@ -206,7 +206,7 @@ def test_two_nodes_of_one_rank_on_localhost(tmp_path: Path):
 
     import yaml
 
-    from tunekit.launcher import release_nodes
+    from tunekit.launch import release_nodes
 
     raw = sleepy_config(**{**SLEEPY, "launch.nproc_per_node": 1, "launch.nnodes": 2, "trial.window_s": 0.5,
                            "launch.rdzv_endpoint": f"127.0.0.1:{_free_port()}"})
@@ -220,7 +220,7 @@ def test_two_nodes_of_one_rank_on_localhost(tmp_path: Path):
         assert m.status == "ok", m
         assert m.ranks == 2 and m.nodes == 2 and [p["rank"] for p in m.per_rank] == [0, 1]
         assert len({p["host"] for p in m.per_rank}) == 2  # one node each (the same machine here)
-        assert release_nodes(config.from_dict(raw).to_dict())
+        assert release_nodes(config.from_dict(raw))
         out, _ = follower.communicate(timeout=60)
     finally:
         if follower.poll() is None:

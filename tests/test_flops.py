@@ -15,7 +15,7 @@ from tunekit import config, rules
 from tunekit.contract import Knobs, TrialSpec
 from tunekit.diagnosis._verdicts import COMPUTE_FIXES
 from tunekit.env import datasheet_flops
-from tunekit.launcher import run_trial
+from tunekit.launch import run_trial
 from tunekit.records import rows_from_measurements
 from tunekit.report import flop_summary, money_summary, summarize
 from tunekit.report._markdown import _costs, report_md

@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import sleepy_config
 from tunekit import config
 from tunekit.contract import Knobs, TrialSpec
-from tunekit.launcher import run_trial
+from tunekit.launch import run_trial
 
 pytestmark = pytest.mark.gpu
 

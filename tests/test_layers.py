@@ -11,10 +11,10 @@ import pytest
 from tests.conftest import REPO
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "outcome", "contract", "command"),
-    ("_files", "config", "_procs"),
-    ("records", "recommended", "workloads", "ending", "_forks"),
-    ("rules", "store", "launcher"),
+    ("errors", "contract", "command"),
+    ("_files", "config"),
+    ("records", "recommended", "workloads"),
+    ("rules", "store", "launch"),
     ("analysis", "env"),
     ("diagnosis", "plan"),
     ("worker", "report"),

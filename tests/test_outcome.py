@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunekit.outcome import classify_error
+from tunekit.launch import classify_error
 
 # Error texts as torch, CUDA and the allocators print them.
 CASES = [

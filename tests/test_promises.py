@@ -22,7 +22,7 @@ import yaml
 
 import tunekit
 from tests.conftest import REPO, sleepy_config, study_trials
-from tunekit import store
+from tunekit import launch
 
 EXIT_INTERRUPTED = 130
 
@@ -181,7 +181,7 @@ def test_sighup_while_opening_the_run_or_writing_outputs_exits_130_and_keeps_the
     assert "Traceback" not in stderr
     assert not _processes_mentioning(str(out))
     assert [(t.number, t.value) for t in study_trials(out)] == before
-    store.lock_run(out).close()  # the interrupted sweep let go of the folder
+    launch.lock_run(out).close()  # the interrupted sweep let go of the folder
     if phase == "opening the run":
         assert len(lines) == 1 and lines[0].startswith("tunekit: "), stderr
         assert (out / "recommended.yaml").read_text() == recommended  # untouched

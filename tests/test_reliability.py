@@ -23,11 +23,10 @@ import yaml
 
 import tunekit
 from tests.conftest import sleepy_config, study_trials
-from tunekit import config, launcher, store
+from tunekit import config, launch, store
 from tunekit.contract import Knobs, TrialSpec
 from tunekit.errors import ConfigError, StorageError, TunekitError, UsageError
-from tunekit.launcher import run_trial
-from tunekit.outcome import classify_error
+from tunekit.launch import classify_error, run_trial
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -37,7 +36,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_a_second_process_on_a_run_folder_is_refused_naming_the_holder(write_config, tmp_path: Path):
     cfg = write_config(sleepy_config(**{"search.num_workers": [0]}))
     out = tmp_path / "run"
-    held = store.lock_run(out)  # a sweep in progress
+    held = launch.lock_run(out)  # a sweep in progress
     try:
         for args in (("sweep", str(cfg), "--out", str(out)), ("trial", str(cfg), "--out", str(out))):
             refused = _cli(*args)
@@ -46,11 +45,11 @@ def test_a_second_process_on_a_run_folder_is_refused_naming_the_holder(write_con
             assert len(lines) == 1 and str(out) in lines[0] and f"pid {os.getpid()}" in lines[0]
         assert not (out / "study.db").exists() and not (out / "trials").exists()  # nothing written
         with pytest.raises(UsageError, match="another tunekit process"):
-            store.lock_run(out)
+            launch.lock_run(out)
     finally:
         held.close()
     assert (out / ".tunekit.lock").exists()  # what a killed holder leaves behind: it does not block
-    store.lock_run(out).close()
+    launch.lock_run(out).close()
 
 
 @pytest.mark.parametrize("name", ["../../etc/x", "/tmp/abs", "a/b", ".."])
@@ -260,11 +259,11 @@ def test_worker_counts_are_bounded_by_the_machine(write_config):
 
 
 def test_a_chatty_dataset_cannot_fill_the_disk_with_logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(launcher, "LOG_KEEP_BYTES", 32 * 1024)
+    monkeypatch.setattr(launch._log, "LOG_KEEP_BYTES", 32 * 1024)
     cfg = sleepy_config(**{"workload.dataset_args": {"sample_wait_s": 0.0, "print_every": 1}})
     spec = TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(batch_size=8),
                      config=config.from_dict(cfg).to_dict())
-    m = launcher.run_trial(spec, tmp_path / "t", 60)
+    m = launch.run_trial(spec, tmp_path / "t", 60)
     assert m.status == "ok", m
     log = (tmp_path / "t" / "worker.log").read_bytes()
     assert len(log) < 3 * 32 * 1024 and b"bytes of output left out here" in log

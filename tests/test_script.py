@@ -17,7 +17,7 @@ from tests.conftest import REPO
 from tunekit import command as command_mod
 from tunekit import config
 from tunekit.contract import Knobs, TrialSpec
-from tunekit.launcher import run_trial, script_command
+from tunekit.launch import run_trial, script_command
 from tunekit.workloads.synthetic import expected_samples_per_s
 
 QUICK = {"window_s": 0.5, "measure_windows": 2, "precision": None, "warmup_steps": 1, "timeout_s": 120}
@@ -378,7 +378,7 @@ def test_fill_command_leaves_out_a_placeholder_without_a_value_with_its_flag():
 
 def test_a_bootstrap_that_cannot_load_ends_the_script_at_once_with_the_reason(tmp_path: Path, sleepy_script: Path):
     """Were the meter not to load, the script would train unmetered to its end (or the trial's timeout)."""
-    from tunekit.launcher import BOOTSTRAP
+    from tunekit.launch import BOOTSTRAP
 
     out = tmp_path / "measurement.json"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{BOOTSTRAP}:{REPO}", "TUNEKIT_SCRIPT_SPEC": str(tmp_path / "no"),
@@ -447,7 +447,7 @@ def test_a_torchrun_command_measures_every_ranks_training_loader_merged(tmp_path
     assert config.from_dict(raw).launch.nproc_per_node == 2
     m = _trial(tmp_path, raw, num_workers=2, prefetch_factor=2, batch_size=8, ranks=2)
     assert m.status == "ok", m.reason
-    assert m.started_by == "interpreter"  # torchrun runs itself, never forked
+    assert m.started_by == "torchrun"  # torchrun runs itself, never forked
     assert m.ranks == 2 and len(m.per_rank) == 2 and m.loader_measured["dataset"] == "_SleepyDataset"
     analytic = 2 * expected_samples_per_s(2, 8, 0.005, 0.02)
     assert 0.5 * analytic < m.rate < 1.15 * analytic

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, RandomSampler
 from tests.conftest import sleepy_config
 from tunekit import config
 from tunekit.contract import Knobs, TrialSpec
-from tunekit.launcher import run_trial
+from tunekit.launch import run_trial
 from tunekit.workloads.synthetic import expected_samples_per_s, sleepy_dataset, sleepy_model
 
 
@@ -264,14 +264,14 @@ def test_the_fork_server_starts_trials_that_stay_isolated(tmp_path: Path):
 def test_a_fork_server_started_ahead_serves_the_first_trial(tmp_path: Path):
     """The sweep starts the fork server while it prepares the dataset: the first trial is forked by that same
     server (its imports already paid), not by one started on demand; with trial.fork_server: false none starts."""
-    from tunekit import _forks, launcher
+    from tunekit.launch import _forks, start_fork_server
 
     _forks.close_servers()
     off = sleepy_config(**{"trial.fork_server": False})
-    launcher.start_fork_server(config.from_dict(off).to_dict())
+    start_fork_server(config.from_dict(off))
     assert "server" not in _forks.SERVERS
     cfg = sleepy_config(**{"trial.measure_windows": 2, "trial.window_s": 0.3})
-    launcher.start_fork_server(config.from_dict(cfg).to_dict())
+    start_fork_server(config.from_dict(cfg))
     ahead = _forks.SERVERS["server"].proc
     assert ahead.poll() is None  # importing torch while nothing asks it for a trial yet
     m = run_trial(_spec(cfg, number=0, batch_size=8), tmp_path / "t", 60)
@@ -349,7 +349,7 @@ def test_killed_worker_process_is_crashed_with_signal(tmp_path: Path):
 
 
 def test_bad_output_is_detected(tmp_path: Path):
-    from tunekit.ending import classify as _outcome
+    from tunekit.launch import classify as _outcome
 
     spec = _spec(sleepy_config(), num_workers=0)
     out = tmp_path / "measurement.json"
@@ -386,7 +386,7 @@ def test_trial_dies_with_its_launcher(tmp_path: Path):
     cfg = sleepy_config(**{"workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "hang_at": 3,
                                                      "pid_dir": str(pids)}})
     spec = _spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4)
-    code = ("import json, sys; from tunekit.contract import TrialSpec; from tunekit.launcher import run_trial; "
+    code = ("import json, sys; from tunekit.contract import TrialSpec; from tunekit.launch import run_trial; "
             f"run_trial(TrialSpec.from_dict(json.loads(sys.argv[1])), {str(tmp_path / 't')!r}, 300)")
     launcher = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec.to_dict())])
     deadline = time.monotonic() + 60
@@ -435,9 +435,9 @@ def test_a_wait_on_a_forked_trial_whose_exit_message_was_lost_still_ends():
     message: a later wait (kill_tree's, without a timeout) must still end once the trial's process group is gone."""
     import signal
 
-    from tunekit import _forks, launcher
+    from tunekit.launch import _forks, _start
 
-    env = launcher.child_env()
+    env = _start.child_env()
     server = _forks.server_for(env)
     proc = server.request(["--resolve", json.dumps({})], env, [])
     assert proc is not None

@@ -12,8 +12,7 @@ from tests.conftest import sleepy_config
 from tunekit import config
 from tunekit.contract import Knobs, Mode, Stage, TrialSpec
 from tunekit.errors import ConfigError
-from tunekit.launcher import run_trial
-from tunekit.outcome import classify_error
+from tunekit.launch import classify_error, run_trial
 from tunekit.recommended import recommendation_dict
 
 GOOD = recommendation_dict({"num_workers": 4, "prefetch_factor": 2, "pin_memory": True, "batch_size": 64,

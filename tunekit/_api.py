@@ -105,7 +105,7 @@ def sweep(config: str | os.PathLike[str] | dict[str, Any], *, out: str | os.Path
     if strategy not in (None, "staged", "grid"):
         raise UsageError(f"strategy={strategy!r}: choose staged or grid")
     minutes = _budget(budget_min)
-    from tunekit.launcher import resolve_paths  # through the fork server the sweep's trials then use
+    from tunekit.launch import resolve_paths  # through the fork server the sweep's trials then use
 
     cfg = config_mod.load(config, overrides={**(overrides or {}), **fixed_knobs(knobs)}, resolve=resolve_paths)
     return sweep_config(cfg, out=out, budget_min=minutes, strategy=strategy, resume=resume, quiet=quiet)
@@ -155,7 +155,7 @@ def trial(config: str | os.PathLike[str] | dict[str, Any], *, knobs: dict[str, A
     if mode not in MODES:
         raise UsageError(f"mode={mode!r}: choose one of: {', '.join(MODES)}")
     chosen = config_mod.check_knobs(dict(knobs or {}))
-    from tunekit.launcher import resolve_paths
+    from tunekit.launch import resolve_paths
 
     cfg = config_mod.load(config, overrides=overrides, resolve=resolve_paths)
     run = first_knobs(cfg, **chosen)

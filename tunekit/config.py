@@ -24,6 +24,7 @@ import yaml
 
 from tunekit.command import is_python, placeholders, split_command, torchrun_split
 from tunekit.contract import KNOB_NAMES
+from tunekit.contract import process as names
 from tunekit.errors import ConfigError, UsageError
 
 __all__ = [
@@ -340,7 +341,7 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node[last] = value
 
 
-Resolver = Callable[[dict[str, Any], dict[str, str]], "dict[str, str | None] | str"]
+Resolver = Callable[["Config", dict[str, str]], "dict[str, str | None] | str"]
 """Checks import paths for a config (its ``to_dict()``): each path's problem or None, or why the check failed."""
 
 
@@ -352,7 +353,7 @@ def load(path: str | os.PathLike[str] | dict[str, Any], *, check_imports: bool =
         path: the YAML file, or a mapping of config keys.
         check_imports: also resolve every import path (in a subprocess, so this process never imports torch).
         overrides: ``{"trial.window_s": 10, ...}``, applied before validation.
-        resolve: runs the import-path check (a factory config's; ``launcher.resolve_paths`` runs it through the
+        resolve: runs the import-path check (a factory config's; ``launch.resolve_paths`` runs it through the
             sweep's fork server); default: a subprocess of its own.
 
     Raises:
@@ -786,11 +787,11 @@ def _check_import_paths(cfg: Config, source: str, resolve: Resolver | None = Non
     if not paths:
         return []
     if resolve is not None and cfg.script is None:
-        found = resolve(cfg.to_dict(), paths)
+        found = resolve(cfg, paths)
         if isinstance(found, str):
             return [f"{source}: workload: could not check import paths: {found}"]
         return [f"{source}: {key}: {_show(paths[key])} {msg}" for key, msg in found.items() if msg]
-    cmd = [sys.executable, "-m", "tunekit.worker", "--resolve", json.dumps(paths)]  # imports torch: not here
+    cmd = [sys.executable, "-m", names.WORKER_MODULE, names.RESOLVE, json.dumps(paths)]  # imports torch: not here
     # a script's count resolves where the script runs (its folder is on its path), a factory's where tunekit does
     cwd = cfg.script.cwd if cfg.script is not None else None
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd)

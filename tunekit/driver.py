@@ -24,21 +24,13 @@ import yaml
 from tunekit import plan, report, store
 from tunekit._files import read_json, write_json_atomic, write_text_atomic
 from tunekit.config import Config, from_dict
-from tunekit.contract import Knobs, Measurement, Mode, TrialSpec, skipped_measurement
+from tunekit.contract import Knobs, Measurement, Mode, TrialSpec, process, skipped_measurement
 from tunekit.env import matmul_peaks, snapshot, sweep_warnings
 from tunekit.errors import UsageError
-from tunekit.launcher import (
-    child_env,
-    kill_tree,
-    release_nodes,
-    run_task,
-    run_trial,
-    start_fork_server,
-    torchrun_command,
-)
+from tunekit.launch import lock_run, release_nodes, run_task, run_trial, start_fork_server
 from tunekit.records import TrialRow
 
-__all__ = ["SweepResult", "run_sweep", "run_single", "run_node", "first_knobs", "rebuild", "probe_cuda",
+__all__ = ["SweepResult", "run_sweep", "run_single", "first_knobs", "rebuild", "probe_cuda",
            "make_console", "interrupts_as_keyboard_interrupt"]
 
 
@@ -150,7 +142,7 @@ class _RunningSweep:
         if self.cfg.script is not None:  # the script builds its own data, in each trial
             return
         t0 = time.monotonic()
-        start_fork_server(self.cfg.to_dict())
+        start_fork_server(self.cfg)
         try:
             _prepare_dataset(self.cfg, self.console)
         finally:
@@ -164,7 +156,7 @@ def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: floa
     child processes and still writes the outputs of the finished trials. ``seed``: finished trials measured
     elsewhere (a retune's reused ceilings, its check trial), recorded first when the run holds no trial yet; the
     plan then never asks for them again."""
-    with store.lock_run(run_dir):
+    with lock_run(run_dir):
         return _locked_sweep(cfg, run_dir, strategy=strategy, budget_minutes=budget_minutes, resume=resume,
                              quiet=quiet, seed=seed)
 
@@ -196,7 +188,7 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
         console.print(f"resuming: {len(sweep.rows)} finished trial(s) in {run_dir / store.STUDY_FILE} are kept")
     try:
         _run_trials(sweep, _Budget(budget_minutes, cfg.budget.max_trials))
-        if cfg.launch.nnodes > 1 and not release_nodes(cfg.to_dict()):  # their tunekit node loops end here
+        if cfg.launch.nnodes > 1 and not release_nodes(cfg):  # their tunekit node loops end here
             console.print("warning: the other nodes did not answer the release; their tunekit node loops stop after "
                           "their --idle-timeout")
     except KeyboardInterrupt:
@@ -330,7 +322,7 @@ def run_single(cfg: Config, knobs: Knobs, mode: str, out: Path,
                announce: Callable[[int], None] = lambda number: None) -> tuple[Measurement, Path]:
     """Exactly one trial into ``out/trials/<n>/`` (``tunekit trial``): its measurement and its folder. A sweep's run
     folder is refused (a resumed sweep would reuse the number). ``announce(number)`` runs once the folder is held."""
-    with store.lock_run(out):  # no other sweep or trial writes here meanwhile
+    with lock_run(out):  # no other sweep or trial writes here meanwhile
         if (out / store.STUDY_FILE).exists():
             raise UsageError(f"{out}: a sweep's run folder (it holds {store.STUDY_FILE}), whose trial numbers a "
                              "resumed sweep would reuse; give the trial another --out")
@@ -341,59 +333,6 @@ def run_single(cfg: Config, knobs: Knobs, mode: str, out: Path,
         announce(number)
         result = run_trial(spec, trials / str(number), cfg.trial.timeout_s)
         return result, trials / str(number)
-
-
-def run_node(cfg: Config, node_rank: int, folder: Path, *, idle_timeout_s: float,
-             say: Callable[[str], None] = lambda line: None) -> int:
-    """Serve node ``node_rank``'s ranks of every multi-rank trial of a sweep run on node 0 (``tunekit node``), until
-    the sweep releases this node or no trial came for ``idle_timeout_s``; returns the trials served. Each trial's
-    spec comes from rank 0 through the rendezvous; this node's failures stay in ``folder``'s node.log."""
-    nnodes = cfg.launch.nnodes
-    if nnodes < 2:
-        raise UsageError(f"{cfg.source}: launch.nnodes is 1: there are no other nodes to serve")
-    if not 1 <= node_rank < nnodes:
-        raise UsageError(f"--node-rank {node_rank}: choose 1 ... {nnodes - 1} (node 0 runs the sweep)")
-    folder.mkdir(parents=True, exist_ok=True)
-    cmd = torchrun_command(cfg.to_dict()["launch"], node_rank) + ["-m", "tunekit.worker", "--follow", str(folder)]
-    served, last = 0, time.monotonic()
-    while True:
-        for stale in (*folder.glob("measurement.rank*.json"), folder / "trial", folder / "stop"):
-            stale.unlink(missing_ok=True)
-        with open(folder / "node.log", "ab") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, env=child_env())
-            try:
-                rc = _wait_trial(proc, folder / "trial", cfg.trial.timeout_s)
-            finally:  # an interrupt ends this node's ranks and their workers too
-                kill_tree(proc)
-        if (folder / "stop").exists():
-            say(f"node {node_rank}: the sweep released this node after {served} trial(s)")
-            return served
-        if (folder / "trial").exists():
-            served, last = served + 1, time.monotonic()
-            failed = [Measurement.from_dict(read_json(p)) for p in folder.glob("measurement.rank*.json")]
-            first = min(failed, key=lambda m: float(m.failed_at or 0.0)) if failed else None
-            reason = first.reason if first is not None else None
-            say(f"node {node_rank}: trial {(folder / 'trial').read_text()} "
-                + (f"failed here: {reason}" if reason else "done" if rc == 0 else f"ended with exit code {rc}"))
-        elif time.monotonic() - last > idle_timeout_s:
-            say(f"node {node_rank}: no trial for {idle_timeout_s:g} s; stopping after {served} trial(s)")
-            return served
-        else:
-            time.sleep(1.0)  # no rendezvous this time (node 0 between trials, or not started yet)
-
-
-def _wait_trial(proc: subprocess.Popen[Any], started: Path, timeout_s: float) -> int | None:
-    """This node's torchrun: waiting at the rendezvous for as long as it takes, then, once its ranks have a trial,
-    for at most that trial's timeout (node 0 kills its own ranks then; these must not hang on in a collective)."""
-    since: float | None = None
-    while proc.poll() is None:
-        if since is None and started.exists():
-            since = time.monotonic()
-        if since is not None and time.monotonic() - since > timeout_s + 30.0:
-            return None
-        time.sleep(0.5)
-    return proc.returncode
 
 
 def rebuild(run_dir: Path) -> report.RunSummary:
@@ -414,7 +353,7 @@ def _prepare_dataset(cfg: Config, console: Any) -> None:
     wl = {"dataset": cfg.workload.dataset, "dataset_args": cfg.workload.dataset_args}
     t0 = time.monotonic()
     # forked by the fork server (its imports paid once), else a fresh interpreter; an interrupt ends it
-    rc, out = run_task(cfg.to_dict(), ["--prepare", json.dumps(wl)], max(600.0, cfg.trial.timeout_s))
+    rc, out = run_task(cfg, [process.PREPARE, json.dumps(wl)], max(600.0, cfg.trial.timeout_s))
     lines = [line for line in out.strip().splitlines() if line.strip()]
     if rc is None:
         console.print("warning: preparing the dataset timed out; the first trial will finish it")

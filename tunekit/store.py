@@ -16,14 +16,12 @@ interrupted, and the plan asks for it again. Runs recorded in one study (older r
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import dataclasses
 import functools
 import hashlib
 import json
 import logging
-import os
 import shutil
-import signal
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,14 +36,14 @@ from tunekit.contract import Knobs, Measurement, Mode, Stage, measurement_proble
 from tunekit.errors import StorageError, UsageError
 from tunekit.records import TrialRow
 
-__all__ = ["RunStore", "open_run", "load_run", "lock_run", "fingerprint", "STUDY_FILE", "MAIN_STUDY",
+__all__ = ["RunStore", "open_run", "load_run", "fingerprint", "STUDY_FILE", "MAIN_STUDY",
            "CEILINGS_STUDY"]
 
 STUDY_FILE = "study.db"
-LOCK_FILE = ".tunekit.lock"
 MAIN_STUDY = "tunekit"
 CEILINGS_STUDY = "tunekit-ceilings"
 _INTERRUPTED = "interrupted"
+_WORDS = {Stage: {m.value for m in Stage}, Mode: {m.value for m in Mode}}
 _FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 _T = TypeVar("_T")
 
@@ -191,6 +189,10 @@ class RunStore:
                     continue
                 number = t.user_attrs.get("number", t.number)
                 record = Measurement.from_dict({**m, "number": number})
+                if record.stage not in _WORDS[Stage] or record.mode not in _WORDS[Mode]:  # a record that says only
+                    # how the trial ended (a bootstrap that could not load): the trial's own tags say what it was
+                    record = dataclasses.replace(record, stage=t.user_attrs.get("stage", ""),
+                                                 mode=t.user_attrs.get("mode", ""), params=record.params or t.params)
                 problem = measurement_problem(record, complete=False)
                 if problem:  # a study edited or corrupted: this trial is data that says so, never a figure
                     record = Measurement(status="bad_output", number=number, stage=record.stage, mode=record.mode,
@@ -209,7 +211,6 @@ class RunStore:
                 study.tell(study.ask(), state=TrialState.FAIL)
             for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
                 number = t.user_attrs.get("number", t.number)
-                _kill_leftover(self.run_dir / "trials" / str(number))
                 study.tell(t.number, state=TrialState.FAIL)  # no measurement: not finished, so planned again
                 numbers.append(number)
         return numbers
@@ -226,32 +227,6 @@ class RunStore:
     @property
     def strategy(self) -> str | None:
         return self.main.user_attrs.get("strategy")
-
-
-def lock_run(run_dir: Path) -> Any:
-    """Hold the run folder for this process: a second sweep or trial on it is refused at once, naming the holder.
-
-    The lock is an OS file lock (``flock``) that dies with its holder, so the lock file a killed sweep leaves
-    behind never blocks a resume. Keep the returned handle open for as long as the folder is in use.
-
-    Raises:
-        UsageError: another process holds the folder.
-    """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    handle = open(run_dir / LOCK_FILE, "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
-        handle.close()
-        raise UsageError(f"{run_dir}: another tunekit process (pid {holder}) is using this run folder; wait for it "
-                         "to finish, or choose another --out") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(str(os.getpid()))
-    handle.flush()
-    return handle
 
 
 def _storage(path: Path) -> optuna.storages.RDBStorage:
@@ -349,19 +324,3 @@ def load_run(run_dir: Path) -> RunStore:
         main = optuna.load_study(study_name=MAIN_STUDY, storage=storage)
         ceilings = optuna.load_study(study_name=CEILINGS_STUDY, storage=storage) if CEILINGS_STUDY in names else None
     return RunStore(run_dir, main, ceilings)
-
-
-def _kill_leftover(trial_dir: Path) -> None:
-    try:
-        pid = int((trial_dir / "worker.pid").read_text())
-    except (OSError, ValueError):
-        return
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return
-    if "tunekit.worker" in cmdline and str(trial_dir.resolve()) in cmdline:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass

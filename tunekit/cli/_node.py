@@ -5,7 +5,8 @@ from pathlib import Path
 import click
 
 from tunekit import config as config_mod
-from tunekit.driver import interrupts_as_keyboard_interrupt, run_node
+from tunekit.driver import interrupts_as_keyboard_interrupt
+from tunekit.launch import run_node
 
 
 @click.command()

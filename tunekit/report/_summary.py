@@ -176,7 +176,7 @@ def _script_fields(cfg: Config, rows: list[TrialRow], knee: TrialRow | None) -> 
     if cfg.script is None:
         return {}
     from tunekit.contract import TrialSpec
-    from tunekit.launcher import script_command
+    from tunekit.launch import script_command
 
     base = next((r for r in rows if r.stage == Stage.baseline), None)
     if knee is None:

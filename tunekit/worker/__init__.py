@@ -22,7 +22,8 @@ from typing import Any
 
 from tunekit._files import read_json, write_json_atomic
 from tunekit.contract import TrialSpec, failed_measurement
-from tunekit.outcome import classify_error
+from tunekit.contract import process as names
+from tunekit.launch import classify_error
 
 __all__ = ["main", "EXIT_FAILED", "watch_parent"]
 
@@ -46,7 +47,7 @@ def _task(name: str, data: dict[str, Any]) -> int:
     first use (synthetic_jpeg writes its JPEG files) would otherwise spend that time inside the first trial."""
     from tunekit.workloads import check_paths, resolve
 
-    if name == "--resolve":
+    if name == names.RESOLVE:
         print(json.dumps(check_paths(data)))
         return 0
     dataset = resolve(data["dataset"])(**data.get("dataset_args", {}))
@@ -61,7 +62,7 @@ def watch_parent() -> None:
     """Kill this trial's process group if its parent (the launcher, or torchrun for a rank) or the sweep that
     launched it dies (SIGKILL, a lost terminal): a trial never outlives the sweep that started it."""
     parent = os.getppid()
-    launcher = int(os.environ.get("TUNEKIT_LAUNCHER_PID") or 0)
+    launcher = int(os.environ.get(names.LAUNCHER_PID) or 0)
 
     def watch() -> None:
         while True:
@@ -81,23 +82,23 @@ def _spec_and_paths(args: list[str], rank: int | None) -> tuple[TrialSpec | None
     """The trial to run and where its measurement goes: from SPEC MEASUREMENT on the node running the sweep (whose
     rank 0 hands the spec on to the other nodes), or from rank 0 with ``--follow FOLDER`` on another node. None:
     the sweep is over (``--release``, or a follower told so)."""
-    if args[0] == "--release":
+    if args[0] == names.RELEASE:
         if rank == 0:
             from tunekit.worker._dist import publish
 
             publish(None)
         return None, ""
-    if args[0] == "--follow":
+    if args[0] == names.FOLLOW:
         from tunekit.worker._dist import receive
 
         folder = Path(args[1])
         data = receive()
         if data is None:
-            (folder / "stop").touch()
+            (folder / names.NODE_STOP_FILE).touch()
             return None, ""
         spec = TrialSpec.from_dict(data)
-        (folder / "trial").write_text(str(spec.number))  # the node loop reports which trial it served
-        return spec, str(folder / "measurement.json")
+        (folder / names.NODE_TRIAL_FILE).write_text(str(spec.number))  # the node loop reports which trial it served
+        return spec, str(folder / names.MEASUREMENT_FILE)
     spec = TrialSpec.from_dict(read_json(args[0]))
     if rank == 0 and int((spec.config.get("launch") or {}).get("nnodes") or 1) > 1:
         from tunekit.worker._dist import publish
@@ -108,11 +109,11 @@ def _spec_and_paths(args: list[str], rank: int | None) -> tuple[TrialSpec | None
 
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
-    if args[:1] == ["--fork-server"]:  # no watch thread there: the server forks, and forks only its one thread
+    if args[:1] == [names.FORK_SERVER]:  # no watch thread there: the server forks, and forks only its one thread
         from tunekit.worker._forkserver import serve
 
         return serve(int(args[1]))
-    if args[:1] in (["--prepare"], ["--resolve"]):  # a sweep's short tasks, forked from the server as trials are
+    if args[:1] in ([names.PREPARE], [names.RESOLVE]):  # a sweep's short tasks, forked from the server as trials are
         return _task(args[0], json.loads(args[1]))
     watch_parent()
     rank = _rank()
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # rank 0 writes the trial's measurement; a failing rank writes its failure beside it, with the time: the first
     # rank to fail is the cause (the others then fail in their collectives with a lost peer)
-    failure_path = out_path if rank is None else str(Path(out_path).with_name(f"measurement.rank{rank}.json"))
+    failure_path = out_path if rank is None else str(Path(out_path).with_name(names.rank_failure_file(rank)))
     where = "" if rank is None else f"rank {rank}: "
     try:
         from tunekit.worker._measure import measure  # torch: a broken install is a classified failure too

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler
 
 from tunekit import rules
+from tunekit.contract import process as names
 
 __all__ = ["Ranks", "init", "EndlessDistributedSampler", "merge", "publish", "receive", "SYNC_PROBE_STEPS"]
 
@@ -47,9 +48,9 @@ class Ranks:
     """``progress.rank<r>`` in the trial's folder (``TUNEKIT_TRIAL_DIR``), open for :meth:`mark`; -1 without one."""
 
     def __post_init__(self) -> None:
-        folder = os.environ.get("TUNEKIT_TRIAL_DIR")
+        folder = os.environ.get(names.TRIAL_DIR)
         if folder and os.path.isdir(folder):
-            self.progress = os.open(os.path.join(folder, f"progress.rank{self.rank}"),
+            self.progress = os.open(os.path.join(folder, names.progress_file(self.rank)),
                                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
     def mark(self, batch: int, received: bool) -> None:

@@ -1,15 +1,14 @@
 """The fork server: pays a trial's start-up (the interpreter, ``import torch``, the worker's and the workload's
 modules) once per sweep, then forks a fresh child per single-process trial.
 
-``python -m tunekit.worker --fork-server FD`` serves requests on the SOCK_SEQPACKET socket ``FD``, one at a time.
-A request is a JSON object ``{"argv": [SPEC, MEASUREMENT], "env": {...}, "preload": [module, ...]}`` sent with one
-file descriptor, the write end of the pipe that becomes the trial's stdout and stderr; a script-mode trial's has
-``"script": {"path" | "module", "args", "cwd"}`` instead of the worker's argv: the child runs the user's program
-as the interpreter would (``runpy``), its DataLoader hooked by ``tunekit.worker._script``. The server imports the
-preload modules (a failing import is left for the trial to report), then forks; it answers ``{"pid": PID}``, and
-``{"exit": PID, "code": CODE}`` once that child has ended (``CODE`` as ``subprocess.Popen.returncode`` gives it:
-negative for a signal). It answers ``{"unsafe": REASON}`` and exits instead when an import initialised CUDA or
-started its driver (a child forked after that could not use the GPU), or started a thread.
+``python -m tunekit.worker --fork-server FD`` serves requests on the SOCK_SEQPACKET socket ``FD``, one at a time;
+the messages are ``tunekit.contract.process``'s. A request (``fork_request``) is sent with one file descriptor, the
+write end of the pipe that becomes the trial's stdout and stderr; a script-mode trial's names the user's program
+instead of the worker's argv: the child runs it as the interpreter would (``runpy``), its DataLoader hooked by
+``tunekit.worker._script``. The server imports the preload modules (a failing import is left for the trial to
+report), then forks; it answers ``forked(PID)``, and ``exited(PID, CODE)`` once that child has ended. It answers
+``unsafe(REASON)`` and exits instead when an import initialised CUDA or started its driver (a child forked after that
+could not use the GPU), or started a thread.
 
 Isolation stays what a fresh interpreter gives: the child starts a session of its own (the launcher kills its whole
 process tree on timeout), takes the launcher's environment, and initialises CUDA itself, after the fork; what one
@@ -26,6 +25,8 @@ import socket
 import sys
 import threading
 from typing import Any
+
+from tunekit.contract import process as names
 
 __all__ = ["serve"]
 
@@ -59,7 +60,7 @@ def _child(argv: list[str], env: dict[str, str], out_fd: int, sock: socket.socke
         os.close(out_fd)
         os.environ.clear()
         os.environ.update(env)
-        os.environ["TUNEKIT_FORKED_FROM"] = str(os.getppid())  # the monitor counts the pages shared with the server
+        os.environ[names.FORKED_FROM] = str(os.getppid())  # the monitor counts the pages shared with the server
         numpy = sys.modules.get("numpy")  # its global generator reseeded, as in a fresh interpreter (``random``
         if numpy is not None:  # reseeds itself at a fork); else every trial would draw the same numbers
             numpy.random.seed()
@@ -176,7 +177,7 @@ def serve(fd: int) -> int:
         if unsafe:
             for f in fds:
                 os.close(f)
-            _send(sock, {"unsafe": unsafe})
+            _send(sock, names.unsafe(unsafe))
             return 1
         sys.stdout.flush()
         sys.stderr.flush()
@@ -186,6 +187,6 @@ def serve(fd: int) -> int:
         checked = True
         for f in fds:
             os.close(f)
-        _send(sock, {"pid": pid})
+        _send(sock, names.forked(pid))
         _, status = os.waitpid(pid, 0)
-        _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        _send(sock, names.exited(pid, os.waitstatus_to_exitcode(status)))

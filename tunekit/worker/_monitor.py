@@ -16,13 +16,15 @@ from typing import Any, NamedTuple
 
 import psutil
 
+from tunekit.contract import process as names
+
 __all__ = ["Monitor", "TreeCpu", "CpuUse", "nvml_sampler", "fork_server_pid"]
 
 
 def fork_server_pid() -> int | None:
     """The fork server's pid when it forked this process (it sets ``TUNEKIT_FORKED_FROM`` in the child; a process
     the trial starts inherits the variable but not the parent), else None."""
-    pid = int(os.environ.get("TUNEKIT_FORKED_FROM") or 0)
+    pid = int(os.environ.get(names.FORKED_FROM) or 0)
     return pid if pid and pid == os.getppid() else None
 
 

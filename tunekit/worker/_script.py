@@ -42,7 +42,8 @@ from tunekit._files import read_json, write_json_atomic
 from tunekit.command import LOADER_KNOBS, set_on_loader
 from tunekit.config import from_dict
 from tunekit.contract import Measurement, TrialSpec, failed_measurement
-from tunekit.outcome import classify_error
+from tunekit.contract import process as names
+from tunekit.launch import classify_error
 from tunekit.worker import _dist
 from tunekit.worker._loader import LoaderBatches, tensors
 from tunekit.worker._meter import Meter, MeterSettings
@@ -53,8 +54,7 @@ from tunekit.workloads import resolve
 
 __all__ = ["install", "SPEC_ENV", "OUT_ENV"]
 
-SPEC_ENV = "TUNEKIT_SCRIPT_SPEC"
-OUT_ENV = "TUNEKIT_SCRIPT_MEASUREMENT"
+SPEC_ENV, OUT_ENV = names.SCRIPT_SPEC, names.SCRIPT_MEASUREMENT
 
 _original_init = DataLoader.__init__
 _original_iter = DataLoader.__iter__
@@ -85,6 +85,7 @@ class _Session:
         self.inject = set(set_on_loader(script.command))
         """The knobs set on the training DataLoader itself (the command has no placeholder for them)."""
         self.started = time.time()
+        self.pid = os.getpid()
         self.world, self.rank = int(os.environ.get("WORLD_SIZE") or 1), int(os.environ.get("RANK") or 0)
         self.ranks: _dist.Ranks | None = None
         self.built: list[weakref.ref[DataLoader]] = []
@@ -181,7 +182,7 @@ class _Session:
         self.loader.close()
         monitor.stop()
         now = time.perf_counter()
-        started_at = float(os.environ.get("TUNEKIT_STARTED_AT") or self.started)
+        started_at = float(os.environ.get(names.STARTED_AT) or self.started)
         times = {"startup_s": max(0.0, self.started - started_at), "cuda_init_s": 0.0,
                  "build_s": self.facts["build_s"], "loop_setup_s": 0.0,
                  "teardown_s": now - reading.windows_end, "trial_s": time.time() - self.started}
@@ -209,8 +210,9 @@ class _Session:
     # -- the script ending on its own ---------------------------------------------------------------------
 
     def failure(self, exc: BaseException | None = None) -> None:
-        """Write why the trial has no measurement when the script ends before its windows are done."""
-        if self.done or os.path.exists(self.out_path):
+        """Write why the trial has no measurement when the script ends before its windows are done (in the script's
+        own process: a child it forked and that exits through the interpreter inherits this hook too)."""
+        if self.done or os.path.exists(self.out_path) or os.getpid() != self.pid:
             return
         self.done = True
         if exc is not None:
@@ -223,7 +225,7 @@ class _Session:
             self.loader.close()
         path = self.out_path
         if self.world > 1:  # beside the trial's measurement, with the time: the first rank to fail is the cause
-            path = os.path.join(os.path.dirname(path), f"measurement.rank{self.rank}.json")
+            path = os.path.join(os.path.dirname(path), names.rank_failure_file(self.rank))
             extra["failed_at"] = time.time()
             reason = f"rank {self.rank}: {reason}"
         write_json_atomic(path, failed_measurement(self.spec, status, reason, **extra).to_dict())
@@ -387,11 +389,14 @@ def install() -> None:
     global _SESSION
     from tunekit.worker import watch_parent
 
-    if _torchrun_agent():
+    if _torchrun_agent():  # its ranks install the meter, each in its own process
         return
+    # the trial is this process's alone: no other Python child of the script (a spawn- or forkserver-context
+    # DataLoader worker, a subprocess of sys.executable, a compile worker) finds it in its environment
+    spec_path, out_path = os.environ.pop(SPEC_ENV), os.environ.pop(OUT_ENV)
     watch_parent()  # the script dies with the sweep that launched it, as a worker does
-    spec = TrialSpec.from_dict(read_json(os.environ[SPEC_ENV]))
-    _SESSION = _Session(spec, os.environ[OUT_ENV])
+    spec = TrialSpec.from_dict(read_json(spec_path))
+    _SESSION = _Session(spec, out_path)
     DataLoader.__init__ = _init  # type: ignore[method-assign]
     DataLoader.__iter__ = _iter  # type: ignore[method-assign]
     previous = sys.excepthook

@@ -13,6 +13,7 @@ import torch
 
 from tunekit.config import Config, extra_knobs, from_dict, set_dotted
 from tunekit.contract import Knobs, TrialSpec
+from tunekit.contract import process as names
 from tunekit.worker import _dist
 from tunekit.worker._build import Built, build, make_loader, pick_device
 
@@ -41,7 +42,7 @@ def set_up(spec: TrialSpec) -> Setup:
     # Interpreter start plus imports (torch above all), or the fork from the fork server: part of every trial's
     # cost, outside its measurement; counted from the launcher's clock (a process's create time can be off by a
     # second in containers).
-    started = os.environ.get("TUNEKIT_STARTED_AT")
+    started = os.environ.get(names.STARTED_AT)
     startup_s = max(0.0, time.time() - (float(started) if started else psutil.Process().create_time()))
     cfg = _trial_config(spec)
     torch.manual_seed(0)

@@ -16,11 +16,12 @@ import sys
 import time
 from typing import Any
 
-from tunekit._procs import TERM_GRACE_S, group_alive, signal_group
-from tunekit.contract import TrialSpec
+from tunekit.config import IMPORT_PATH_KEYS, Config
+from tunekit.contract import process as names
+from tunekit.launch._procs import TERM_GRACE_S, group_alive, signal_group
 
-__all__ = ["ForkServer", "Forked", "forkable", "fork_trial", "fork_script", "server_for", "workload_modules", "refusal",
-           "close_servers", "SERVERS"]
+__all__ = ["ForkServer", "Forked", "fork_trial", "fork_script", "server_for", "workload_modules", "refusal",
+           "close_servers", "server_pids", "SERVERS"]
 
 
 class ForkServer:
@@ -30,7 +31,7 @@ class ForkServer:
         self.key = server_key(env, cwd)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tunekit.worker", "--fork-server", str(theirs.fileno())],
+            [sys.executable, "-m", names.WORKER_MODULE, names.FORK_SERVER, str(theirs.fileno())],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True, env=env, cwd=cwd,
         )
@@ -45,10 +46,10 @@ class ForkServer:
         cannot (then it is not asked again)."""
         read_end, write_end = os.pipe()
         reply: dict[str, Any] | None = None
-        message = {"argv": argv, "env": env, "preload": preload, **({"script": script} if script else {})}
+        message = names.fork_request(argv, env, preload, script)
         try:
             socket.send_fds(self.sock, [json.dumps(message).encode()], [write_end])
-            while reply is None or "exit" in reply:  # an earlier trial's exit, unread after an interrupt
+            while reply is None or names.exit_of(reply):  # an earlier trial's exit, unread after an interrupt
                 reply = self.receive(timeout=_FORK_REPLY_S)
                 if reply is None:
                     break
@@ -60,12 +61,13 @@ class ForkServer:
             raise
         finally:
             os.close(write_end)
-        if not reply or "pid" not in reply:
-            self.refusal = str((reply or {}).get("unsafe") or "")
+        pid = names.forked_pid(reply)
+        if pid is None:
+            self.refusal = names.unsafe_reason(reply)
             os.close(read_end)
             self.close()
             return None
-        return Forked(self, int(reply["pid"]), os.fdopen(read_end, "rb"))
+        return Forked(self, pid, os.fdopen(read_end, "rb"))
 
     def receive(self, timeout: float | None) -> dict[str, Any] | None:
         """The server's next message; None when it closed the socket; TimeoutError when none came in time."""
@@ -128,8 +130,8 @@ class Forked:
                         raise subprocess.TimeoutExpired(f"trial {self.pid}", timeout or 0.0)
                     time.sleep(0.05)
                 self.returncode = -signal.SIGKILL
-            elif reply.get("exit") == self.pid:
-                self.returncode = int(reply["code"])
+            elif (names.exit_of(reply) or (None,))[0] == self.pid:
+                self.returncode = names.exit_of(reply)[1]  # type: ignore[index]
         return self.returncode
 
 
@@ -146,35 +148,21 @@ def server_key(env: dict[str, str], cwd: str | None = None) -> tuple[Any, ...]:
     return (tuple(sorted(env.items())), os.path.abspath(cwd or os.getcwd()))
 
 
-def forkable(spec: TrialSpec) -> bool:
-    """A single-process trial with ``trial.fork_server`` on."""
-    return spec.knobs.ranks == 1 and bool((spec.config.get("trial") or {}).get("fork_server", True))
-
-
-def fork_trial(spec: TrialSpec, argv: list[str], env: dict[str, str], trial_env: dict[str, str]) -> Forked | None:
-    """The trial forked by this process's fork server (one per environment and working folder, started when first
-    needed); None for a multi-rank trial, with ``trial.fork_server: false``, or once the server for this
-    environment could not fork (a module it imported initialised CUDA, or it died): the caller then starts a fresh
-    interpreter."""
-    if not forkable(spec):
-        return None
+def fork_trial(cfg: Config, argv: list[str], env: dict[str, str], trial_env: dict[str, str]) -> Forked | None:
+    """The worker's trial forked by this process's fork server (one per environment and working folder, started
+    when first needed); None once the server for this environment could not fork (a module it imported initialised
+    CUDA, or it died): the caller then starts a fresh interpreter."""
     server = server_for(env)
-    return None if server.broken else server.request(argv, trial_env, workload_modules(spec.config))
+    return None if server.broken else server.request(argv, trial_env, workload_modules(cfg))
 
 
-_PER_TRIAL = ("TUNEKIT_STARTED_AT", "TUNEKIT_TRIAL_DIR", "TUNEKIT_SCRIPT_SPEC", "TUNEKIT_SCRIPT_MEASUREMENT")
-"""What differs between the trials of one environment: a fork server is started without them."""
-
-
-def fork_script(spec: TrialSpec, command: list[str], cwd: str, env: dict[str, str]) -> Forked | None:
+def fork_script(command: list[str], cwd: str, env: dict[str, str]) -> Forked | None:
     """A script trial forked by a fork server started in the script's environment (``script.env`` and the
     bootstrap on ``PYTHONPATH``), which then runs the program as its interpreter would (``runpy``: ``__main__``, its
     ``sys.argv`` and ``sys.path[0]``) in the script's folder: the interpreter's start and ``import torch`` are paid
     once per sweep. Only for a single-process trial whose command is ``python SCRIPT …`` or ``python -m MODULE …``
     run by this very interpreter (``sys.executable``), without interpreter options; None otherwise, or once the
     server could not fork (the caller then runs the command itself)."""
-    if not forkable(spec):
-        return None
     from tunekit.command import script_entry, script_imports
 
     entry = script_entry(command, cwd, env.get("PATH"), sys.executable)
@@ -182,7 +170,7 @@ def fork_script(spec: TrialSpec, command: list[str], cwd: str, env: dict[str, st
         return None
     # started in the script's folder, as the command would be: the interpreter makes the relative entries of
     # PYTHONPATH absolute against the folder it starts in, and the server's imports and sys.path are the child's
-    server = server_for({k: v for k, v in env.items() if k not in _PER_TRIAL}, cwd)
+    server = server_for({k: v for k, v in env.items() if k not in names.PER_TRIAL}, cwd)
     preload = ["tunekit.worker._script", *script_imports(entry)]
     return None if server.broken else server.request([], env, preload, script=entry)
 
@@ -199,12 +187,11 @@ def server_for(env: dict[str, str], cwd: str | None = None) -> ForkServer:
     return server
 
 
-def workload_modules(config: dict[str, Any]) -> list[str]:
+def workload_modules(cfg: Config) -> list[str]:
     """The modules of the workload's import paths (``module:attr``), for the fork server to import once."""
-    from tunekit.config import IMPORT_PATH_KEYS
-
-    workload = config.get("workload") or {}
-    paths = [workload.get(n) for n in IMPORT_PATH_KEYS]
+    if cfg.workload is None:
+        return []
+    paths = [getattr(cfg.workload, n, None) for n in IMPORT_PATH_KEYS]
     return sorted({p.split(":", 1)[0] for p in paths if isinstance(p, str) and ":" in p})
 
 
@@ -213,6 +200,11 @@ def close_servers() -> None:
     for server in list(SERVERS.values()):
         server.close()
     SERVERS.clear()
+
+
+def server_pids() -> set[int]:
+    """The pids of this process's fork servers (children of the launcher that are no trial's)."""
+    return {server.proc.pid for server in SERVERS.values() if server.proc.poll() is None}
 
 
 def refusal() -> str:

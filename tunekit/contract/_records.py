@@ -1,8 +1,5 @@
-"""The contract between the driver and a trial: what goes in (spec.json) and what comes out (measurement.json).
-
-Both sides import this module, so it imports nothing heavy. :class:`Measurement` is measurement.json as a record;
-docs/measurement.md lists its fields (a test holds the two equal).
-"""
+"""spec.json and measurement.json as typed records: the trial spec, the knobs, the measurement, the statuses,
+the records of failed and skipped trials."""
 
 from __future__ import annotations
 

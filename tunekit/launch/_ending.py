@@ -14,7 +14,8 @@ from typing import Any
 
 from tunekit._files import read_json
 from tunekit.contract import STATUSES, Measurement, TrialSpec, failed_measurement, measurement_problem
-from tunekit.outcome import classify_error, silent_ranks
+from tunekit.contract import process as names
+from tunekit.launch._outcome import classify_error, silent_ranks
 
 __all__ = ["classify", "script_exit", "rank_failure", "hung_ranks", "accept", "tail", "signal_name"]
 
@@ -60,6 +61,10 @@ def classify(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float,
         accepted = accept(data)
         if isinstance(accepted, str):
             return failed_measurement(spec, "bad_output", accepted)
+        if accepted.status != "ok" and not accepted.stage:  # the bootstrap's word, from an interpreter that could
+            # not load the record types: what the trial was is the spec's
+            return failed_measurement(spec, accepted.status, accepted.reason or "no reason given",
+                                      exception=accepted.exception)
         return accepted
     if failed_rank is not None:
         return failed_rank
@@ -86,14 +91,14 @@ def rank_failure(out_path: Path, log: str) -> Measurement | None:
     reported), else the first failure in time the ranks reported (its peers fail after it, in their collectives,
     for want of it)."""
     found: dict[int, Measurement] = {}
-    for path in out_path.parent.glob("measurement.rank*.json"):
+    for path in out_path.parent.glob(names.RANK_FAILURES):
         try:
             data = read_json(path)
         except (OSError, ValueError):
             continue
         accepted = accept(data)
         if isinstance(accepted, Measurement) and accepted.status != "ok":
-            found[int(path.name.split(".")[1].removeprefix("rank"))] = accepted
+            found[names.rank_of(path.name)] = accepted
     first = min(found.values(), key=lambda m: float(m.failed_at or 0.0)) if found else None
     silent = silent_ranks(log, set(found)) if first is not None or "ChildFailedError" in log else []
     if not silent:
@@ -102,7 +107,7 @@ def rank_failure(out_path: Path, log: str) -> Measurement | None:
     how = (f"was killed by {signal_name(-code)}" + (" (not sent by tunekit; the kernel's OOM killer is the usual "
            "sender)" if -code == signal.SIGKILL else "") if code < 0 else f"exited with code {code}")
     then = f"; then {first.reason}" if first is not None else ""
-    return failed_measurement(TrialSpec.from_dict(read_json(out_path.parent / "spec.json")), "crashed",
+    return failed_measurement(TrialSpec.from_dict(read_json(out_path.parent / names.SPEC_FILE)), "crashed",
                               f"rank {rank} (local rank {local}) {how} without reporting an error{then}")
 
 
@@ -114,10 +119,10 @@ def hung_ranks(trial_dir: Path) -> str:
     """Which ranks of a timed-out multi-rank trial hung (", rank 1 hung: …"), from the batch each last asked for
     or held (``progress.rank<r>``, written by the worker at every fetch); empty when it cannot tell."""
     where: dict[int, tuple[int, bool, float]] = {}
-    for path in trial_dir.glob("progress.rank*"):
+    for path in trial_dir.glob(names.PROGRESS_MARKS):
         try:
             batch, state, at = path.read_text().split()
-            where[int(path.name.removeprefix("progress.rank"))] = (int(batch), state == "got", float(at))
+            where[names.rank_of(path.name)] = (int(batch), state == "got", float(at))
         except (OSError, ValueError):
             continue
     if len(where) < 2:
@@ -127,9 +132,9 @@ def hung_ranks(trial_dir: Path) -> str:
     if len(stuck) == len(where):
         return (f": every rank held its batch {behind[0]}, so they hung in the step (the model, or a collective)"
                 if behind[1] else f": every rank waited for its batch {behind[0]} from its DataLoader")
-    names = ", ".join(f"rank {r}" for r in stuck)
+    who = ", ".join(f"rank {r}" for r in stuck)
     doing = "in its step on" if behind[1] else "waiting for its DataLoader's"
-    return (f": {names} hung {doing} batch {behind[0]} for {time.time() - behind[2]:.0f} s while the others "
+    return (f": {who} hung {doing} batch {behind[0]} for {time.time() - behind[2]:.0f} s while the others "
             "waited for it in a collective")
 
 

@@ -1,0 +1,184 @@
+"""How a trial's processes start: one :class:`Starter` per trial, chosen once from its config by
+:func:`starter_for`, and the commands and environment they start with. This module never imports torch."""
+
+from __future__ import annotations
+
+import abc
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import tunekit
+from tunekit.command import fill_command, torchrun_split
+from tunekit.config import Config, Launch, from_dict
+from tunekit.contract import TrialSpec
+from tunekit.contract import process as names
+from tunekit.launch import _forks
+
+__all__ = ["Starter", "Interpreter", "Torchrun", "Forked", "TrialFiles", "starter_for", "child_env",
+           "worker_command", "script_command", "torchrun_command", "BOOTSTRAP", "POPEN_PIPES"]
+
+BOOTSTRAP = Path(tunekit.__file__).resolve().parent / "worker" / "_bootstrap"
+"""The folder of script mode's ``sitecustomize``: first on a script trial's PYTHONPATH, it loads the meter into the
+user's own process (and into torchrun's ranks); the process that loads it takes the trial out of its environment,
+so no other Python child of the script loads it too."""
+
+POPEN_PIPES: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL,
+                               "start_new_session": True}
+"""A trial's process: its own session, stdout and stderr into one pipe (worker.log), no stdin."""
+
+
+@dataclass(frozen=True)
+class TrialFiles:
+    """What a starter needs of one trial: its spec (and typed config), its folder's spec.json and measurement.json."""
+
+    spec: TrialSpec
+    cfg: Config
+    spec_path: Path
+    out_path: Path
+
+    def env(self) -> dict[str, str]:
+        """The trial's environment: the launcher's (:func:`child_env`), when it started, its folder."""
+        # the worker counts its start-up from here: interpreter and imports, or the fork
+        return {**child_env(), names.STARTED_AT: repr(time.time()),
+                names.TRIAL_DIR: str(self.spec_path.parent)}
+
+
+class Starter(abc.ABC):
+    """Starts one trial's processes. The process it returns leads its own session, its stdout and stderr one pipe;
+    it offers what ``subprocess.Popen`` offers of ``pid``, ``stdout``, ``poll()``, ``wait(timeout)`` and
+    ``returncode`` (``kill_tree`` ends it and every descendant)."""
+
+    name: ClassVar[str]
+    """What measurement.json's ``started_by`` says."""
+
+    @abc.abstractmethod
+    def start(self, trial: TrialFiles) -> Any:
+        """Start the trial; None when this starter cannot (the caller then falls back to :class:`Interpreter`)."""
+
+
+class Interpreter(Starter):
+    """A fresh interpreter: the worker (``python -m tunekit.worker SPEC MEASUREMENT``), or the user's command."""
+
+    name = "interpreter"
+
+    def start(self, trial: TrialFiles) -> Any:
+        env = trial.env()
+        if trial.cfg.script is not None:
+            script = trial.cfg.script
+            return subprocess.Popen(script_command(trial.spec), cwd=script.cwd or None,
+                                    env=_script_env(trial.cfg, env, trial), **POPEN_PIPES)
+        return subprocess.Popen(worker_command(trial.spec) + [str(trial.spec_path), str(trial.out_path)], env=env,
+                                **POPEN_PIPES)
+
+
+class Torchrun(Interpreter):
+    """torchrun starting the trial's ranks (each in a session of its own; ``kill_tree`` walks them)."""
+
+    name = "torchrun"
+
+
+class Forked(Starter):
+    """A fork of the fork server (``_forks``), with torch and the workload's modules already imported: the worker, or
+    the user's ``python SCRIPT`` / ``python -m MODULE`` run as its interpreter would."""
+
+    name = "fork server"
+
+    def start(self, trial: TrialFiles) -> Any:
+        env = trial.env()
+        if trial.cfg.script is not None:
+            command, cwd = script_command(trial.spec), trial.cfg.script.cwd or os.getcwd()
+            return _forks.fork_script(command, cwd, _script_env(trial.cfg, env, trial))
+        return _forks.fork_trial(trial.cfg, [str(trial.spec_path), str(trial.out_path)], child_env(), env)
+
+
+def starter_for(spec: TrialSpec) -> tuple[Starter, Config]:
+    """The one way this trial starts, from its config: torchrun for several ranks; else a fork of the fork server
+    (``trial.fork_server``, on by default); else a fresh interpreter. Also the spec's config, typed."""
+    cfg = from_dict(spec.config, check_imports=False)
+    if spec.knobs.ranks > 1 or (cfg.script is not None and cfg.launch.world > 1):
+        return Torchrun(), cfg
+    if cfg.trial.fork_server:
+        return Forked(), cfg
+    return Interpreter(), cfg
+
+
+def torchrun_command(launch: Launch, node_rank: int = 0, nproc_per_node: int | None = None) -> list[str]:
+    """torchrun starting ``launch``'s ranks of this node (node ``node_rank``), before ``-m tunekit.worker ...``."""
+    nproc = launch.nproc_per_node if nproc_per_node is None else nproc_per_node
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={int(nproc)}",
+           f"--nnodes={launch.nnodes}", "--max-restarts=0", "--monitor-interval=0.5"]
+    if launch.nnodes == 1:
+        return cmd + ["--standalone"]  # a free port on this host
+    host, port = str(launch.rdzv_endpoint).rsplit(":", 1)  # static rendezvous: node 0 hosts the store
+    join = max(1, math.ceil(launch.join_timeout_s))  # the store waits this long for the nodes
+    return cmd + [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}",
+                  f"--rdzv-conf=timeout={join}"]
+
+
+def worker_command(spec: TrialSpec) -> list[str]:
+    """The command that runs a trial's worker (its spec and measurement paths follow): the worker itself, or
+    torchrun starting ``knobs.ranks`` of them across ``launch.nnodes`` nodes (this one node 0)."""
+    if spec.knobs.ranks <= 1:
+        return [sys.executable, "-m", names.WORKER_MODULE]
+    launch = from_dict(spec.config, check_imports=False).launch
+    return torchrun_command(launch, nproc_per_node=spec.knobs.ranks // launch.nnodes) + ["-m", names.WORKER_MODULE]
+
+
+def script_command(spec: TrialSpec) -> list[str]:
+    """A script trial's command: ``script.command`` with the trial's knobs filled in; for the script's own
+    baseline (stage ``baseline``), only ``script.baseline``'s values, every other placeholder left out with its flag."""
+    cfg = from_dict(spec.config, check_imports=False)
+    script = cfg.script
+    assert script is not None
+    if spec.stage == "baseline":
+        return _ranks_of(spec, cfg.launch, fill_command(script.command, dict(script.baseline)))
+    knobs = spec.knobs.to_dict()
+    extra = knobs.pop("extra")
+    baselines = {key: (value.get("values") or [None])[0] for key, value in cfg.search.extra.items()}
+    return _ranks_of(spec, cfg.launch, fill_command(script.command, {**knobs, **baselines, **extra}))
+
+
+def _ranks_of(spec: TrialSpec, launch: Launch, command: list[str]) -> list[str]:
+    """A script trial of a multi-rank config runs under torchrun with the trial's ranks (1 for the ceilings and
+    the scaling trial): a ``torchrun …`` command keeps its own options, ``python train.py …`` gets launch's."""
+    if launch.world <= 1:
+        return command
+    found = torchrun_split(command)
+    if found is None:
+        return torchrun_command(launch, nproc_per_node=spec.knobs.ranks) + command[1:]
+    options, _, program = found
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={spec.knobs.ranks}",
+            "--max-restarts=0", "--monitor-interval=0.5", *options, *program]
+
+
+def _script_env(cfg: Config, env: dict[str, str], trial: TrialFiles) -> dict[str, str]:
+    """The script's environment: the trial's, ``script.env`` over it, the bootstrap first on PYTHONPATH, and where
+    the hook finds the trial's spec and writes its measurement."""
+    assert cfg.script is not None
+    extra = {str(k): str(v) for k, v in cfg.script.env.items()}
+    # the bootstrap first, then the script's own PYTHONPATH (script.env), then the launcher's
+    path = os.pathsep.join(p for p in (str(BOOTSTRAP), extra.get("PYTHONPATH"), env.get("PYTHONPATH")) if p)
+    return {**env, **extra, "PYTHONPATH": path, names.SCRIPT_SPEC: str(trial.spec_path),
+            names.SCRIPT_MEASUREMENT: str(trial.out_path)}
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a trial's processes: this tunekit and the caller's folder importable, unbuffered output,
+    this process's pid, which every trial process watches (a trial dies with whoever launched it), and this
+    sweep's token, which every descendant inherits (a resumed sweep ends what a killed one left)."""
+    env = dict(os.environ)
+    # The worker must import this tunekit and the user's own modules (relative to where they ran us).
+    roots = [str(Path(tunekit.__file__).resolve().parent.parent), os.getcwd()]
+    if env.get("PYTHONPATH"):
+        roots.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(roots)
+    env["PYTHONUNBUFFERED"] = "1"
+    env[names.LAUNCHER_PID] = str(os.getpid())  # the worker (every rank) dies with the sweep
+    env[names.SWEEP] = names.sweep_token()
+    return env
