@@ -129,25 +129,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+LOCKS = Path(tempfile.gettempdir()) / f"tunekit-tests-{os.getuid()}"
+"""The lock folder of every test run of this user on this machine, with pytest-xdist or without: two runs side by
+side (two checkouts, a file run on its own beside the suite) keep off each other's ``alone`` tests as the workers
+of one run do."""
+LOCK_WAIT_S = 600.0
+"""The longest a test waits for a lock; then it runs without it. Ten times the longest test: within a run no wait
+comes near it; a test another run holds still (stopped in a debugger) delays this run no longer."""
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
-    """Tests marked ``alone`` have the CPUs to themselves when pytest-xdist runs tests side by side (the suite's
-    ``-n 3``): they measure real CPU work (verdicts read from workers' CPU time, a host other processes keep busy, a
-    run that must not be marked disturbed), so a neighbour would change their answer. A readers-writer lock over
-    the workers of one run: every other test holds ``cpus`` shared for its setup, call and teardown; an ``alone``
-    test takes the ``gate`` first, so no new test starts beside it, then waits for ``cpus`` exclusively, and then
-    for what the tests before it left running to end (a killed sweep's trial dying with it, a server shutting
-    down): until the CPUs are quiet for half a second, at most 15 s."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:  # one process runs every test: nothing runs beside any of them
-        yield
-        return
-    folder = Path(tempfile.gettempdir()) / f"tunekit-tests-{run}"
-    folder.mkdir(exist_ok=True)
-    with open(folder / "gate", "a") as gate, open(folder / "cpus", "a") as cpus:
+    """Tests marked ``alone`` have the CPUs to themselves: they measure real CPU work (verdicts read from workers'
+    CPU time, a host other processes keep busy, a run that must not be marked disturbed), so a test beside them
+    would change their answer (another test file under the suite's ``-n 3``, or another run on this machine: two
+    runs side by side on 2 cores read ``shared-host`` where ``data-starved`` and ``compute-bound`` were due). A
+    readers-writer lock over the tests of every run (``LOCKS``): every other test holds ``cpus`` shared for its
+    setup, call and teardown; an ``alone`` test takes the ``gate`` first, so no new test starts beside it, then waits
+    for ``cpus`` exclusively, and then for what the tests before it left running to end (a killed sweep's trial
+    dying with it, a server shutting down, a sweep run by hand): until the CPUs are quiet for half a second, at most
+    15 s."""
+    LOCKS.mkdir(exist_ok=True)
+    with open(LOCKS / "gate", "a") as gate, open(LOCKS / "cpus", "a") as cpus:
         alone = item.get_closest_marker("alone") is not None
-        fcntl.flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        fcntl.flock(cpus, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        _flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        _flock(cpus, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         fcntl.flock(gate, fcntl.LOCK_UN)
         if alone:
             _wait_for_quiet_cpus()
@@ -155,6 +161,21 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             yield
         finally:
             fcntl.flock(cpus, fcntl.LOCK_UN)
+
+
+def _flock(file: Any, mode: int) -> None:
+    """``flock(file, mode)``, waiting at most ``LOCK_WAIT_S``."""
+    import time
+
+    end = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(file, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > end:
+                return
+            time.sleep(0.05)
 
 
 def _wait_for_quiet_cpus(quiet: float = 25.0, deadline_s: float = 15.0) -> None:

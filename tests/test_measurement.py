@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import fnmatch
+import inspect
 import json
 import re
+import shutil
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, measurement
 from tunekit.contract import (
     MEASUREMENT_VERSION,
     REQUIRED_FIELDS,
@@ -24,6 +28,8 @@ from tunekit.contract import (
 )
 
 FIELDS = {f.name for f in dataclasses.fields(Measurement)}
+RECORD_MODULE = Path(inspect.getsourcefile(Measurement) or "").resolve()
+"""The module that defines the record (and its one adapter), wherever the package keeps it."""
 METHODS = {"to_dict", "held"}
 """What a reader may use of a record besides its fields: the dict it writes, and which fields its file held."""
 V1_NAMES = {"samples_per_s": "rate", "samples_per_s_windows": "rate_windows", "measured_samples": "measured_items",
@@ -63,7 +69,7 @@ def test_the_documented_fields_are_the_record_s():
 
 
 def test_every_field_has_a_docstring_and_a_default_but_status():
-    source = ast.parse((REPO / "tunekit" / "contract.py").read_text())
+    source = ast.parse(RECORD_MODULE.read_text())
     cls = next(n for n in source.body if isinstance(n, ast.ClassDef) and n.name == "Measurement")
     documented = {stmt.target.id for stmt, after in zip(cls.body, cls.body[1:], strict=False)
                   if isinstance(stmt, ast.AnnAssign) and isinstance(after, ast.Expr)
@@ -149,7 +155,7 @@ def f(row, other):
     assert found == [4, 5, 6, 8]
 
 
-PACKAGE_MODULES = sorted(p for p in (REPO / "tunekit").rglob("*.py") if p.name != "contract.py")
+PACKAGE_MODULES = sorted(p for p in (REPO / "tunekit").rglob("*.py") if p != RECORD_MODULE)
 
 
 @pytest.mark.parametrize("path", PACKAGE_MODULES, ids=lambda p: str(p.relative_to(REPO / "tunekit")))
@@ -162,11 +168,11 @@ def test_readers_use_only_the_record_s_fields(path: Path):
 
 
 def _kept(old: dict, new: dict) -> None:
-    """Every value of a version-1 dict is in its version-2 dict, under the new name."""
+    """Every value of an older dict (version 1 or 2) is in its version-2 dict, under the new name."""
     assert new["version"] == MEASUREMENT_VERSION
     for key, value in old.items():
         name = V1_NAMES.get(key, key)
-        if name == "per_rank":
+        if name == "per_rank" and value is not None:  # null in a one-rank trial's file
             assert [{V1_NAMES.get(k, k): v for k, v in p.items()} for p in value] == new[name]
         else:
             assert new[name] == value, key
@@ -199,23 +205,126 @@ def test_a_newer_file_or_one_without_a_status_is_refused():
         Measurement.from_dict({"version": 2, "rate": 1.0})
 
 
-def _committed() -> list[dict]:
+def committed_files(repo: Path) -> list[Path]:
+    """The files under ``repo/results/`` that are committed: in a git checkout, those git tracks (the showcase runs,
+    added with ``git add -f``); elsewhere (an unpacked archive), those of the run folders results/README.md lists.
+    A sweep's own output there (``tunekit sweep`` writes ``results/<name>/``, which git ignores) is not among them."""
+    tracked = _git(repo, "ls-files", "-z", "--", "results")
+    toplevel = _git(repo, "rev-parse", "--show-toplevel")
+    if tracked is not None and toplevel is not None and Path(toplevel.strip()).resolve() == repo.resolve():
+        paths = [repo / name for name in tracked.split("\0") if name]
+    else:
+        listed = re.findall(r"^\| \[`([^`/]+)/`\]", (repo / "results" / "README.md").read_text(), flags=re.M)
+        paths = [p for name in sorted(set(listed)) for p in (repo / "results" / name).rglob("*")]
+    return sorted(p for p in paths if p.is_file())
+
+
+def _git(repo: Path, *args: str) -> str | None:
+    """``git -C repo ARGS``'s output, or None without git or outside a checkout it can read."""
+    if shutil.which("git") is None:
+        return None
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60)
+    return done.stdout if done.returncode == 0 else None
+
+
+def _committed(repo: Path = REPO) -> list[dict]:
     """Every measurement the committed runs hold: trials/<n>/measurement*.json and the study.db user attrs."""
-    found = [json.loads(p.read_text()) for p in sorted((REPO / "results").rglob("measurement*.json"))]
-    for db in sorted((REPO / "results").rglob("study.db")):
+    files = committed_files(repo)
+    found = [json.loads(p.read_text()) for p in files if fnmatch.fnmatch(p.name, "measurement*.json")]
+    for db in (p for p in files if p.name == "study.db"):
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
             rows = con.execute("SELECT value_json FROM trial_user_attributes WHERE key = 'measurement'").fetchall()
         found += [json.loads(v) for (v,) in rows]
     return found
 
 
+def _round_trips(old: dict) -> None:
+    m = Measurement.from_dict(old)
+    _kept(old, m.to_dict())
+    assert not m.other, f"fields the record does not define: {sorted(m.other)}"
+
+
 def test_every_committed_measurement_reads_and_round_trips():
     committed = _committed()
     assert committed, "results/ holds no measurements"
     for old in committed:
-        m = Measurement.from_dict(old)
-        _kept(old, m.to_dict())
-        assert not m.other, f"fields the record does not define: {sorted(m.other)}"
+        _round_trips(old)
+
+
+def test_a_one_rank_version_2_file_round_trips():
+    """What a trial writes today: version 2, every field, ``per_rank`` null on one rank (as a committed run made
+    now holds)."""
+    written = Measurement.from_dict(measurement(3, "end_to_end", "train", 250.0, num_workers=2)).to_dict()
+    assert written["per_rank"] is None and written["version"] == MEASUREMENT_VERSION
+    _round_trips(written)
+
+
+def _study_db(path: Path, *measurements: dict) -> None:
+    """A study.db as optuna keeps it, as far as the reader looks: trial_user_attributes' measurement rows."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(path) as con:
+        con.execute("CREATE TABLE trial_user_attributes (trial_id INTEGER, key TEXT, value_json TEXT)")
+        con.executemany("INSERT INTO trial_user_attributes VALUES (?, 'measurement', ?)",
+                        [(i, json.dumps(m)) for i, m in enumerate(measurements)])
+    con.close()
+
+
+def _checkout(root: Path) -> Path:
+    """A repository laid out as this one: results/ ignored but its README, one run committed with ``git add -f``
+    (a measurement.json and a study.db), then a sweep's own output beside it, untracked and ignored, which no
+    version of the record reads (a newer version, a file cut short, a study of such)."""
+    good = measurement(0, "compute", "compute", 400.0)
+    (root / "results" / "showcase" / "trials" / "0").mkdir(parents=True)
+    (root / ".gitignore").write_text("/results/*\n!/results/README.md\n")
+    (root / "results" / "README.md").write_text(
+        "| folder | what |\n| --- | --- |\n| [`showcase/`](#showcase) | the committed run |\n")
+    (root / "results" / "showcase" / "trials" / "0" / "measurement.json").write_text(json.dumps(good))
+    _study_db(root / "results" / "showcase" / "study.db", good)
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-f", ".gitignore", "results"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "a committed run"], check=True)
+    mine = root / "results" / "quickstart"
+    (mine / "trials" / "0").mkdir(parents=True)
+    (mine / "trials" / "0" / "measurement.json").write_text(json.dumps({"version": MEASUREMENT_VERSION + 1}))
+    (mine / "trials" / "1").mkdir()
+    (mine / "trials" / "1" / "measurement.json").write_text('{"version": 2, "status": "ok", "ra')
+    _study_db(mine / "study.db", {"version": MEASUREMENT_VERSION + 1, "status": "ok"})
+    return root
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_only_committed_runs_are_read_not_a_sweep_s_own_output(tmp_path: Path):
+    """``tunekit sweep configs/quickstart.yaml`` (the README's first command) writes results/quickstart/; the
+    test suite (its second) reads only the runs committed, so that output, of whatever version, fails nothing.
+    Outside a git checkout, the folders results/README.md lists are the committed runs."""
+    repo = _checkout(tmp_path / "repo")
+    assert [p.relative_to(repo).as_posix() for p in committed_files(repo)] == [
+        "results/README.md", "results/showcase/study.db", "results/showcase/trials/0/measurement.json"]
+    read = _committed(repo)
+    assert read == [measurement(0, "compute", "compute", 400.0)] * 2  # the file, then its study row
+    for old in read:
+        _round_trips(old)
+
+    archive = tmp_path / "archive"  # the same tree without its .git: an unpacked archive
+    shutil.copytree(repo, archive, ignore=shutil.ignore_patterns(".git"))
+    assert committed_files(archive) == [archive / p.relative_to(repo) for p in committed_files(repo)
+                                        if p.parent != repo / "results"]
+    assert _committed(archive) == read
+
+
+def test_a_committed_measurement_that_does_not_round_trip_fails(tmp_path: Path):
+    """The reader is no filter: a committed file the record cannot read fails the round trip."""
+    repo = _checkout(tmp_path / "repo")
+    bad = repo / "results" / "showcase" / "trials" / "0" / "measurement.json"
+    bad.write_text(json.dumps({**measurement(0, "compute", "compute", 400.0), "a_field_from_elsewhere": 1}))
+    read = _committed(repo)
+    assert len(read) == 2
+    with pytest.raises(AssertionError, match="a_field_from_elsewhere"):
+        _round_trips(read[0])
+    bad.write_text(json.dumps({"version": MEASUREMENT_VERSION + 1, "status": "ok"}))
+    with pytest.raises(ValueError, match="newer"):
+        _round_trips(_committed(repo)[0])
 
 
 def test_failed_and_skipped_trials_are_records():
