@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,24 @@ def test_a_scripts_compute_ceiling_copies_a_pinned_batch(tmp_path: Path):
     assert m.status == "ok", m.reason
     assert seen.read_text() == "[True]"
     assert m.loader_measured["pin_memory"] is False
+
+
+def test_a_cuda_script_trial_ends_whole_and_runs_what_it_asked(tmp_path: Path):
+    """On the GPU: a script that evaluates with a spawn-context loader and leaves a helper in its own session, its
+    pinned knobs filled into its flags: measured, nothing asked that it did not run, the helper ended with it."""
+    import psutil
+
+    from tests.test_launch import FAULTY, QUICK, _gone, _pids
+
+    command = [sys.executable, str(FAULTY), "-j", "{num_workers}", "-b", "{batch_size}", "--pin", "{pin_memory}",
+               "--cuda", "--fault", "setsid"]
+    raw = {"name": "faulty", "device": "cuda", "script": {"command": command, "cwd": str(tmp_path),
+                                                          "env": {"FAULTY_PIDS": str(tmp_path / "pids")}},
+           "search": {"num_workers": [2], "batch_size": [64], "pin_memory": [True]}, "trial": dict(QUICK)}
+    spec = TrialSpec(number=0, stage="single", mode="train", config=config.from_dict(raw).to_dict(),
+                     knobs=Knobs(num_workers=2, prefetch_factor=2, batch_size=64, pin_memory=True))
+    m = run_trial(spec, tmp_path / "t", 120)
+    assert m.status == "ok", m.reason
+    assert m.asked is None and m.params["pin_memory"] is True, (m.asked, m.params)
+    assert _pids(tmp_path) and all(_gone(pid) for pid in _pids(tmp_path)), [
+        p for p in _pids(tmp_path) if psutil.pid_exists(p)]

@@ -270,7 +270,7 @@ def test_what_a_fork_server_runs_for_a_command(tmp_path: Path):
 @pytest.mark.parametrize(("body", "args", "expected"), [
     ("import sys\nprint('no loader here')\n", [], "without building a torch DataLoader"),
     (SLEEPY_SCRIPT, ["--epochs", "0"], "without training on a DataLoader"),
-    (SLEEPY_SCRIPT, ["--workers", "2"], "exited with code 2: "),
+    (SLEEPY_SCRIPT, ["--workers", "2"], "the script rejected its arguments: train.py: error: "),
 ])
 def test_a_script_that_ends_before_its_windows_says_why_in_one_line(tmp_path: Path, body: str, args: list[str],
                                                                     expected: str):

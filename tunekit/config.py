@@ -11,6 +11,7 @@ import difflib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import types
@@ -432,8 +433,10 @@ def from_dict(
         if cfg.script is not None:  # the command runs where the config lives, unless it says otherwise
             base = Path(source).parent if source not in ("<dict>", "<config>") else Path.cwd()
             cfg.script.cwd = str((base / (cfg.script.cwd or ".")).resolve())
-        if check_imports:  # every problem in one pass, the import paths' too
+        if check_imports:  # every problem in one pass, the import paths' and the command's too
             errors.extend(_check_import_paths(cfg, source, resolve))
+            if cfg.script is not None and cfg.script.command:
+                errors.extend(_check_startable(cfg.script, source))
     if errors:
         raise ConfigError(errors)
     assert cfg is not None
@@ -646,6 +649,40 @@ def _check_script(cfg: Config, source: str, errors: list[str]) -> None:
         errors.append(f"{source}: script.command: {_show(script.command[0])} is not a Python interpreter; with "
                       "launch.nproc_per_node > 1 the command must be `python train.py …` (run under torchrun) or "
                       "`torchrun … train.py …`")
+
+
+def _check_startable(script: Script, source: str) -> list[str]:
+    """Whether ``script.command`` can start at all: its folder exists, its program is no placeholder and is found
+    (on ``PATH``, ``script.env``'s if it sets one, else relative to ``script.cwd``) and may be executed."""
+    cwd = Path(script.cwd or ".")
+    if not cwd.is_dir():
+        return [f"{source}: script.cwd: {_show(script.cwd)} is not a folder; give the folder the command runs in"]
+    program = script.command[0]
+    if placeholders([program]):
+        return [f"{source}: script.command: the program {_show(program)} is a placeholder; the command must start "
+                "with the program that runs (python, torchrun, a script), placeholders go in its arguments"]
+    if os.sep in program:
+        path = cwd / program
+        if not path.is_file():
+            return [f"{source}: script.command: {_show(program)} does not exist (relative to {cwd})"]
+        if not os.access(path, os.X_OK):
+            return [f"{source}: script.command: {_show(program)} is not executable (no exec bit): chmod +x it, or "
+                    "start the command with its interpreter (python …)"]
+        return []
+    search_path = str(script.env.get("PATH") or os.environ.get("PATH", os.defpath))
+    if shutil.which(program, path=search_path) is None:
+        names = sorted({n for d in search_path.split(os.pathsep) if os.path.isdir(d) for n in _listdir(d)})
+        near = difflib.get_close_matches(program, names, n=1)
+        hint = f"; did you mean {near[0]}?" if near else ""
+        return [f"{source}: script.command: {_show(program)} is not found on PATH{hint}"]
+    return []
+
+
+def _listdir(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
 
 
 def _check_workload(cfg: Config, source: str, errors: list[str]) -> None:

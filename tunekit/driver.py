@@ -229,8 +229,19 @@ def _run_trials(sweep: _RunningSweep, budget: _Budget) -> None:
             if req.skip is None:
                 budget.durations.append(float(row.measurement.launcher_wall_s or 0.0))
             bar.finished(row, plan.estimate_total(sweep.cfg, sweep.rows, strategy=sweep.strategy, cuda=sweep.cuda))
+            if row.measurement.asked:
+                warn(sweep.console, _ran_otherwise(row))
             if last:
                 return
+
+
+def _ran_otherwise(row: TrialRow) -> str:
+    """One line for a trial whose script ran other loader knobs than the trial set (``Measurement.asked``)."""
+    asked = row.measurement.asked or {}
+    ran = row.knobs.to_dict()
+    knobs = ", ".join(f"{k}={v} (ran {ran.get(k)})" for k, v in asked.items())
+    return (f"trial {row.number} asked {knobs}, but the script's DataLoader did not take it: the script sets it "
+            "itself or ignores the flag; the trial is recorded as it ran and not asked again")
 
 
 def _run_one(sweep: _RunningSweep, req: plan.Request) -> TrialRow:

@@ -58,6 +58,15 @@ class TrialRow:
         """What makes two trials the same trial: stage, mode and knobs."""
         return (self.stage, self.mode, self.knobs)
 
+    @property
+    def asked_key(self) -> tuple[Any, ...] | None:
+        """The trial the plan asked for, when the script ran other knobs (``Measurement.asked``): asked and run, it
+        is not asked again."""
+        asked = self.measurement.asked
+        if not asked:
+            return None
+        return (self.stage, self.mode, Knobs(**{**self.knobs.to_dict(), **asked}))
+
     @classmethod
     def from_measurement(cls, m: Measurement) -> TrialRow:
         params = {k: v for k, v in m.params.items() if k in Knobs.__dataclass_fields__}

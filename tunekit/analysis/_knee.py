@@ -69,6 +69,13 @@ def select(cfg: Config, rows: list[TrialRow]) -> Choice:
     trials that reach that effective batch, the accumulation stage deciding when it ran."""
     target = cfg.search.target_effective_batch
     candidates = [r for r in rows if r.stage.knee and not rules.changes_result(r)]
+    if not any(r.ok for r in candidates) and not any(r.mode == Mode.train for r in rows):
+        ceilings = [r for r in rows if r.mode == Mode.compute and r.status != "skipped"]
+        if ceilings and not any(r.ok for r in ceilings):  # the sweep stopped at its first stage: say why
+            first = ceilings[0]
+            return Choice(None, None, None, None,
+                          f"No recommendation: the compute ceiling failed (trial {first.number}, {first.status}: "
+                          f"{first.reason}), so no end-to-end trial ran; fix that and rerun to resume.")
     if not target:
         return select_knee(candidates, cfg.selection)
     accumulation = [r for r in rows if r.stage == Stage.accumulation and r.ok and rules.fits(r, cfg.selection)]

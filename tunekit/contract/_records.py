@@ -375,6 +375,11 @@ class Measurement:
     ``index`` (its build order, from 1), ``found_by``, ``dataset`` (class name), ``length`` (samples),
     ``batch_size``, ``num_workers``, ``pin_memory``, ``prefetch_factor``; None for a factory workload."""
 
+    asked: dict[str, Any] | None = None
+    """Script mode: the knobs this trial set that the script's training DataLoader did not run with, as the trial
+    asked for them (what it ran with is in ``params``): the script hard-codes the value, or ignores the flag
+    filled in. None when it ran what was asked."""
+
     # --- host memory, CPUs ----------------------------------------------------------------------------------
     host_mem_peak_bytes: int | None = None
     """Peak PSS of the trial's process tree during the windows, bytes (every node's tree summed, multi-rank)."""

@@ -59,6 +59,11 @@ PID_FILE = "worker.pid"
 """The trial's pid while it runs."""
 RANK_FAILURES = "measurement.rank*.json"
 PROGRESS_MARKS = "progress.rank*"
+SCRIPT_MARKS = "script.marks"
+"""Script mode: where the script's process is, kept current as it goes (``SCRIPT_MARKS_FORMAT``: the DataLoaders it
+built, whether its training loader was iterated, the training batches handed to its loop), so a script that ends
+without a word (``os._exit``, a signal) is still said where it was."""
+SCRIPT_MARKS_FORMAT = "<qqq"
 NODE_TRIAL_FILE = "trial"
 """In a ``tunekit node`` folder: the number of the trial its ranks are serving."""
 NODE_STOP_FILE = "stop"
@@ -74,6 +79,19 @@ def rank_failure_file(rank: int) -> str:
 def progress_file(rank: int) -> str:
     """The batch a rank last asked for or held (``tunekit.launch`` names the ranks that hung from them)."""
     return f"progress.rank{rank}"
+
+
+def read_marks(path: str | os.PathLike[str]) -> tuple[int, int, int] | None:
+    """``(built, iterated, batches)`` of a :data:`SCRIPT_MARKS` file; None without one."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read(struct.calcsize(SCRIPT_MARKS_FORMAT))
+        built, iterated, batches = struct.unpack(SCRIPT_MARKS_FORMAT, data)
+    except (OSError, struct.error):
+        return None
+    return int(built), int(iterated), int(batches)
 
 
 def rank_of(name: str) -> int:

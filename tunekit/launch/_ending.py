@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import time
@@ -20,15 +21,44 @@ from tunekit.launch._outcome import classify_error, silent_ranks
 __all__ = ["classify", "script_exit", "rank_failure", "hung_ranks", "accept", "tail", "signal_name"]
 
 
-def script_exit(result: Measurement, rc: int, log_path: Path) -> Measurement:
-    """A script that exited by itself: its exit code and its last line (an argparse error names the flag) join
-    the reason."""
-    lines = [line for line in tail(log_path, 4000).splitlines() if line.strip()]
-    last = lines[-1].strip() if lines else "no output"
-    if f"exit code {rc}" in result.reason:
+def script_exit(result: Measurement, rc: int, trial_dir: Path, wrote: bool) -> Measurement:
+    """A script trial that ended by itself without a measurement: where the script was (``names.SCRIPT_MARKS``), how
+    it ended (its exit code or signal) and its last line join the reason; an argparse rejection is the script's own
+    message first. ``wrote``: the script's process wrote the failure itself (its exception, or its exit)."""
+    lines = [line for line in tail(trial_dir / names.LOG_FILE, 4000).splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else ""
+    if rc == 2 and _ARGPARSE.search(last):
+        return dataclasses.replace(result, status="crashed", reason=f"the script rejected its arguments: {last}")
+    if wrote and names.read_marks(trial_dir / names.SCRIPT_MARKS) is None:  # the bootstrap's own word: complete
         return result
-    return dataclasses.replace(result, reason=f"{result.reason} (the script exited with code {rc}: {last})")
+    where = script_phase(trial_dir)
+    if rc < 0:  # the launcher's own words say which signal, and who usually sends it
+        return dataclasses.replace(result, reason=f"{result.reason}, {where}")
+    said = f": {last}" if last else " without a word"
+    if wrote:
+        return dataclasses.replace(result, reason=f"{result.reason} (the script exited with code {rc} {where}{said})")
+    if result.status in ("oom", "illegal_access"):
+        return dataclasses.replace(result, reason=f"{result.reason} (the script exited with code {rc} {where})")
+    return dataclasses.replace(result, status="crashed", reason=f"the script exited with code {rc} {where}{said}")
 
+
+_ARGPARSE = re.compile(r"^\S+: error: ")
+"""argparse's last line when it rejects a command line (``train.py: error: unrecognized arguments: …``)."""
+
+
+def script_phase(trial_dir: Path) -> str:
+    """Where a script trial's process was when it ended, from its marks: "after batch 12 of its training loader"."""
+    marks = names.read_marks(trial_dir / names.SCRIPT_MARKS)
+    if marks is None:
+        return "before tunekit's meter loaded in it"
+    built, iterated, batches = marks
+    if not built:
+        return "before it built a DataLoader"
+    if not iterated:
+        return f"after building {built} DataLoader(s), before iterating its training loader"
+    if not batches:
+        return "before its training loader's first batch"
+    return f"after batch {batches} of its training loader"
 
 
 def tail(path: Path, limit: int = 20_000) -> str:

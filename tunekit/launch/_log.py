@@ -83,7 +83,7 @@ class TrialLog:
             self._dropped += len(self._tail) - LOG_KEEP_BYTES
             del self._tail[: len(self._tail) - LOG_KEEP_BYTES]
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *raised: Any) -> None:
         self._ended.set()
         if self._thread is not None:
             self._thread.join(timeout=DRAIN_S + 2 * _POLL_S)
@@ -96,9 +96,9 @@ class TrialLog:
                                      f"the first and last {LOG_KEEP_BYTES} bytes]\n".encode())
                 self._file.write(bytes(self._tail))
             self._file.close()
-        except OSError as exc:
-            self._error = self._error or exc
-        if self._error is not None and exc == (None, None, None):
+        except OSError as failed:
+            self._error = self._error or failed
+        if self._error is not None and raised == (None, None, None):
             error = self._error
             raise TunekitError(f"{self.path}: cannot write the trial's log: {error.strerror or error}; free space "
                                "(or raise the file-size limit) and resume")

@@ -66,9 +66,10 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
             adopted.end(keep=_forks.server_pids())
             pid_file.unlink(missing_ok=True)
     wall = time.perf_counter() - t0
+    wrote = files_.out_path.exists() or any(trial_dir.glob(names.RANK_FAILURES))  # the script's own word
     result = _ending.classify(spec, proc.returncode, timed_out, timeout_s, files_.out_path, log_path)
-    if files_.cfg.script is not None and result.status != "ok" and proc.returncode and not timed_out:
-        result = _ending.script_exit(result, proc.returncode, log_path)
+    if files_.cfg.script is not None and result.status != "ok" and proc.returncode is not None and not timed_out:
+        result = _ending.script_exit(result, proc.returncode, trial_dir, wrote)
     result.returncode, result.launcher_wall_s, result.pid = proc.returncode, wall, proc.pid
     result.started_by = starter.name
     refused = _forks.refusal() if files_.cfg.trial.fork_server and isinstance(starter, Interpreter) \

@@ -34,8 +34,8 @@ class Request:
 
 
 def pending(requests: list[Request], rows: list[TrialRow]) -> list[Request]:
-    """The requests that have no finished trial yet."""
-    finished = {r.key for r in rows}
+    """The requests that have no finished trial yet (asked for and run with other knobs is finished too)."""
+    finished = {r.key for r in rows} | {r.asked_key for r in rows if r.asked_key is not None}
     return [q for q in requests if q.key not in finished]
 
 

@@ -30,7 +30,8 @@ class _Finished:
         return [r for r in self.rows if r.stage in stages]
 
     def find(self, req: Request) -> TrialRow | None:
-        return next((r for r in self.rows if r.key == req.key), None)
+        """The finished trial of ``req``: run with its knobs, or asked for with them (the script ran others)."""
+        return next((r for r in self.rows if req.key in (r.key, r.asked_key)), None)
 
     @property
     def batch(self) -> int | None:

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import mmap
 import os
+import struct
 import sys
 import time
 import traceback
@@ -39,7 +41,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from tunekit._files import read_json, write_json_atomic
-from tunekit.command import LOADER_KNOBS, set_on_loader
+from tunekit.command import LOADER_KNOBS, placeholders, set_on_loader
 from tunekit.config import from_dict
 from tunekit.contract import Measurement, TrialSpec, failed_measurement
 from tunekit.contract import process as names
@@ -71,6 +73,30 @@ class _Own:
         return _original_iter(self.loader)
 
 
+class _Marks:
+    """Where the script is (``names.SCRIPT_MARKS`` in the trial's folder), written through a shared mapping: a store
+    per batch, no system call, and there for the launcher to read however the process ends."""
+
+    def __init__(self, path: str | None):
+        self.built = self.iterated = self.batches = 0
+        self._map: mmap.mmap | None = None
+        if path is None:  # a rank but rank 0: rank 0 says where the ranks were
+            return
+        size = struct.calcsize(names.SCRIPT_MARKS_FORMAT)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+
+    def put(self, **marks: int) -> None:
+        for key, value in marks.items():
+            setattr(self, key, value)
+        if self._map is not None:
+            struct.pack_into(names.SCRIPT_MARKS_FORMAT, self._map, 0, self.built, self.iterated, self.batches)
+
+
 class _Session:
     """This process's trial: the spec, the loaders the script built, the one measured."""
 
@@ -82,6 +108,7 @@ class _Session:
         self.which = script.loader
         self.count_path = script.count
         self.unit = script.unit
+        self.command = script.command
         self.inject = set(set_on_loader(script.command))
         """The knobs set on the training DataLoader itself (the command has no placeholder for them)."""
         self.started = time.time()
@@ -99,6 +126,7 @@ class _Session:
         self.facts: dict[str, Any] = {}
         self.handed_out = 0
         self.done = False
+        self.marks = _Marks(os.path.join(os.path.dirname(out_path), names.SCRIPT_MARKS) if self.rank == 0 else None)
 
     # -- which loader ---------------------------------------------------------------------------------------
 
@@ -124,10 +152,12 @@ class _Session:
     def start(self, loader: DataLoader, found_by: str) -> Any:
         """Set the knobs on the training loader and meter its batches; the iterator the script's loop gets."""
         self.training = loader
+        self.marks.put(iterated=1)
         t_start = time.time()
         self.facts = {"build_s": max(0.0, t_start - self.started)}
         params = _apply(loader, self.spec, set() if self.spec.stage == "baseline" else self.inject)
         self.facts["params"] = params
+        self.facts["asked"] = self._asked(params)
         self.facts["loader"] = {"index": self.index(loader), "found_by": found_by,
                                 "dataset": type(loader.dataset).__name__, "length": _length(loader.dataset),
                                 "batch_size": params["batch_size"], "num_workers": params["num_workers"],
@@ -163,6 +193,21 @@ class _Session:
         self.stream = _Stream(self, self.meter)
         return self.stream
 
+    def _asked(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The loader knobs this trial set (filled into the command or set on the loader) that the loader does not
+        run with, as asked: the script hard-codes them, or ignores the flag."""
+        if self.spec.stage == "baseline":  # the script's own settings: nothing asked
+            return {}
+        set_here = self.inject | (placeholders(self.command) & set(LOADER_KNOBS))
+        ran = {"num_workers": params["num_workers"], "batch_size": params["batch_size"]}
+        if params["num_workers"] > 0 and self.spec.knobs.num_workers > 0:  # prefetch means nothing without workers
+            ran["prefetch_factor"] = params["prefetch_factor"]
+        if torch.cuda.is_available():  # on the CPU a pinned trial runs unpinned by design
+            ran["pin_memory"] = params["pin_memory"]
+        knobs = self.spec.knobs
+        asked = {**knobs.to_dict(), "prefetch_factor": knobs.prefetch_factor or 2}  # None: the default, 2
+        return {k: asked[k] for k, v in ran.items() if k in set_here and asked[k] != v}
+
     def _measuring(self, device: torch.device) -> None:
         self.facts["warmup_memory"] = device_memory(device)
         if device.type == "cuda":
@@ -192,6 +237,7 @@ class _Session:
                        warmup_memory=self.facts.get("warmup_memory", {}), epochs_ended=self.loader.epochs_ended,
                        warnings=self.loader.warnings, sync_share=None, params=params)
         out["loader_measured"] = self.facts["loader"]
+        out["asked"] = self.facts["asked"] or None
         if self.ranks is None:
             write_json_atomic(self.out_path, Measurement(**out).to_dict())
         else:  # rank 0 writes every rank's measurement merged
@@ -273,6 +319,7 @@ class _Stream:
                 self.epoch, self.held = ended, (batch,)
                 raise StopIteration
         session.handed_out += 1
+        session.marks.put(batches=session.handed_out)
         return batch
 
 
@@ -365,6 +412,7 @@ def _init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
     _original_init(self, *args, **kwargs)
     if _SESSION is not None:
         _SESSION.built.append(weakref.ref(self))
+        _SESSION.marks.put(built=len(_SESSION.built))
 
 
 def _iter(self: DataLoader) -> Any:
