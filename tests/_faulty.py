@@ -2,15 +2,17 @@
 process boundary must survive (tests/test_launch.py runs it in script mode).
 
 Faults:
-  setsid      start a child in a session of its own that outlives the script (as wandb's and tensorboard's helpers)
+  setsid      run a Python child to its end, and start one in a session of its own that outlives the script (as
+              wandb's and tensorboard's helpers do)
   daemon      double-fork a daemon (setsid, fork again, the middle process exits) that outlives the script
   workers1    hard-code ``num_workers=1`` whatever ``-j`` says
-  spawn-crash evaluate with a spawn-context DataLoader (2 workers) before training, then crash in training
-  forkserver  train with a forkserver-context DataLoader (Python 3.14's default on Linux)
-  children    run Python children (``subprocess.run([sys.executable, ...])``) before training
+  spawn-crash evaluate with a spawn-context DataLoader before training, train with a forkserver-context one (Python
+              3.14's default on Linux), then crash in training
   exit5       ``os._exit(5)`` after two training batches
   gil         after training starts, hold the GIL in one long C call (the sweep is then killed)
   nobatch     build the training DataLoader, iterate it, and exit before its first batch arrives
+  threads2    set its own intra-op thread count (2) before training
+  stream      train on an IterableDataset without a length
   none        no fault
 """
 
@@ -24,6 +26,17 @@ import time
 
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """Samples without a length, as a streamed corpus gives them."""
+
+    def __iter__(self):
+        i = 0
+        while True:
+            time.sleep(0.002)
+            yield torch.full((8,), float(i % 7)), torch.tensor(i % 2)
+            i += 1
 
 
 class Squares(Dataset):
@@ -75,22 +88,24 @@ def main() -> None:
     args = parser.parse_args()
     fault = args.fault
     if fault == "setsid":
+        out = subprocess.run([sys.executable, "-c", "print('child ok')"], capture_output=True, text=True)
+        print(out.stdout.strip())
         subprocess.Popen([sys.executable, "-c", _linger(600)], start_new_session=True)
     elif fault == "daemon":
         _daemon()
-    elif fault == "children":
-        out = subprocess.run([sys.executable, "-c", "print('child ok')"], capture_output=True, text=True)
-        print(out.stdout.strip())
+    elif fault == "threads2":
+        torch.set_num_threads(2)
     device = torch.device("cuda" if args.cuda else "cpu")
     model = torch.nn.Linear(8, 2).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     if fault == "spawn-crash":
         with torch.no_grad():
-            for x, _ in DataLoader(Squares(64), batch_size=16, num_workers=2, multiprocessing_context="spawn"):
+            for x, _ in DataLoader(Squares(64), batch_size=16, num_workers=1, multiprocessing_context="spawn"):
                 model(x.to(device))
     workers = 1 if fault == "workers1" else args.j
-    context = "forkserver" if fault == "forkserver" and workers else None
-    train = DataLoader(Squares(wait_s=0.002), batch_size=args.b, num_workers=workers, shuffle=True,
+    context = "forkserver" if fault == "spawn-crash" and workers else None
+    data = Stream() if fault == "stream" else Squares(wait_s=0.002)
+    train = DataLoader(data, batch_size=args.b, num_workers=workers, shuffle=fault != "stream",
                        multiprocessing_context=context, pin_memory=args.pin)
     if fault == "nobatch":
         iter(train)

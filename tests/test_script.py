@@ -533,3 +533,58 @@ def test_the_scripts_own_work_between_epochs_is_measured(tmp_path: Path):
     short = _trial(tmp_path, _script_config(tmp_path, [sys.executable, str(once), "--epochs", "1"]), name="once",
                    num_workers=0, batch_size=8)
     assert short.status == "crashed" and "ended after 6 batch(es)" in short.reason, short.reason
+
+
+def test_a_trainer_built_loader_is_measured_at_the_batch_it_yields(tmp_path: Path):
+    """Hugging Face Trainer builds its loader over a batch sampler (accelerate's DataLoaderShard): a batch knob set
+    on it does not take. The trial measures and records the batch the loop received (16), says what it asked (32),
+    and counts 16 items a batch (it reported 32, every rate twice the truth)."""
+    pytest.importorskip("transformers")
+    script = REPO / "tests" / "_hf_train.py"
+    raw = _script_config(tmp_path, [sys.executable, str(script), "--workers", "{num_workers}", "--out",
+                                    str(tmp_path / "hf")])
+    m = _trial(tmp_path, raw, num_workers=0, batch_size=32)
+    assert m.status == "ok", m.reason
+    assert m.params["batch_size"] == 16 and m.loader_measured["batch_size"] == 16, m.loader_measured
+    assert m.asked == {"batch_size": 32}
+    assert m.items_per_batch_mean == 16
+
+
+def test_an_iterable_dataset_without_a_length_is_measured(tmp_path: Path):
+    """A streamed dataset has no len(): the trial is measured (it crashed after its windows, asking the loader's
+    length)."""
+    from tests.test_launch import _trial as faulty_trial
+
+    m = faulty_trial(tmp_path, "stream", workers=0)
+    assert m.status == "ok", m.reason
+    assert m.dataset_len is None and m.loader_measured["length"] is None
+
+
+@pytest.mark.parametrize("fault, ran, asked", [("none", 1, None), ("threads2", 2, {"threads": 1})])
+def test_threads_are_set_in_the_scripts_process_and_recorded_as_run(tmp_path: Path, fault: str, ran: int,
+                                                                     asked: dict[str, int] | None):
+    """``--set threads=1`` without a {threads} placeholder: set in the script's process at its start (the script
+    kept its own count); a script that sets its own afterwards runs that, recorded with what was asked."""
+    from tests.test_launch import _raw
+
+    cfg = config.from_dict(_raw(tmp_path, fault), source=str(tmp_path / "cfg.yaml")).to_dict()
+    spec = TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(num_workers=0, batch_size=8, threads=1),
+                     config=cfg)
+    m = run_trial(spec, tmp_path / "t", 60)
+    assert m.status == "ok", m.reason
+    assert m.params["threads"] == ran and m.asked == asked
+
+
+def test_a_script_trial_without_knobs_runs_its_own_settings(tmp_path: Path):
+    """``tunekit trial --script CMD`` without ``--set``: the script's own settings (its -b 8, its -j 0), not the
+    search's first values (batch 32), and the trial says so (stage baseline)."""
+    import tunekit
+    from tests.test_launch import _raw
+
+    raw = _raw(tmp_path, "none")
+    raw["search"]["batch_size"] = [32]
+    outcome = tunekit.trial(raw, out=tmp_path / "one")
+    m = outcome.measurement
+    assert m.status == "ok", m.reason
+    assert m.stage == "baseline" and m.params["batch_size"] == 8 and m.params["num_workers"] == 0, m.params
+    assert m.asked is None

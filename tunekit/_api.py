@@ -145,7 +145,8 @@ def trial(config: str | os.PathLike[str] | dict[str, Any], *, knobs: dict[str, A
             loader alone).
         out: the folder (default ``results/<name>-trial``).
         overrides: dotted config keys to set first.
-        on_start: called as ``on_start(number, knobs, config)`` once the trial's folder is held.
+        on_start: called as ``on_start(number, knobs, config)`` once the trial's folder is held (``knobs`` None:
+            a script run with no knob given runs its own settings).
 
     Raises:
         ConfigError, UsageError: a bad config, knob value, mode or folder (one line each).
@@ -159,8 +160,10 @@ def trial(config: str | os.PathLike[str] | dict[str, Any], *, knobs: dict[str, A
 
     cfg = config_mod.load(config, overrides=overrides, resolve=resolve_paths)
     run = first_knobs(cfg, **chosen)
+    own = cfg.script is not None and not chosen  # a script alone runs its own settings, not the search's first
     measurement, trial_dir = run_single(cfg, run, mode, Path(out or Path("results") / f"{cfg.name}-trial"),
-                                        announce=lambda number: on_start(number, run, cfg) if on_start else None)
+                                        announce=lambda number: on_start(number, None if own else run, cfg)
+                                        if on_start else None, own=own)
     return TrialOutcome(measurement, trial_dir)
 
 

@@ -632,7 +632,7 @@ def _check_script(cfg: Config, source: str, errors: list[str]) -> None:
         if len(values) > 1 and key not in filled:
             errors.append(f"{source}: search.{key}: the script sets it itself; searching it needs a {{{key}}} "
                           "placeholder in script.command")
-    for key in ("threads", "worker_threads"):
+    for key in ("worker_threads",):  # threads (the script's own process) tunekit sets itself at its start
         if getattr(search, key) and key not in filled:
             errors.append(f"{source}: search.{key}: searching it needs a {{{key}}} placeholder in script.command")
     for key in search.extra:

@@ -240,8 +240,11 @@ def _ran_otherwise(row: TrialRow) -> str:
     asked = row.measurement.asked or {}
     ran = row.knobs.to_dict()
     knobs = ", ".join(f"{k}={v} (ran {ran.get(k)})" for k, v in asked.items())
+    hint = ("; a loader built with a batch sampler (HF Trainer's, Lightning's) takes its batch from the script: "
+            "fill {batch_size} into the script's own flag (--per_device_train_batch_size, --batch-size)"
+            if "batch_size" in asked else "")
     return (f"trial {row.number} asked {knobs}, but the script's DataLoader did not take it: the script sets it "
-            "itself or ignores the flag; the trial is recorded as it ran and not asked again")
+            f"itself or ignores the flag; the trial is recorded as it ran and not asked again{hint}")
 
 
 def _run_one(sweep: _RunningSweep, req: plan.Request) -> TrialRow:
@@ -330,9 +333,10 @@ def first_knobs(cfg: Config, **chosen: Any) -> Knobs:
 
 
 def run_single(cfg: Config, knobs: Knobs, mode: str, out: Path,
-               announce: Callable[[int], None] = lambda number: None) -> tuple[Measurement, Path]:
+               announce: Callable[[int], None] = lambda number: None, own: bool = False) -> tuple[Measurement, Path]:
     """Exactly one trial into ``out/trials/<n>/`` (``tunekit trial``): its measurement and its folder. A sweep's run
-    folder is refused (a resumed sweep would reuse the number). ``announce(number)`` runs once the folder is held."""
+    folder is refused (a resumed sweep would reuse the number). ``announce(number)`` runs once the folder is held.
+    ``own``: a script's own settings (stage ``baseline``: no knob filled in or set on its loader)."""
     with lock_run(out):  # no other sweep or trial writes here meanwhile
         if (out / store.STUDY_FILE).exists():
             raise UsageError(f"{out}: a sweep's run folder (it holds {store.STUDY_FILE}), whose trial numbers a "
@@ -340,7 +344,8 @@ def run_single(cfg: Config, knobs: Knobs, mode: str, out: Path,
         trials = out / "trials"
         number = max((int(p.name) for p in trials.glob("*") if p.name.isdigit()), default=-1) + 1
         write_text_atomic(out / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        spec = TrialSpec(number=number, stage="single", mode=mode, knobs=knobs, config=cfg.to_dict())
+        spec = TrialSpec(number=number, stage="baseline" if own else "single", mode=mode, knobs=knobs,
+                         config=cfg.to_dict())
         announce(number)
         result = run_trial(spec, trials / str(number), cfg.trial.timeout_s)
         return result, trials / str(number)

@@ -30,7 +30,9 @@ def trial(config_path: str | None, script: str | None, name: str | None, sets: t
     knobs, overrides = split_sets(sets)
 
     def started(number: int, run: Any, cfg: Any) -> None:
-        click.echo(f"trial {number}: {run.describe()} ({mode}) on {cfg.device} ...", err=True)
+        what = "the script's own settings (no --set: nothing filled in or set on its DataLoader)" if run is None \
+            else run.describe()
+        click.echo(f"trial {number}: {what} ({mode}) on {cfg.device} ...", err=True)
 
     with interrupts_as_keyboard_interrupt():
         source = config_source(config_path, script, name, True)  # one trial: its batch is the knob's

@@ -41,14 +41,14 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
     """
     trial_dir = Path(trial_dir).resolve()  # absolute in the worker's command line, so a resume can find it
     trial_dir.mkdir(parents=True, exist_ok=True)
-    files_ = _files(spec, trial_dir)
+    starter, cfg = starter_for(spec)
+    files_ = TrialFiles(spec, cfg, trial_dir / names.SPEC_FILE, trial_dir / names.MEASUREMENT_FILE)
     write_json_atomic(files_.spec_path, spec.to_dict())
     files_.out_path.unlink(missing_ok=True)
     for stale in [*trial_dir.glob(names.RANK_FAILURES), *trial_dir.glob(names.PROGRESS_MARKS)]:
         stale.unlink()
     t0 = time.perf_counter()
     log_path, pid_file = trial_dir / names.LOG_FILE, trial_dir / names.PID_FILE
-    starter, _ = starter_for(spec)
     with adopting() as adopted, TrialLog(log_path) as log:
         proc = starter.start(files_)
         if proc is None:  # the fork server could not fork: a fresh interpreter
@@ -78,11 +78,6 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
         result.fork_server_refused = refused  # why this trial paid a fresh interpreter
     write_json_atomic(files_.out_path, result.to_dict())
     return result
-
-
-def _files(spec: TrialSpec, trial_dir: Path) -> TrialFiles:
-    _, cfg = starter_for(spec)
-    return TrialFiles(spec, cfg, trial_dir / names.SPEC_FILE, trial_dir / names.MEASUREMENT_FILE)
 
 
 def run_task(cfg: Config, argv: list[str], timeout_s: float) -> tuple[int | None, str]:

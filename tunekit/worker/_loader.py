@@ -8,6 +8,7 @@ private to torch; a loader of another kind is iterated as it is and shows no que
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -135,6 +136,6 @@ def tensors(batch: Any) -> list[torch.Tensor]:
         return [batch]
     if isinstance(batch, (list, tuple)):
         return [t for b in batch for t in tensors(b)]
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):  # a dict, or a UserDict such as transformers' BatchEncoding
         return [t for b in batch.values() for t in tensors(b)]
     return []

@@ -126,6 +126,7 @@ class _Session:
         self.facts: dict[str, Any] = {}
         self.handed_out = 0
         self.done = False
+        self.items: _Items | None = None
         self.marks = _Marks(os.path.join(os.path.dirname(out_path), names.SCRIPT_MARKS) if self.rank == 0 else None)
 
     # -- which loader ---------------------------------------------------------------------------------------
@@ -157,7 +158,6 @@ class _Session:
         self.facts = {"build_s": max(0.0, t_start - self.started)}
         params = _apply(loader, self.spec, set() if self.spec.stage == "baseline" else self.inject)
         self.facts["params"] = params
-        self.facts["asked"] = self._asked(params)
         self.facts["loader"] = {"index": self.index(loader), "found_by": found_by,
                                 "dataset": type(loader.dataset).__name__, "length": _length(loader.dataset),
                                 "batch_size": params["batch_size"], "num_workers": params["num_workers"],
@@ -168,7 +168,8 @@ class _Session:
         if self.world > 1:
             self.ranks = _join_ranks(self.cfg.trial.timeout_s)
         self.loader = LoaderBatches(_Own(loader))
-        count = _counter(self.count_path, params["batch_size"])
+        self.items = _Items(self.count_path, params["batch_size"])
+        count = self.items
         batches, ready, fill = self.loader, self.loader.ready, params["num_workers"] * (params["prefetch_factor"] or 2)
         epoch = _epoch_batches(loader)
         if self.spec.mode == "compute":  # the script's step on one ready batch: the loader stands aside
@@ -184,7 +185,7 @@ class _Session:
                                             needed=needed, epoch_batches=epoch)
         self.meter = Meter(batches, settings, device=device, count=count, cpu=TreeCpu(), ranks=self.ranks,
                            ready=ready,
-                           epochs=lambda: self.loader.epochs_ended if self.loader else 0,
+                           epochs=lambda: self.loader.epochs_ended if self.loader is not None else 0,
                            measuring=lambda: self._measuring(device))
         if self.spec.mode == "loader":  # drained here, before the script's loop gets a batch
             for batch in self.meter:
@@ -205,6 +206,9 @@ class _Session:
         if torch.cuda.is_available():  # on the CPU a pinned trial runs unpinned by design
             ran["pin_memory"] = params["pin_memory"]
         knobs = self.spec.knobs
+        if knobs.threads:  # filled into the command, or set in this process at its start
+            ran["threads"] = params["threads"] = torch.get_num_threads()
+            set_here.add("threads")
         asked = {**knobs.to_dict(), "prefetch_factor": knobs.prefetch_factor or 2}  # None: the default, 2
         return {k: asked[k] for k, v in ran.items() if k in set_here and asked[k] != v}
 
@@ -231,9 +235,14 @@ class _Session:
         times = {"startup_s": max(0.0, self.started - started_at), "cuda_init_s": 0.0,
                  "build_s": self.facts["build_s"], "loop_setup_s": 0.0,
                  "teardown_s": now - reading.windows_end, "trial_s": time.time() - self.started}
+        if self.items is not None and self.items.first is not None:  # the batch the loop received, not the
+            # loader's batch_size (None for a batch_sampler's loader: HF Trainer's, Lightning's)
+            self.facts["params"]["batch_size"] = self.facts["loader"]["batch_size"] = self.items.first
+        self.facts["asked"] = self._asked(self.facts["params"])
         params = {**self.spec.knobs.to_dict(), **self.facts["params"]}
-        out = assemble(self.spec, reading, monitor, device=device, dataset=self.training.dataset if self.training
-                       else None, workers=params["num_workers"], unit=self.unit, times=times, memory=memory,
+        dataset = self.training.dataset if self.training is not None else None  # not `if loader`: its len()
+        out = assemble(self.spec, reading, monitor, device=device, dataset=dataset, workers=params["num_workers"],
+                       unit=self.unit, times=times, memory=memory,
                        warmup_memory=self.facts.get("warmup_memory", {}), epochs_ended=self.loader.epochs_ended,
                        warnings=self.loader.warnings, sync_share=None, params=params)
         out["loader_measured"] = self.facts["loader"]
@@ -373,10 +382,28 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _counter(path: str | None, batch_size: int) -> Any:
-    if path is None:
-        return lambda batch: batch_size
-    return checked_count(resolve(path), "script.count")
+class _Items:
+    """The items a batch holds (``script.count``'s hook, else the batch's leading dimension), and the batch size the
+    loop first received: read from the batches, never from ``DataLoader.batch_size`` (None for a loader built with a
+    batch sampler, as HF Trainer's and Lightning's are)."""
+
+    def __init__(self, path: str | None, fallback: int):
+        self.hook = checked_count(resolve(path), "script.count") if path is not None else None
+        self.fallback = fallback
+        self.first: int | None = None
+
+    def __call__(self, batch: Any) -> float:
+        size = _leading(batch)
+        if self.first is None and size is not None:
+            self.first = size
+        if self.hook is not None:
+            return self.hook(batch)
+        return float(size or self.fallback)
+
+
+def _leading(batch: Any) -> int | None:
+    """The leading dimension of a batch's first tensor that has one: its batch size."""
+    return next((t.shape[0] for t in tensors(batch) if t.dim() > 0), None)
 
 
 def _copy(batch: Any, device: torch.device, pinned: bool) -> None:
@@ -445,6 +472,8 @@ def install() -> None:
     watch_parent()  # the script dies with the sweep that launched it, as a worker does
     spec = TrialSpec.from_dict(read_json(spec_path))
     _SESSION = _Session(spec, out_path)
+    if spec.knobs.threads and spec.stage != "baseline" and "threads" not in placeholders(_SESSION.command):
+        torch.set_num_threads(spec.knobs.threads)  # as OMP_NUM_THREADS would, before the script's own code
     DataLoader.__init__ = _init  # type: ignore[method-assign]
     DataLoader.__iter__ = _iter  # type: ignore[method-assign]
     previous = sys.excepthook
