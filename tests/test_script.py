@@ -588,3 +588,50 @@ def test_a_script_trial_without_knobs_runs_its_own_settings(tmp_path: Path):
     assert m.status == "ok", m.reason
     assert m.stage == "baseline" and m.params["batch_size"] == 8 and m.params["num_workers"] == 0, m.params
     assert m.asked is None
+
+
+EPOCH_EVAL_SCRIPT = """
+import argparse, time, torch
+from torch.utils.data import DataLoader
+from tunekit.workloads.synthetic import sleepy_dataset, sleepy_model
+
+parser = argparse.ArgumentParser()
+parser.add_argument("-j", type=int, default=0)
+parser.add_argument("-b", type=int, default=8)
+args = parser.parse_args()
+model = sleepy_model(step_wait_s=0.02)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+train = DataLoader(sleepy_dataset(num_samples=320, sample_wait_s=0.005), batch_size=args.b, num_workers=args.j,
+                   shuffle=True)
+for epoch in range(1000):
+    for x, y in train:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():  # the per-epoch evaluation: 0.8 s
+        time.sleep(0.8)
+"""
+
+
+@pytest.mark.alone
+def test_an_epoch_with_evaluation_is_measured_in_its_two_parts(tmp_path: Path):
+    """320 samples an epoch (40 batches of 8, 1.6 s at the known 200/s of 1 worker x 5 ms a sample, the 20 ms steps
+    hidden behind it), then 0.8 s of evaluation: the windows hold the steady rate inside an epoch, quiet (windows
+    that mixed the two parts spread by a third), the boundary is measured apart (waited for: the fixed windows end
+    inside the first epoch), and the trial's figure is the rate over whole epochs, 320 / (320 / 200 + 0.8) = 133/s."""
+    script = tmp_path / "train.py"
+    script.write_text(EPOCH_EVAL_SCRIPT)
+    raw = _script_config(tmp_path, [sys.executable, str(script), "-j", "{num_workers}", "-b", "{batch_size}"])
+    raw["trial"] = {**QUICK, "window_s": 0.4, "measure_windows": 3}
+    m = _trial(tmp_path, raw, num_workers=1, prefetch_factor=2, batch_size=8)
+    assert m.status == "ok", m.reason
+    steady = expected_samples_per_s(1, 8, 0.005, 0.02)
+    assert m.rate_in_epoch == pytest.approx(steady, rel=0.10), m.rate_windows
+    assert m.noise_cv < 0.05, m.rate_windows
+    assert m.epoch_boundaries >= 2 and len(m.boundaries_s) == m.epoch_boundaries, m.boundaries_s  # waited for
+    assert m.boundary_s == pytest.approx(0.8, abs=0.25), m.boundaries_s
+    assert m.epoch_items == 320
+    whole = 320 / (320 / m.rate_in_epoch + m.boundary_s)
+    assert m.rate == pytest.approx(whole) and m.rate_whole_epoch == pytest.approx(whole)
+    assert m.rate == pytest.approx(320 / (320 / steady + 0.8), rel=0.10)

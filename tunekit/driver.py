@@ -419,6 +419,10 @@ class _Progress:
         last = f"last {row.rate:.1f}/s" if row.ok else f"last {row.status}"
         self.progress.update(self.task, advance=1, total=total, last=last)
         result = f"{row.rate:.1f} {row.unit}/s" if row.ok else f"{row.status}: {row.reason}"
+        m = row.measurement
+        if row.ok and m.rate_whole_epoch is not None and m.rate_in_epoch and m.boundary_s is not None:
+            result += (f" over whole epochs ({m.rate_in_epoch:.1f}/s inside an epoch, {m.boundary_s:.1f} s between "
+                       "epochs)")
         self.progress.console.print(f"trial {row.number} [{row.stage}/{row.mode}] {row.knobs.describe()}: "
                                     f"{result}")
         for warning in row.measurement.warnings or []:

@@ -360,6 +360,27 @@ class Measurement:
     epoch_batches: int | None = None
     """The loader's batches per epoch when every window held whole epochs (an epoch took at most two windows' time);
     None when the windows held whole loader rounds."""
+    rate_in_epoch: float | None = None
+    """Script mode (train): the steady rate inside an epoch, ``unit``/s: the windows, every epoch boundary left out;
+    ``rate`` is the rate over whole epochs when a boundary was seen and the epoch's length is known."""
+    boundary_s: float | None = None
+    """Script mode (train): what one epoch boundary costs, s (the mean of those the trial saw): from the request
+    that crossed the training loader's epoch end to the script's loop getting the next epoch's first batch (its
+    evaluation, checkpoint, logging, the loader's restart); None when the trial saw none. With two or more seen, the
+    first is left out: it pays what only the script's first epoch end does."""
+    boundary_cv: float | None = None
+    """Coefficient of variation of the epoch boundaries' seconds (two or more kept)."""
+    boundaries_s: list[float] | None = None
+    """Script mode (train): what each epoch boundary the trial saw cost, s, in order (``boundary_s`` leaves the
+    first out when there are two or more: it pays the script's one-time costs)."""
+    epoch_boundaries: int | None = None
+    """Script mode (train): the epoch boundaries the trial saw after its first batch."""
+    epoch_items: float | None = None
+    """Script mode (train): one epoch's items (the loader's batches per epoch times the items a measured batch
+    held); None for a loader without a length."""
+    rate_whole_epoch: float | None = None
+    """Script mode (train): ``epoch_items / (epoch_items / rate_in_epoch + boundary_s)``, ``unit``/s, the trial's
+    ``rate`` when set; None without a boundary seen or an epoch length."""
     warnings: list[str] | None = None
     """What the trial noticed about the data (unsharded iterable workers, identical rank shards), one line each."""
     dataset_len: int | None = None

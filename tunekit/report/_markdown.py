@@ -42,7 +42,7 @@ def _recommendation(s: RunSummary) -> list[str]:
             f"batch {dk.batch_size}" + (f", accumulation {dk.grad_accum}" if dk.grad_accum > 1 else ""))
         out += [f"PyTorch defaults (0 workers, no pinning, {same}): {s.defaults.rate:.1f} {u}/s "
                 f"(trial {s.defaults.number}); the recommendation is **{s.speedup_vs_defaults:.2f}×** that.", ""]
-    out += _script(s, k)
+    out += _script(s, k) + epoch_parts(k)
     if k.headroom is not None:
         out += [f"Memory headroom at the knee: {k.headroom:.1%} of {k.measurement.headroom_basis} memory.", ""]
     out += _costs(s)
@@ -51,6 +51,18 @@ def _recommendation(s: RunSummary) -> list[str]:
         out += [f"Mean {u} per batch at the knee: {per_batch:,.1f} (batch {k.knobs.batch_size}).", ""]
     flops = flop_summary(s)
     return out + _ranks(s, k) + _ceilings(s.rows, k, u) + ([flops, ""] if flops else [])
+
+
+def epoch_parts(row: TrialRow) -> list[str]:
+    """A trial measured in its two parts (script mode): the steady rate inside an epoch, what each epoch boundary
+    costs, and the rate over whole epochs, which is its figure."""
+    m = row.measurement
+    if m.rate_whole_epoch is None or m.rate_in_epoch is None or m.boundary_s is None:
+        return []
+    return [f"Over whole epochs: {m.rate_in_epoch:,.0f} {row.unit}/s inside an epoch, {m.boundary_s:.1f} s between "
+            f"epochs (the script's evaluation, checkpoint and logging, the loader's restart; {m.epoch_boundaries} "
+            f"seen), {m.rate_whole_epoch:,.0f} {row.unit}/s over whole epochs of {m.epoch_items:,.0f} {row.unit}: "
+            "the figure the knee is chosen by. The window noise is the steady part's alone.", ""]
 
 
 def _script(s: RunSummary, k: TrialRow) -> list[str]:

@@ -14,6 +14,13 @@ window edges. What it does, in order (docs/measurement.md, "Fidelity rules"):
    most two windows' time), until ``rules.window_stop`` says stop (a fixed count, the precision reached, or
    the interval wholly below the rate the trial needs); then ``rules.settling`` cuts the leading windows that were
    still settling.
+5. Epoch-aware (script mode): each epoch boundary is measured apart and left out of the windows, which then hold
+   the steady rate inside an epoch. A boundary spans from the request that crossed the source's epoch end (the
+   loader's restart, then the script's evaluation, checkpoint and logging before its loop takes the batch) to the
+   consumer's return from the step on the new epoch's batch ``fill + 1``: the batches the pipeline made ready
+   meanwhile come in a burst that belongs to the boundary, not to the steady rate. Its cost is the span less those
+   batches' items at the steady rate. The windows go on until one boundary is seen when the epoch's end is near
+   enough (``boundary_wait_s``); the trial's figure is then the rate over whole epochs (:func:`whole_epoch`).
 
 The ranks of a multi-rank trial take every decision together (``ranks.any``, ``ranks.max``): they reach the same
 checkpoints, since they step in lockstep.
@@ -34,12 +41,18 @@ from tunekit.config import TrialSettings
 from tunekit.worker._loader import tensors
 from tunekit.worker._monitor import CpuUse, TreeCpu
 
-__all__ = ["Meter", "MeterSettings", "OneProcess", "Reading", "Window", "SourceEnded", "summarise", "MIN_WINDOW_STEPS"]
+__all__ = ["Meter", "MeterSettings", "OneProcess", "Reading", "Window", "SourceEnded", "summarise", "whole_epoch",
+           "MIN_WINDOW_STEPS"]
 
 MIN_WINDOW_STEPS = 3
 """A window lasts at least the window time and at least this many optimizer steps: with second-long steps a
 window of two or three steps quantises throughput too coarsely to be stable."""
 
+
+FEW_BOUNDARIES = 2
+"""Epoch-aware: the boundaries a trial waits for (when an epoch ends soon enough). The first pays what only a
+script's first epoch end does (its evaluation's first run: cuDNN autotuning for new shapes, its loader's first
+workers); with two or more, it is left out of ``boundary_s``."""
 
 EPOCH_WINDOWS = 2
 """Windows hold whole epochs when an epoch takes at most this many windows' time (``window_s``): a window is then
@@ -106,6 +119,8 @@ class MeterSettings:
     takes no more."""
     needed: float | None = None
     """The rate (this process's share) the trial must reach to matter; its interval wholly below stops it."""
+    boundary_wait_s: float = 0.0
+    """Epoch-aware: how long the windows may go on, past their stop, to see one epoch boundary (0: never)."""
 
     @classmethod
     def from_trial(cls, trial: TrialSettings, **shape: Any) -> MeterSettings:
@@ -132,6 +147,9 @@ class Window:
     cpu: CpuUse
     device_wait_s: float = 0.0
     """Time the fetches waited on a stream ahead moving the batch on the device, not on the loader."""
+    boundary_s: float = 0.0
+    """Epoch-aware: the epoch boundaries' spans inside the window, left out of ``wall_s`` (and their batches out of
+    ``items`` and ``micro_batches``)."""
 
     @property
     def rate(self) -> float:
@@ -159,6 +177,13 @@ class Reading:
     epoch_batches: int | None = None
     """The source's batches per epoch when every window held whole epochs (an epoch within two windows' time); None
     when windows held whole loader rounds."""
+    boundaries: list[tuple[float, float]] = field(default_factory=list)
+    """Epoch-aware: every epoch boundary the trial saw after its first batch, as its span (s) and the items of the
+    batches inside it."""
+    epoch_aware: bool = False
+    epoch_items: float | None = None
+    """Epoch-aware: the items of one epoch (its batches times the items a measured batch held); None without a
+    length (set by the caller)."""
 
     def fields(self, cpus: int, workers: int, compiling: bool) -> dict[str, Any]:
         """The measurement's fields the meter owns (docs/measurement.md): throughput, noise, waits, GPU busy, CPU,
@@ -167,7 +192,8 @@ class Reading:
                 "warmup_set_aside": self.set_aside, "first_batch_wait_s": self.first_batch_wait_s,
                 "first_step_s": self.first_step_s, "batch_bytes": self.batch_bytes,
                 "compile_s": self.first_step_s - self.first_batch_wait_s if compiling else 0.0}
-        return {**summarise(self.windows, cpus, workers), **warm, **self.stop, "epoch_batches": self.epoch_batches}
+        fields = {**summarise(self.windows, cpus, workers), **warm, **self.stop, "epoch_batches": self.epoch_batches}
+        return {**fields, **(whole_epoch(fields, self.boundaries, self.epoch_items) if self.epoch_aware else {})}
 
 
 class Meter:
@@ -185,21 +211,28 @@ class Meter:
         device_wait: seconds the source's fetches so far waited on a stream ahead's device work.
         window_done: called after each window's closing synchronisation (a loss check may raise there).
         measuring: called once, after the warm-up and right before the first window.
+        epoch_aware: measure the source's epoch boundaries apart (step 5).
     """
 
     def __init__(self, batches: Iterator[Any], settings: MeterSettings, *, device: torch.device,
                  count: Callable[[Any], float], cpu: TreeCpu, ranks: Ranks | None = None,
                  ready: Callable[[], int | None] = lambda: None, epochs: Callable[[], int] = lambda: 0,
                  device_wait: Callable[[], float] = lambda: 0.0, window_done: Callable[[], None] = lambda: None,
-                 measuring: Callable[[], None] = lambda: None):
+                 measuring: Callable[[], None] = lambda: None, epoch_aware: bool = False):
         self._batches, self.settings, self.device = batches, settings, device
         self._count, self._cpu, self._ranks = count, cpu, ranks or OneProcess()
         self._ready, self._epochs, self._device_wait = ready, epochs, device_wait
         self._span: int | None = None
         """Micro-batches a window's length is a multiple of, decided at the first window's end (`_window_span`)."""
         self._window_done, self._measuring = window_done, measuring
-        self.reading = Reading()
+        self.reading = Reading(epoch_aware=epoch_aware)
         self._requested = 0
+        self._open: list[float] | None = None
+        """Epoch-aware: the boundary under way, as [start, items, batches left in it]."""
+        self._in_epoch = 0
+        """Batches taken in the source's current epoch."""
+        self._pace: float | None = None
+        """Seconds a batch took in the warm-up steps (whether an epoch is short, before the windows)."""
 
     def __iter__(self) -> Iterator[Any]:
         return self._run()
@@ -207,12 +240,38 @@ class Meter:
     def _next(self) -> Any:
         self._requested += 1
         self._ranks.mark(self._requested, False)
+        epochs, asked = self._epochs(), time.perf_counter()
         try:
             batch = next(self._batches)
         except StopIteration:
             raise SourceEnded("the batches ended before the measurement was complete") from None
         self._ranks.mark(self._requested, True)
+        if self.reading.epoch_aware and self._epochs() != epochs:  # this batch opens the next epoch
+            if self._open is not None:  # the last one still under way (an epoch shorter than the pipeline)
+                self._open[2] = 1
+                self._stepped(0.0)
+            span = self.settings.fill + 1
+            if self.settings.epoch_batches:
+                span = min(span, max(1, self.settings.epoch_batches // 2))
+            self._open, self._in_epoch = [asked, 0.0, float(span)], 1
+        else:
+            self._in_epoch += 1
         return batch
+
+    def _stepped(self, items: float) -> tuple[float, float] | None:
+        """The consumer is back from a step on a batch of the boundary under way: its items join it, and after its
+        last batch the boundary closes; returns its span (s) and items then."""
+        if self._open is None:
+            return None
+        self._open[1] += items
+        self._open[2] -= 1
+        if self._open[2] > 0:
+            return None
+        start, items, _ = self._open
+        self._open = None
+        closed = (time.perf_counter() - start, items)
+        self.reading.boundaries.append(closed)
+        return closed
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -243,6 +302,7 @@ class Meter:
         while taken < self.settings.fill and self._epochs() == epoch and (self._ready() or 0) > 0:
             self._next()
             taken += 1
+        self._open = None  # a batch set aside is never handed out: it opens no boundary of the consumer's
         return taken
 
     def _warm_up_steps(self) -> Generator[Any, None, int]:
@@ -253,24 +313,37 @@ class Meter:
         steps = max(s.warmup_steps, 3) if s.compiling else s.warmup_steps
         fewest = min(steps, 3 if s.compiling else 1)
         for _ in range(s.grad_accum - 1):  # the rest of the first batch's optimizer step
-            yield self._next()
+            batch = self._next()
+            yield batch
+            self._stepped(self._count(batch))
         trained, started = s.grad_accum, time.perf_counter()
         for done in range(steps):
             if done >= fewest and self._ranks.any(time.perf_counter() - started >= s.window_s):
                 break
             for _ in range(s.grad_accum):
-                yield self._next()
+                batch = self._next()
+                yield batch
+                self._stepped(self._count(batch))
             trained += s.grad_accum
+        if trained > s.grad_accum:
+            self._pace = (time.perf_counter() - started) / (trained - s.grad_accum)
         return trained
 
     def _windows(self) -> Generator[Any, None, None]:
         """The windows until ``rules.window_stop`` stops them, then the settling cut."""
         s, windows = self.settings, []
+        pace = self._pace if self._pace is not None else self.reading.first_step_s
+        if self.reading.epoch_aware and s.epoch_batches and self._ranks.any(
+                s.epoch_batches * pace <= EPOCH_WINDOWS * s.window_s):
+            # epochs of at most two windows: windows of whole epochs hold the boundaries in their share, and the
+            # figure is the rate over whole epochs directly (step 4)
+            self.reading.epoch_aware, self._open = False, None
+            self.reading.boundaries.clear()
         while True:
             windows.append((yield from self._window()))
             reason = rules.window_stop([w.items for w in windows], [w.wall_s for w in windows], s.measure_windows,
                                        s.max_windows, s.precision, s.needed)
-            if not self._ranks.any(reason is None):
+            if not self._ranks.any(reason is None or self._boundary_near(windows)):
                 break
         self.reading.windows_end = time.perf_counter()
         rates = [w.rate for w in windows]
@@ -284,6 +357,18 @@ class Meter:
                              "settling_windows": rates[:drop], "settling_s": settling_s,
                              "rate_interval": rules.rate_interval([w.items for w in kept], [w.wall_s for w in kept])}
 
+    def _boundary_near(self, windows: list[Window]) -> bool:
+        """Epoch-aware, before the trial has seen ``FEW_BOUNDARIES`` epoch boundaries: whether the current epoch
+        ends within ``boundary_wait_s`` at the windows' pace (then the windows go on to see it)."""
+        s = self.settings
+        if self._open is not None:  # one under way: the windows go on to its end
+            return True
+        if len(self.reading.boundaries) >= FEW_BOUNDARIES or not self.reading.epoch_aware or not s.epoch_batches \
+                or not s.boundary_wait_s:
+            return False
+        per_batch = sum(w.wall_s for w in windows) / max(1, sum(w.micro_batches for w in windows))
+        return (s.epoch_batches - self._in_epoch) * per_batch <= s.boundary_wait_s
+
     def _window_span(self, elapsed: float, batches: int) -> int:
         """What a window's micro-batches are a multiple of, decided once, when the first window has lasted its time:
         whole epochs of the source when an epoch takes at most twice a window's time (at the first window's pace; a
@@ -292,6 +377,8 @@ class Meter:
         an epoch end costs (a drained and refilled pipeline, a worker restart, the script's own work between
         epochs); windows that cut epochs would hold 0, 1 or 2 such ends and spread by their cost. The ranks decide
         together."""
+        if self.reading.epoch_aware:  # the boundaries are measured apart: windows need not hold whole epochs
+            return self.settings.round_batches
         epoch = self._ranks.max(self.settings.epoch_batches or 0)  # one span for all ranks, or windows part
         short = epoch > 0 and epoch * elapsed / batches <= EPOCH_WINDOWS * self.settings.window_s
         if self._ranks.any(short):
@@ -309,13 +396,16 @@ class Meter:
         self._cpu.begin()
         self._sync()
         t0, wait, device0, steps, items = time.perf_counter(), 0.0, self._device_wait(), 0, 0.0
+        boundary, left_out = 0.0, 0  # epoch boundaries inside the window, measured apart (epoch-aware)
         while True:
             for _ in range(s.grad_accum):
                 asked = time.perf_counter()
                 batch = self._next()
-                wait += time.perf_counter() - asked
-                items += self._count(batch)
-                if cuda:
+                inside = self._open is not None  # a batch of an epoch boundary: its wait, step and items are its
+                wait += 0.0 if inside else time.perf_counter() - asked
+                counted = self._count(batch)
+                items += 0.0 if inside else counted
+                if cuda and not inside:
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                     yield batch
@@ -323,22 +413,46 @@ class Meter:
                     events.append((start, end))
                 else:
                     yield batch
+                if inside:
+                    left_out += 1
+                    closed = self._stepped(counted)
+                    boundary += closed[0] if closed else 0.0
             steps += 1
             span = s.round_batches if self._span is None else self._span
-            if (steps >= MIN_WINDOW_STEPS and (steps * s.grad_accum) % span == 0
-                    and self._ranks.any(time.perf_counter() - t0 >= s.window_s)):
+            if (steps >= MIN_WINDOW_STEPS and (steps * s.grad_accum) % span == 0 and self._open is None
+                    and self._ranks.any(time.perf_counter() - t0 - boundary >= s.window_s)):
                 if self._span is None:
-                    self._span = self._window_span(time.perf_counter() - t0, steps * s.grad_accum)
+                    self._span = self._window_span(time.perf_counter() - t0 - boundary, steps * s.grad_accum)
                     if (steps * s.grad_accum) % self._span:
                         continue
                 break
         self._sync()
-        wall = time.perf_counter() - t0
+        wall = time.perf_counter() - t0 - boundary
+        steps -= left_out // s.grad_accum
         used = self._cpu.end()
         self._window_done()
         busy = sum(a.elapsed_time(b) for a, b in events) / 1000.0 if cuda else None
         device_wait = self._device_wait() - device0
-        return Window(wall, steps, items, steps * s.grad_accum, wait - device_wait, busy, used, device_wait)
+        return Window(wall, steps, items, steps * s.grad_accum, wait - device_wait, busy, used, device_wait, boundary)
+
+
+def whole_epoch(fields: dict[str, Any], boundaries: list[tuple[float, float]],
+                epoch_items: float | None) -> dict[str, Any]:
+    """Epoch-aware figures: the steady rate inside an epoch (the windows'), what an epoch boundary costs (the mean,
+    over those the trial saw, of its span less its batches' items at the steady rate: the time it added to its
+    epoch; the first left out when there are ``FEW_BOUNDARIES``), and the rate over whole epochs, ``epoch_items /
+    (epoch_items / steady + boundary_s)``, which becomes the trial's ``rate`` when both are known."""
+    steady = fields["rate"]
+    costs = [max(0.0, span - items / steady) for span, items in boundaries] if steady else []
+    kept = costs[1:] if len(costs) >= FEW_BOUNDARIES else costs  # the first pays one-time costs
+    out: dict[str, Any] = {"rate_in_epoch": steady, "epoch_boundaries": len(boundaries),
+                           "boundary_s": statistics.fmean(kept) if kept else None,
+                           "boundary_cv": _cv(kept) if len(kept) > 1 else None, "boundaries_s": costs or None,
+                           "epoch_items": epoch_items, "rate_whole_epoch": None}
+    if kept and epoch_items:  # rate_interval stays the steady rate's (relative) half-width
+        whole = epoch_items / (epoch_items / steady + out["boundary_s"])
+        out.update(rate_whole_epoch=whole, rate=whole)
+    return out
 
 
 def _cv(values: list[float]) -> float:

@@ -127,6 +127,7 @@ class _Session:
         self.handed_out = 0
         self.done = False
         self.items: _Items | None = None
+        self.epoch_batches: int | None = None
         self.marks = _Marks(os.path.join(os.path.dirname(out_path), names.SCRIPT_MARKS) if self.rank == 0 else None)
 
     # -- which loader ---------------------------------------------------------------------------------------
@@ -181,12 +182,18 @@ class _Session:
         node_root = os.getppid() if self.ranks is not None and self.ranks.local_rank == 0 else None  # torchrun
         self.monitor = Monitor(nvml_sampler(device), node_root=node_root, forked_from=fork_server_pid()).start()
         needed = self.spec.needed / self.world if self.spec.needed is not None else None  # each rank's share
+        # the script's own loop trains: its epoch boundaries (evaluation, checkpoints, the loader's restart) are
+        # measured apart from the steady rate inside an epoch, and waited for when an epoch ends within a third
+        # of the trial's timeout
+        aware = self.spec.mode == "train"
         settings = MeterSettings.from_trial(self.cfg.trial, round_batches=max(1, params["num_workers"]), fill=fill,
-                                            needed=needed, epoch_batches=epoch)
+                                            needed=needed, epoch_batches=epoch,
+                                            boundary_wait_s=self.cfg.trial.timeout_s / 3 if aware else 0.0)
+        self.epoch_batches = epoch
         self.meter = Meter(batches, settings, device=device, count=count, cpu=TreeCpu(), ranks=self.ranks,
                            ready=ready,
                            epochs=lambda: self.loader.epochs_ended if self.loader is not None else 0,
-                           measuring=lambda: self._measuring(device))
+                           measuring=lambda: self._measuring(device), epoch_aware=aware)
         if self.spec.mode == "loader":  # drained here, before the script's loop gets a batch
             for batch in self.meter:
                 _copy(batch, device, params["pin_memory"])
@@ -224,6 +231,9 @@ class _Session:
         assert self.meter is not None and self.monitor is not None and self.loader is not None
         self.done = True
         reading, device = self.meter.reading, self.facts["device"]
+        if self.epoch_batches and reading.windows:  # one epoch's items, at the items a measured batch held
+            batches = sum(w.micro_batches for w in reading.windows)
+            reading.epoch_items = self.epoch_batches * sum(w.items for w in reading.windows) / batches
         monitor = self.monitor
         monitor.sample_now()
         monitor.measuring = False

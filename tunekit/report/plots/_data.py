@@ -151,7 +151,10 @@ def _unit(rows: list[TrialRow]) -> str:
 
 
 def _point(row: TrialRow) -> Point:
-    windows = row.measurement.rate_windows or [row.rate]
+    m = row.measurement
+    # epoch-aware windows hold the rate inside an epoch: their spread is drawn around the whole-epoch rate
+    scale = row.rate / m.rate_in_epoch if m.rate_in_epoch else 1.0
+    windows = [w * scale for w in m.rate_windows] if m.rate_windows else [row.rate]
     return Point(row.knobs.num_workers, row.rate, float(min(windows)), float(max(windows)), row.number)
 
 
