@@ -40,7 +40,7 @@ class Stream(torch.utils.data.IterableDataset):
 
 
 class Squares(Dataset):
-    def __init__(self, n: int = 4096, wait_s: float = 0.0):
+    def __init__(self, n: int = 1 << 20, wait_s: float = 0.0):  # an epoch outlasts every trial
         self.n, self.wait_s = n, wait_s
 
     def __len__(self) -> int:

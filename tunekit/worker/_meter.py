@@ -54,6 +54,11 @@ FEW_BOUNDARIES = 2
 script's first epoch end does (its evaluation's first run: cuDNN autotuning for new shapes, its loader's first
 workers); with two or more, it is left out of ``boundary_s``."""
 
+BOUNDARY_WAIT = 3.0
+"""Epoch-aware: the windows go on to see a boundary only when it comes within this many times the windows' time so
+far (and ``boundary_wait_s``): a trial at most about four times its measurement, so a slow config, or an epoch of
+minutes, is not waited for (its figure is then the steady rate, and no boundary is recorded)."""
+
 EPOCH_WINDOWS = 2
 """Windows hold whole epochs when an epoch takes at most this many windows' time (``window_s``): a window is then
 at most this much longer than ``window_s``, and each holds the same share of the epochs' ends."""
@@ -359,15 +364,17 @@ class Meter:
 
     def _boundary_near(self, windows: list[Window]) -> bool:
         """Epoch-aware, before the trial has seen ``FEW_BOUNDARIES`` epoch boundaries: whether the current epoch
-        ends within ``boundary_wait_s`` at the windows' pace (then the windows go on to see it)."""
+        ends soon enough at the windows' pace (``BOUNDARY_WAIT``, ``boundary_wait_s``): then the windows go on to see
+        it."""
         s = self.settings
         if self._open is not None:  # one under way: the windows go on to its end
             return True
         if len(self.reading.boundaries) >= FEW_BOUNDARIES or not self.reading.epoch_aware or not s.epoch_batches \
                 or not s.boundary_wait_s:
             return False
-        per_batch = sum(w.wall_s for w in windows) / max(1, sum(w.micro_batches for w in windows))
-        return (s.epoch_batches - self._in_epoch) * per_batch <= s.boundary_wait_s
+        measured = sum(w.wall_s for w in windows)
+        per_batch = measured / max(1, sum(w.micro_batches for w in windows))
+        return (s.epoch_batches - self._in_epoch) * per_batch <= min(s.boundary_wait_s, BOUNDARY_WAIT * measured)
 
     def _window_span(self, elapsed: float, batches: int) -> int:
         """What a window's micro-batches are a multiple of, decided once, when the first window has lasted its time:
@@ -377,11 +384,12 @@ class Meter:
         an epoch end costs (a drained and refilled pipeline, a worker restart, the script's own work between
         epochs); windows that cut epochs would hold 0, 1 or 2 such ends and spread by their cost. The ranks decide
         together."""
-        if self.reading.epoch_aware:  # the boundaries are measured apart: windows need not hold whole epochs
-            return self.settings.round_batches
         epoch = self._ranks.max(self.settings.epoch_batches or 0)  # one span for all ranks, or windows part
         short = epoch > 0 and epoch * elapsed / batches <= EPOCH_WINDOWS * self.settings.window_s
-        if self._ranks.any(short):
+        if self._ranks.any(short):  # epoch-aware too, once the first window shows epochs that short (the warm-up's
+            # pace did not): their boundaries stay inside whole-epoch windows
+            self.reading.epoch_aware, self._open = False, None
+            self.reading.boundaries.clear()
             self.reading.epoch_batches = epoch
             return epoch
         return self.settings.round_batches
@@ -396,7 +404,7 @@ class Meter:
         self._cpu.begin()
         self._sync()
         t0, wait, device0, steps, items = time.perf_counter(), 0.0, self._device_wait(), 0, 0.0
-        boundary, left_out = 0.0, 0  # epoch boundaries inside the window, measured apart (epoch-aware)
+        boundary, left_out, left_items = 0.0, 0, 0.0  # epoch boundaries in the window, measured apart (aware)
         while True:
             for _ in range(s.grad_accum):
                 asked = time.perf_counter()
@@ -414,21 +422,29 @@ class Meter:
                 else:
                     yield batch
                 if inside:
-                    left_out += 1
+                    left_out, left_items = left_out + 1, left_items + counted
                     closed = self._stepped(counted)
                     boundary += closed[0] if closed else 0.0
             steps += 1
             span = s.round_batches if self._span is None else self._span
+            # the first window lasts window_s of wall time (epochs shorter than two windows show there, boundaries
+            # and all); the later ones window_s of steady time when the boundaries are measured apart
+            elapsed = time.perf_counter() - t0 - (boundary if self._span is not None and self.reading.epoch_aware
+                                                  else 0.0)
             if (steps >= MIN_WINDOW_STEPS and (steps * s.grad_accum) % span == 0 and self._open is None
-                    and self._ranks.any(time.perf_counter() - t0 - boundary >= s.window_s)):
+                    and self._ranks.any(elapsed >= s.window_s)):
                 if self._span is None:
-                    self._span = self._window_span(time.perf_counter() - t0 - boundary, steps * s.grad_accum)
+                    self._span = self._window_span(elapsed, steps * s.grad_accum)
                     if (steps * s.grad_accum) % self._span:
                         continue
                 break
         self._sync()
-        wall = time.perf_counter() - t0 - boundary
-        steps -= left_out // s.grad_accum
+        wall = time.perf_counter() - t0
+        if self.reading.epoch_aware:  # the boundaries' time, batches and items are theirs
+            wall, steps = wall - boundary, steps - left_out // s.grad_accum
+        else:  # whole-epoch windows after all (short epochs): everything the window held is its
+            items += left_items
+            boundary = 0.0
         used = self._cpu.end()
         self._window_done()
         busy = sum(a.elapsed_time(b) for a, b in events) / 1000.0 if cuda else None
