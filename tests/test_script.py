@@ -635,3 +635,24 @@ def test_an_epoch_with_evaluation_is_measured_in_its_two_parts(tmp_path: Path):
     whole = 320 / (320 / m.rate_in_epoch + m.boundary_s)
     assert m.rate == pytest.approx(whole) and m.rate_whole_epoch == pytest.approx(whole)
     assert m.rate == pytest.approx(320 / (320 / steady + 0.8), rel=0.10)
+
+
+def test_a_loader_built_anew_each_epoch_is_followed(tmp_path: Path):
+    """A loop that builds its DataLoader inside each epoch (48 samples: 6 batches an epoch): the measurement goes on
+    with each new loader (every trial timed out, "no result within trial.timeout_s", the script training on loaders
+    nobody metered)."""
+    script = tmp_path / "train.py"
+    body = SLEEPY_SCRIPT.replace("sleepy_dataset(sample_wait_s=0.005)", "sleepy_dataset(num_samples=48, "
+                                 "sample_wait_s=0.005)")
+    build = "train = DataLoader(sleepy_dataset(num_samples=48, sample_wait_s=0.005), batch_size=args.b, " \
+            "num_workers=args.j, shuffle=True)\n"
+    body = body.replace(build, "data = sleepy_dataset(num_samples=48, sample_wait_s=0.005)\n").replace(
+        "for epoch in range(args.epochs):\n", "for epoch in range(args.epochs):\n    train = DataLoader(data, "
+        "batch_size=args.b, num_workers=args.j, shuffle=True)\n")
+    assert "    train = DataLoader(data" in body
+    script.write_text(body)
+    raw = _script_config(tmp_path, [sys.executable, str(script), "-j", "{num_workers}", "-b", "{batch_size}"])
+    raw["trial"] = {**QUICK, "timeout_s": 60}
+    m = _trial(tmp_path, raw, num_workers=2, prefetch_factor=2, batch_size=8)
+    assert m.status == "ok", m.reason
+    assert m.epochs_ended >= 2 and m.loader_measured["rebuilt"] >= 2, m.loader_measured

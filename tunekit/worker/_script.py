@@ -127,6 +127,9 @@ class _Session:
         self.handed_out = 0
         self.done = False
         self.items: _Items | None = None
+        self.own: _Own | None = None
+        self.rebuilt = 0
+        """Training loaders the script built anew (each epoch, say) that the measurement went on with."""
         self.epoch_batches: int | None = None
         self.marks = _Marks(os.path.join(os.path.dirname(out_path), names.SCRIPT_MARKS) if self.rank == 0 else None)
 
@@ -168,7 +171,8 @@ class _Session:
         self.facts["device"] = device
         if self.world > 1:
             self.ranks = _join_ranks(self.cfg.trial.timeout_s)
-        self.loader = LoaderBatches(_Own(loader))
+        self.own = _Own(loader)
+        self.loader = LoaderBatches(self.own)
         self.items = _Items(self.count_path, params["batch_size"])
         count = self.items
         batches, ready, fill = self.loader, self.loader.ready, params["num_workers"] * (params["prefetch_factor"] or 2)
@@ -218,6 +222,27 @@ class _Session:
             set_here.add("threads")
         asked = {**knobs.to_dict(), "prefetch_factor": knobs.prefetch_factor or 2}  # None: the default, 2
         return {k: asked[k] for k, v in ran.items() if k in set_here and asked[k] != v}
+
+    def same_role(self, loader: DataLoader) -> bool:
+        """Whether ``loader``, iterated while another is measured, is the script's training loader built anew (a
+        loop that builds its DataLoader each epoch): over the same dataset, or one of the same class and length."""
+        old = self.training
+        if old is None or self.stream is None or self.spec.mode != "train":
+            return False
+        if loader.dataset is old.dataset:
+            return True
+        return type(loader.dataset) is type(old.dataset) and _length(loader.dataset) == _length(old.dataset) \
+            and _length(loader.dataset) is not None
+
+    def follow(self, loader: DataLoader) -> Any:
+        """Go on with the measurement on the training loader built anew: the trial's knobs set on it, its next epoch
+        read from it (the current one goes on from the loader that began it); the iterator the script's loop gets."""
+        assert self.own is not None
+        _apply(loader, self.spec, set() if self.spec.stage == "baseline" else self.inject)
+        self.own.loader, self.own.persistent_workers = loader, loader.persistent_workers
+        self.training, self.rebuilt = loader, self.rebuilt + 1
+        self.facts["loader"]["rebuilt"] = self.rebuilt
+        return self.stream
 
     def _measuring(self, device: torch.device) -> None:
         self.facts["warmup_memory"] = device_memory(device)
@@ -458,6 +483,8 @@ def _iter(self: DataLoader) -> Any:
         return _original_iter(self)
     if session.training is self:  # the script's next iter() of the measured loader: the measurement goes on
         return session.stream
+    if session.same_role(self):  # the training loader built anew (each epoch): the measurement goes on with it
+        return session.follow(self)
     found_by = session.found_by(self) if session.training is None else None
     return _passed_through(session, self) if found_by is None else session.start(self, found_by)
 
