@@ -313,8 +313,8 @@ def test_the_image_example_is_swept_unedited(tmp_path: Path):
     ckpt = tmp_path / "ckpt"
     run, out = _example_sweep(tmp_path, "image_classifier", [
         sys.executable, "train.py", "--data", str(tmp_path / "data"), "--make-data", "160", "--crop", "32",
-        "--epochs", "1000", "--out", str(ckpt), "--arch", "squeezenet1_1", "-j", "{num_workers}", "-b",
-        "{batch_size}"])
+        "--out", str(ckpt), "--arch", "squeezenet1_1", "-j", "{num_workers}", "-b", "{batch_size}"],
+        trial_args=["--epochs", "1000"])
     assert run.recommendation is not None, run.reason
     measured = {m["stage"]: m for m in (json.loads(p.read_text()) for p in (out / "trials").glob("*/measurement.json"))}
     assert len(list((out / "trials").glob("*/measurement.json"))) == 3  # the script's own settings, 2 configs
@@ -325,6 +325,7 @@ def test_the_image_example_is_swept_unedited(tmp_path: Path):
     rec = yaml.safe_load((out / "recommended.yaml").read_text())
     workers = rec["dataloader"]["num_workers"]
     assert workers in (0, 1) and rec["script"]["command"][-4:] == ["-j", str(workers), "-b", "8"]
+    assert "--epochs" not in rec["script"]["command"]  # script.trial_args: the trials' alone
     # what the knee's trial ran with: pinning set on the loader, and its workers kept across epochs
     assert ("persistent_workers" in rec["script"]["set_on_dataloader"]) == (workers > 0)
     report = (out / "report.md").read_text()
@@ -656,3 +657,15 @@ def test_a_loader_built_anew_each_epoch_is_followed(tmp_path: Path):
     m = _trial(tmp_path, raw, num_workers=2, prefetch_factor=2, batch_size=8)
     assert m.status == "ok", m.reason
     assert m.epochs_ended >= 2 and m.loader_measured["rebuilt"] >= 2, m.loader_measured
+
+
+def test_the_command_to_apply_leaves_out_the_trials_own_arguments_and_the_scripts_defaults(tmp_path: Path):
+    """``script.trial_args`` (``--epochs 1000``, so the loop outlasts a trial) are the trials' alone, and a knob at
+    the script's own default needs no flag: the "Apply it" command repeated both."""
+    raw = _script_config(tmp_path, [sys.executable, "train.py", "-j", "{num_workers}", "-b", "{batch_size}"])
+    raw["script"]["trial_args"] = ["--epochs", "1000"]
+    spec = TrialSpec(number=3, stage="end_to_end", mode="train", knobs=Knobs(num_workers=4, batch_size=64),
+                     config=config.from_dict(raw).to_dict())
+    assert script_command(spec)[-6:] == ["-j", "4", "-b", "64", "--epochs", "1000"]
+    assert script_command(spec, trial=False)[-4:] == ["-j", "4", "-b", "64"]
+    assert script_command(spec, trial=False, leave_out={"batch_size"})[-2:] == ["-j", "4"]

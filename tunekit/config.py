@@ -135,6 +135,9 @@ class Script:
     baseline: dict[str, Any] = field(default_factory=dict)
     """Placeholder values of the script's own baseline trial; a placeholder not given here is left out with its
     flag, so the script's own default applies."""
+    trial_args: list[str] = field(default_factory=list)
+    """Arguments added after the command in trials only (``[--epochs, 1000]``, so the loop outlasts a trial); the
+    recommended command leaves them out."""
     own_batch: bool = False
     """Keep the script's own batch size: the sweep tries the batch its baseline trial's loader had (in place of
     ``search.batch_size``), and the command needs no ``{batch_size}``."""

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -130,18 +131,22 @@ def worker_command(spec: TrialSpec) -> list[str]:
     return torchrun_command(launch, nproc_per_node=spec.knobs.ranks // launch.nnodes) + ["-m", names.WORKER_MODULE]
 
 
-def script_command(spec: TrialSpec) -> list[str]:
-    """A script trial's command: ``script.command`` with the trial's knobs filled in; for the script's own
-    baseline (stage ``baseline``), only ``script.baseline``'s values, every other placeholder left out with its flag."""
+def script_command(spec: TrialSpec, *, trial: bool = True, leave_out: Collection[str] = ()) -> list[str]:
+    """A script trial's command: ``script.command`` with the trial's knobs filled in, ``script.trial_args`` after
+    it; for the script's own baseline (stage ``baseline``), only ``script.baseline``'s values, every other
+    placeholder left out with its flag. ``trial=False``: the command to apply, without the trial's own arguments;
+    ``leave_out``: knobs whose placeholders go with their flags (values the script has as its own defaults)."""
     cfg = from_dict(spec.config, check_imports=False)
     script = cfg.script
     assert script is not None
+    own = list(script.trial_args) if trial else []
     if spec.stage == "baseline":
-        return _ranks_of(spec, cfg.launch, fill_command(script.command, dict(script.baseline)))
+        return _ranks_of(spec, cfg.launch, fill_command(script.command, dict(script.baseline)) + own)
     knobs = spec.knobs.to_dict()
     extra = knobs.pop("extra")
     baselines = {key: (value.get("values") or [None])[0] for key, value in cfg.search.extra.items()}
-    return _ranks_of(spec, cfg.launch, fill_command(script.command, {**knobs, **baselines, **extra}))
+    values = {k: v for k, v in {**knobs, **baselines, **extra}.items() if k not in leave_out}
+    return _ranks_of(spec, cfg.launch, fill_command(script.command, values) + own)
 
 
 def _ranks_of(spec: TrialSpec, launch: Launch, command: list[str]) -> list[str]:

@@ -187,7 +187,11 @@ def _script_fields(cfg: Config, rows: list[TrialRow], knee: TrialRow | None) -> 
     setting = {k: loader.get(k, getattr(knee.knobs, k)) for k in set_on_loader(cfg.script.command)}
     if setting and loader.get("persistent_workers"):  # the trial kept its workers across epochs: so must the script
         setting["persistent_workers"] = True
-    return {"script_baseline": base, "script_command": tuple(script_command(spec)), "set_on_loader": setting}
+    own = (base.measurement.loader_measured or {}) if base is not None and base.ok else {}
+    # a value the script already has as its own default needs no flag
+    same = {k for k in ("num_workers", "batch_size") if k in own and own[k] == getattr(knee.knobs, k)}
+    command = script_command(spec, trial=False, leave_out=same)
+    return {"script_baseline": base, "script_command": tuple(command), "set_on_loader": setting}
 
 
 def _scaling(rows: list[TrialRow], knee: TrialRow | None) -> Scaling | None:
