@@ -135,7 +135,7 @@ class Script:
     baseline: dict[str, Any] = field(default_factory=dict)
     """Placeholder values of the script's own baseline trial; a placeholder not given here is left out with its
     flag, so the script's own default applies."""
-    trial_args: list[str] = field(default_factory=list)
+    trial_args: list[str] = field(default_factory=list, metadata=_meta(empty_ok=True))
     """Arguments added after the command in trials only (``[--epochs, 1000]``, so the loop outlasts a trial); the
     recommended command leaves them out."""
     own_batch: bool = False
@@ -518,7 +518,7 @@ def _coerce(value: Any, tp: Any, path: str, check: dict[str, Any], source: str, 
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         items = value if isinstance(value, list) else [value]
-        if not items:
+        if not items and not check.get("empty_ok"):
             errors.append(f"{source}: {path}: must list at least one value")
             return []
         before = len(errors)
