@@ -492,7 +492,7 @@ class Measurement:
     pid: int | None = None
     """The trial process's pid."""
     started_by: str | None = None
-    """``fork server`` or ``interpreter``."""
+    """``fork server``, ``interpreter`` or ``torchrun`` (the trial's starter, ``launch.starter_for``)."""
     fork_server_refused: str | None = None
     """Why the fork server refused, on a single-process trial that therefore started a fresh interpreter."""
 

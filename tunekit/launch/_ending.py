@@ -29,9 +29,10 @@ def script_exit(result: Measurement, rc: int, trial_dir: Path, wrote: bool) -> M
     last = lines[-1].strip() if lines else ""
     if rc == 2 and _ARGPARSE.search(last):
         return dataclasses.replace(result, status="crashed", reason=f"the script rejected its arguments: {last}")
-    if wrote and names.read_marks(trial_dir / names.SCRIPT_MARKS) is None:  # the bootstrap's own word: complete
+    marks = names.read_marks(trial_dir / names.SCRIPT_MARKS)
+    if wrote and marks is None:  # the bootstrap's own word: complete
         return result
-    where = script_phase(trial_dir)
+    where = script_phase(marks)
     if rc < 0:  # the launcher's own words say which signal, and who usually sends it
         return dataclasses.replace(result, reason=f"{result.reason}, {where}")
     said = f": {last}" if last else " without a word"
@@ -46,9 +47,9 @@ _ARGPARSE = re.compile(r"^\S+: error: ")
 """argparse's last line when it rejects a command line (``train.py: error: unrecognized arguments: …``)."""
 
 
-def script_phase(trial_dir: Path) -> str:
-    """Where a script trial's process was when it ended, from its marks: "after batch 12 of its training loader"."""
-    marks = names.read_marks(trial_dir / names.SCRIPT_MARKS)
+def script_phase(marks: tuple[int, int, int] | None) -> str:
+    """Where a script trial's process was when it ended, from its marks (``names.read_marks``): "after batch 12 of
+    its training loader"."""
     if marks is None:
         return "before tunekit's meter loaded in it"
     built, iterated, batches = marks

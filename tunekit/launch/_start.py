@@ -72,10 +72,10 @@ class Interpreter(Starter):
         env = trial.env()
         if trial.cfg.script is not None:
             script = trial.cfg.script
-            return subprocess.Popen(script_command(trial.spec), cwd=script.cwd or None,
+            return subprocess.Popen(script_command(trial.spec, cfg=trial.cfg), cwd=script.cwd or None,
                                     env=_script_env(trial.cfg, env, trial), **POPEN_PIPES)
-        return subprocess.Popen(worker_command(trial.spec) + [str(trial.spec_path), str(trial.out_path)], env=env,
-                                **POPEN_PIPES)
+        command = worker_command(trial.spec, trial.cfg) + [str(trial.spec_path), str(trial.out_path)]
+        return subprocess.Popen(command, env=env, **POPEN_PIPES)
 
 
 class Torchrun(Interpreter):
@@ -93,7 +93,7 @@ class Forked(Starter):
     def start(self, trial: TrialFiles) -> Any:
         env = trial.env()
         if trial.cfg.script is not None:
-            command, cwd = script_command(trial.spec), trial.cfg.script.cwd or os.getcwd()
+            command, cwd = script_command(trial.spec, cfg=trial.cfg), trial.cfg.script.cwd or os.getcwd()
             return _forks.fork_script(command, cwd, _script_env(trial.cfg, env, trial))
         return _forks.fork_trial(trial.cfg, [str(trial.spec_path), str(trial.out_path)], child_env(), env)
 
@@ -122,21 +122,23 @@ def torchrun_command(launch: Launch, node_rank: int = 0, nproc_per_node: int | N
                   f"--rdzv-conf=timeout={join}"]
 
 
-def worker_command(spec: TrialSpec) -> list[str]:
+def worker_command(spec: TrialSpec, cfg: Config | None = None) -> list[str]:
     """The command that runs a trial's worker (its spec and measurement paths follow): the worker itself, or
     torchrun starting ``knobs.ranks`` of them across ``launch.nnodes`` nodes (this one node 0)."""
     if spec.knobs.ranks <= 1:
         return [sys.executable, "-m", names.WORKER_MODULE]
-    launch = from_dict(spec.config, check_imports=False).launch
+    launch = (cfg or from_dict(spec.config, check_imports=False)).launch
     return torchrun_command(launch, nproc_per_node=spec.knobs.ranks // launch.nnodes) + ["-m", names.WORKER_MODULE]
 
 
-def script_command(spec: TrialSpec, *, trial: bool = True, leave_out: Collection[str] = ()) -> list[str]:
+def script_command(spec: TrialSpec, *, trial: bool = True, leave_out: Collection[str] = (),
+                   cfg: Config | None = None) -> list[str]:
     """A script trial's command: ``script.command`` with the trial's knobs filled in, ``script.trial_args`` after
     it; for the script's own baseline (stage ``baseline``), only ``script.baseline``'s values, every other
     placeholder left out with its flag. ``trial=False``: the command to apply, without the trial's own arguments;
-    ``leave_out``: knobs whose placeholders go with their flags (values the script has as its own defaults)."""
-    cfg = from_dict(spec.config, check_imports=False)
+    ``leave_out``: knobs whose placeholders go with their flags (values the script has as its own defaults);
+    ``cfg``: the spec's config, typed, when the caller has parsed it."""
+    cfg = cfg or from_dict(spec.config, check_imports=False)
     script = cfg.script
     assert script is not None
     own = list(script.trial_args) if trial else []

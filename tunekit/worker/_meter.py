@@ -245,13 +245,14 @@ class Meter:
     def _next(self) -> Any:
         self._requested += 1
         self._ranks.mark(self._requested, False)
-        epochs, asked = self._epochs(), time.perf_counter()
+        aware = self.reading.epoch_aware
+        epochs, asked = (self._epochs(), time.perf_counter()) if aware else (0, 0.0)
         try:
             batch = next(self._batches)
         except StopIteration:
             raise SourceEnded("the batches ended before the measurement was complete") from None
         self._ranks.mark(self._requested, True)
-        if self.reading.epoch_aware and self._epochs() != epochs:  # this batch opens the next epoch
+        if aware and self._epochs() != epochs:  # this batch opens the next epoch
             if self._open is not None:  # the last one still under way (an epoch shorter than the pipeline)
                 self._open[2] = 1
                 self._stepped(0.0)
@@ -318,21 +319,25 @@ class Meter:
         steps = max(s.warmup_steps, 3) if s.compiling else s.warmup_steps
         fewest = min(steps, 3 if s.compiling else 1)
         for _ in range(s.grad_accum - 1):  # the rest of the first batch's optimizer step
-            batch = self._next()
-            yield batch
-            self._stepped(self._count(batch))
+            yield from self._warm_up_batch()
         trained, started = s.grad_accum, time.perf_counter()
         for done in range(steps):
             if done >= fewest and self._ranks.any(time.perf_counter() - started >= s.window_s):
                 break
             for _ in range(s.grad_accum):
-                batch = self._next()
-                yield batch
-                self._stepped(self._count(batch))
+                yield from self._warm_up_batch()
             trained += s.grad_accum
         if trained > s.grad_accum:
             self._pace = (time.perf_counter() - started) / (trained - s.grad_accum)
         return trained
+
+    def _warm_up_batch(self) -> Generator[Any, None, None]:
+        """A trained batch of the warm-up; one that belongs to an epoch boundary under way is counted in it."""
+        batch = self._next()
+        inside = self._open is not None
+        yield batch
+        if inside:
+            self._stepped(self._count(batch))
 
     def _windows(self) -> Generator[Any, None, None]:
         """The windows until ``rules.window_stop`` stops them, then the settling cut."""
@@ -400,57 +405,82 @@ class Meter:
         delivering in bursts cannot alias with the window's edges. With epochs of at most two windows it ends on
         whole epochs instead (`_window_span`; each epoch starts its workers' round afresh)."""
         s, cuda = self.settings, self.device.type == "cuda"
-        events: list[tuple[Any, Any]] = []
         self._cpu.begin()
         self._sync()
-        t0, wait, device0, steps, items = time.perf_counter(), 0.0, self._device_wait(), 0, 0.0
-        boundary, left_out, left_items = 0.0, 0, 0.0  # epoch boundaries in the window, measured apart (aware)
+        t0, device0, steps, tally = time.perf_counter(), self._device_wait(), 0, _Tally()
         while True:
             for _ in range(s.grad_accum):
-                asked = time.perf_counter()
-                batch = self._next()
-                inside = self._open is not None  # a batch of an epoch boundary: its wait, step and items are its
-                wait += 0.0 if inside else time.perf_counter() - asked
-                counted = self._count(batch)
-                items += 0.0 if inside else counted
-                if cuda and not inside:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    yield batch
-                    end.record()
-                    events.append((start, end))
-                else:
-                    yield batch
-                if inside:
-                    left_out, left_items = left_out + 1, left_items + counted
-                    closed = self._stepped(counted)
-                    boundary += closed[0] if closed else 0.0
+                yield from self._take(tally, cuda)
             steps += 1
-            span = s.round_batches if self._span is None else self._span
-            # the first window lasts window_s of wall time (epochs shorter than two windows show there, boundaries
-            # and all); the later ones window_s of steady time when the boundaries are measured apart
-            elapsed = time.perf_counter() - t0 - (boundary if self._span is not None and self.reading.epoch_aware
-                                                  else 0.0)
-            if (steps >= MIN_WINDOW_STEPS and (steps * s.grad_accum) % span == 0 and self._open is None
-                    and self._ranks.any(elapsed >= s.window_s)):
-                if self._span is None:
-                    self._span = self._window_span(elapsed, steps * s.grad_accum)
-                    if (steps * s.grad_accum) % self._span:
-                        continue
+            if self._window_ends(steps, time.perf_counter() - t0, tally):
                 break
         self._sync()
         wall = time.perf_counter() - t0
         if self.reading.epoch_aware:  # the boundaries' time, batches and items are theirs
-            wall, steps = wall - boundary, steps - left_out // s.grad_accum
+            wall, steps = wall - tally.boundary_s, steps - tally.left_out // s.grad_accum
         else:  # whole-epoch windows after all (short epochs): everything the window held is its
-            items += left_items
-            boundary = 0.0
+            tally.items, tally.boundary_s = tally.items + tally.left_items, 0.0
         used = self._cpu.end()
         self._window_done()
-        busy = sum(a.elapsed_time(b) for a, b in events) / 1000.0 if cuda else None
+        busy = sum(a.elapsed_time(b) for a, b in tally.events) / 1000.0 if cuda else None
         device_wait = self._device_wait() - device0
-        return Window(wall, steps, items, steps * s.grad_accum, wait - device_wait, busy, used, device_wait, boundary)
+        return Window(wall, steps, tally.items, steps * s.grad_accum, tally.wait_s - device_wait, busy, used,
+                      device_wait, tally.boundary_s)
 
+    def _take(self, tally: _Tally, cuda: bool) -> Generator[Any, None, None]:
+        """One micro-batch of a window: fetched, handed out (its step spanned by CUDA events), counted; a batch of
+        an epoch boundary under way is the boundary's (its wait, step and items)."""
+        asked = time.perf_counter()
+        batch = self._next()
+        inside = self._open is not None
+        counted = self._count(batch)
+        if inside:
+            yield batch
+            tally.left_out, tally.left_items = tally.left_out + 1, tally.left_items + counted
+            closed = self._stepped(counted)
+            tally.boundary_s += closed[0] if closed else 0.0
+            return
+        tally.wait_s += time.perf_counter() - asked
+        tally.items += counted
+        if not cuda:
+            yield batch
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield batch
+        end.record()
+        tally.events.append((start, end))
+
+    def _window_ends(self, steps: int, elapsed: float, tally: _Tally) -> bool:
+        """Whether the window ends after this optimizer step: at least ``MIN_WINDOW_STEPS``, a whole span, no
+        boundary under way, and ``window_s`` passed on every rank. The first window counts wall time (epochs shorter
+        than two windows show there, boundaries and all) and decides the span; the later ones count steady time when
+        the boundaries are measured apart."""
+        s = self.settings
+        span = s.round_batches if self._span is None else self._span
+        if self._span is not None and self.reading.epoch_aware:
+            elapsed -= tally.boundary_s
+        if (steps < MIN_WINDOW_STEPS or (steps * s.grad_accum) % span or self._open is not None
+                or not self._ranks.any(elapsed >= s.window_s)):
+            return False
+        if self._span is None:
+            self._span = self._window_span(elapsed, steps * s.grad_accum)
+            return (steps * s.grad_accum) % self._span == 0
+        return True
+
+
+@dataclass
+class _Tally:
+    """What one window has counted so far."""
+
+    wait_s: float = 0.0
+    items: float = 0.0
+    boundary_s: float = 0.0
+    """Epoch-aware: the boundaries closed inside the window."""
+    left_out: int = 0
+    """Epoch-aware: the boundaries' batches."""
+    left_items: float = 0.0
+    events: list[tuple[Any, Any]] = field(default_factory=list)
 
 def whole_epoch(fields: dict[str, Any], boundaries: list[tuple[float, float]],
                 epoch_items: float | None) -> dict[str, Any]:

@@ -218,7 +218,7 @@ class _Session:
             ran["pin_memory"] = params["pin_memory"]
         knobs = self.spec.knobs
         if knobs.threads:  # filled into the command, or set in this process at its start
-            ran["threads"] = params["threads"] = torch.get_num_threads()
+            ran["threads"] = params["threads"]
             set_here.add("threads")
         asked = {**knobs.to_dict(), "prefetch_factor": knobs.prefetch_factor or 2}  # None: the default, 2
         return {k: asked[k] for k, v in ran.items() if k in set_here and asked[k] != v}
@@ -273,6 +273,8 @@ class _Session:
         if self.items is not None and self.items.first is not None:  # the batch the loop received, not the
             # loader's batch_size (None for a batch_sampler's loader: HF Trainer's, Lightning's)
             self.facts["params"]["batch_size"] = self.facts["loader"]["batch_size"] = self.items.first
+        if self.spec.knobs.threads:  # what the process ran: the script may set its own after tunekit's
+            self.facts["params"]["threads"] = torch.get_num_threads()
         self.facts["asked"] = self._asked(self.facts["params"])
         params = {**self.spec.knobs.to_dict(), **self.facts["params"]}
         dataset = self.training.dataset if self.training is not None else None  # not `if loader`: its len()
@@ -428,12 +430,12 @@ class _Items:
         self.first: int | None = None
 
     def __call__(self, batch: Any) -> float:
+        if self.hook is not None and self.first is not None:  # the batch size is known: the hook alone counts
+            return self.hook(batch)
         size = _leading(batch)
         if self.first is None and size is not None:
             self.first = size
-        if self.hook is not None:
-            return self.hook(batch)
-        return float(size or self.fallback)
+        return self.hook(batch) if self.hook is not None else float(size or self.fallback)
 
 
 def _leading(batch: Any) -> int | None:
