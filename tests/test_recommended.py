@@ -282,7 +282,10 @@ def _edited(edit: Any) -> dict[str, Any]:
     (lambda d: d.update(evidence=[["rate", 10.0]]), "evidence: expected a mapping (what the sweep measured), got a "
      "list"),
     (lambda d: d.update(config=[]), "config: expected a mapping of config keys to values"),
-    (lambda d: d.update(script=["python", "train.py"]), "script: expected a mapping (of command, set_on_dataloader)"),
+    (lambda d: d.update(script=["python", "train.py"]),
+     "script: expected a mapping (of command, set_on_dataloader, dataloader_built_at, dataloader_built_by)"),
+    (lambda d: d.update(script={"command": ["python", "train.py"], "dataloader_built_at": ["train.py", 71]}),
+     "script.dataloader_built_at: expected a string (where the script builds its DataLoader), got a list"),
     (lambda d: d["dataloader"].update(batch_size={"per_rank": 32}), "batch_size={'per_rank': 32}: expected an integer"),
     (lambda d: d["evidence"].update(unit={"name": "samples"}), "evidence.unit: expected a string"),
     (lambda d: d.update(config={"workload.dataset_args.decode": {"mode": "gpu"}}),
@@ -294,7 +297,7 @@ def _edited(edit: Any) -> dict[str, Any]:
     (lambda d: d["evidence"].update(machine={}), "evidence.machine: records nothing of the machine the sweep ran on"),
     (lambda d: d["evidence"].update(machine=dict.fromkeys(MACHINE)), "evidence.machine: records nothing"),
 ], ids=["unknown-section", "unknown-setting", "list-for-section", "list-for-evidence", "list-for-config",
-        "list-for-script", "mapping-for-knob", "mapping-for-unit", "mapping-for-config-value",
+        "list-for-script", "list-for-site", "mapping-for-knob", "mapping-for-unit", "mapping-for-config-value",
         "list-for-machine-fact", "non-blocking-unpinned", "empty-machine", "null-machine"])
 def test_a_recommendation_tunekit_would_not_write_is_refused_in_one_line(tmp_path: Path, edit, said):
     """A section or setting tunekit does not write (a typo would be ignored and its default used), a value of the

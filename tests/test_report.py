@@ -138,3 +138,23 @@ def test_an_epoch_ending_inside_a_trial_is_warned_with_what_it_cost():
     assert ("trial 0: the loader's epoch ended 3 time(s) inside the trial; its workers persist, and each refill of "
             "their queues for the next epoch is part of the measurement") in md
     assert "trial 1: the loader's epoch ended 2 time(s) inside the trial; each restart of its workers is part" in md
+
+
+def test_the_knees_rate_over_the_scripts_real_epoch_length():
+    """``script.epoch_items``: trials ran 28,672-image epochs with 1.76 s between them; over the script's real epochs
+    of 1,281,167 images the same boundary weighs less: 1,281,167 / (1,281,167 / 4,549 + 1.76) = 4,521/s."""
+    from tests.conftest import measurement
+    from tunekit.report._markdown import report_md
+
+    raw = {"name": "real", "device": "cpu", "script": {"command": ["python", "train.py", "-j", "{num_workers}"],
+                                                        "cwd": "/tmp", "epoch_items": 1_281_167},
+           "search": {"num_workers": [8, 16], "batch_size": [128], "pin_memory": [False]}}
+    parts = {"rate_in_epoch": 4549.0, "boundary_s": 1.76, "epoch_boundaries": 3, "epoch_items": 28672.0,
+             "rate_whole_epoch": 28672 / (28672 / 4549 + 1.76)}
+    rows = rows_from_measurements([
+        measurement(0, "end_to_end", "train", parts["rate_whole_epoch"], num_workers=16, batch_size=128, **parts),
+        measurement(1, "end_to_end", "train", 900, num_workers=8, batch_size=128)])
+    md = report_md(summarize(config.from_dict(raw), rows, strategy="staged"), [], {})
+    assert "over whole epochs of 28,672 samples" in md
+    assert "Over your real epochs of 1,281,167 samples (script.epoch_items), the same boundary between them: " \
+           f"{1_281_167 / (1_281_167 / 4549 + 1.76):,.0f} samples/s" in md, md

@@ -330,6 +330,11 @@ def test_the_image_example_is_swept_unedited(tmp_path: Path):
     assert ("persistent_workers" in rec["script"]["set_on_dataloader"]) == (workers > 0)
     report = (out / "report.md").read_text()
     assert "The script's own settings (2 workers, batch 64" in report and "Apply it: run `" in report
+    # what has no flag is set where the script builds its training loader: that line, relative to its folder
+    source = (REPO / "examples" / "image_classifier" / "train.py").read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if text.lstrip().startswith("loader = DataLoader("))
+    assert rec["script"]["dataloader_built_at"] == f"train.py:{line}", rec["script"]
+    assert f"(the script builds it at train.py:{line})" in report
     # an epoch that ended inside a trial ran the script's own checkpoint (its work between epochs is measured);
     # none beyond: the trial ended the script at its last window, its remaining epochs never ran
     written = sorted(int(p.stem.removeprefix("epoch")) for p in ckpt.glob("epoch*.pt"))
@@ -549,6 +554,10 @@ def test_a_trainer_built_loader_is_measured_at_the_batch_it_yields(tmp_path: Pat
     assert m.params["batch_size"] == 16 and m.loader_measured["batch_size"] == 16, m.loader_measured
     assert m.asked == {"batch_size": 32}
     assert m.items_per_batch_mean == 16
+    # accelerate built the loader, called from the script's Trainer(...).train() line
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if ".train()" in text)
+    assert m.loader_measured["built_by"] == "accelerate", m.loader_measured
+    assert m.loader_measured["built_at"] == f"{script}:{line}", m.loader_measured
 
 
 def test_an_iterable_dataset_without_a_length_is_measured(tmp_path: Path):
@@ -669,3 +678,21 @@ def test_the_command_to_apply_leaves_out_the_trials_own_arguments_and_the_script
     assert script_command(spec)[-6:] == ["-j", "4", "-b", "64", "--epochs", "1000"]
     assert script_command(spec, trial=False)[-4:] == ["-j", "4", "-b", "64"]
     assert script_command(spec, trial=False, leave_out={"batch_size"})[-2:] == ["-j", "4"]
+
+
+def test_a_lightning_trainer_loop_is_measured_at_the_batch_it_yields(tmp_path: Path):
+    """A Lightning Trainer script: the fit loop iterates the module's loader through its CombinedLoader, with a
+    validation loop between epochs. The script has no batch flag; its loader is a plain DataLoader(batch_size=16),
+    so the batch knob is set on it: the trial records and counts the 32 the loop received, and its rate stays under
+    the bound of 32 samples of 1 ms each plus a 10 ms step."""
+    pytest.importorskip("lightning")
+    script = REPO / "tests" / "_lightning_train.py"
+    raw = _script_config(tmp_path, [sys.executable, str(script), "--workers", "{num_workers}"])
+    m = _trial(tmp_path, raw, num_workers=0, batch_size=32)
+    assert m.status == "ok", m.reason
+    assert m.params["batch_size"] == 32 and m.loader_measured["batch_size"] == 32, m.loader_measured
+    assert m.asked is None
+    assert m.items_per_batch_mean == 32
+    assert m.rate < 32 / (32 * 0.001 + 0.01), m.rate
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if "DataLoader(Rows(1024)" in text)
+    assert m.loader_measured["built_at"] == f"{script}:{line}" and "built_by" not in m.loader_measured

@@ -138,6 +138,9 @@ class Script:
     trial_args: list[str] = field(default_factory=list, metadata=_meta(empty_ok=True))
     """Arguments added after the command in trials only (``[--epochs, 1000]``, so the loop outlasts a trial); the
     recommended command leaves them out."""
+    epoch_items: int | None = field(default=None, metadata=_meta(min=1))
+    """Items (in ``unit``) of the script's real epoch, when trials run a shorter one (a subset of the data): the
+    report also gives each figure over epochs of this length, the boundary between them as measured."""
     own_batch: bool = False
     """Keep the script's own batch size: the sweep tries the batch its baseline trial's loader had (in place of
     ``search.batch_size``), and the command needs no ``{batch_size}``."""

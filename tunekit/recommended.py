@@ -277,7 +277,7 @@ _FLAGS = {"dataloader": ("persistent_workers",), "training": ("non_blocking",)}
 
 _REQUIRED = {"dataloader": ("batch_size", "num_workers", "pin_memory"), "training": ()}
 
-_SCRIPT = ("command", "set_on_dataloader")
+_SCRIPT = ("command", "set_on_dataloader", "dataloader_built_at", "dataloader_built_by")
 
 _SCALAR = (str, int, float, bool, type(None))
 
@@ -372,6 +372,8 @@ def _script_problems(block: Any, label: str) -> list[str]:
     if command is not None and not (isinstance(command, list) and all(isinstance(w, str) for w in command)):
         problems.append(f"{label}: script.command: expected a list of strings (the command's arguments), got "
                         f"{_kind(command)}")
+    problems += [f"{label}: script.{key}: expected a string (where the script builds its DataLoader), got "
+                 f"{_kind(block[key])}" for key in _SCRIPT[2:] if key in block and not isinstance(block[key], str)]
     loader = block.get("set_on_dataloader")
     if loader is not None and not isinstance(loader, dict):
         problems.append(f"{label}: script.set_on_dataloader: expected a mapping (DataLoader argument: value), got "

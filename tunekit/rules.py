@@ -31,7 +31,7 @@ __all__ = [
     "CPU_SATURATED", "CPU_BUSY", "WORKER_WAITING", "MEMORY_WALL_MARGIN", "HOST_MEMORY_WARN", "SHM_WARN",
     "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "past_memory_limit", "run_noise", "band", "needed", "trial_margin",
     "can_reach", "knee_stages", "of_ceiling", "SYNC_SHARE", "SCALING_HEALTHY", "scaling_efficiency",
-    "communication_bound", "rate_interval", "window_rate", "settling", "window_stop", "input_bound",
+    "communication_bound", "rate_interval", "window_rate", "epoch_rate", "settling", "window_stop", "input_bound",
     "worker_core_share", "waits_on_data", "machine_noise", "keeps_cpus_busy", "BUSY_HOST", "DISTURBED_BAND",
     "other_cpu_share", "busy_host", "MATMUL_SHARE_HIGH", "flops_per_item", "peak_trial", "flop_share",
     "SAME_MEMORY", "MACHINE_HARDWARE", "MACHINE_SOFTWARE", "machine_changes", "check_margin", "rate_check",
@@ -112,6 +112,12 @@ def window_rate(items: Sequence[float], seconds: Sequence[float]) -> float:
     to 9 % on H200 trials of 16 CPU-decoding workers). The ratio of sums weighs every second once."""
     total = sum(seconds)
     return sum(items) / total if total > 0 else 0.0
+
+
+def epoch_rate(epoch_items: float, steady: float, boundary_s: float) -> float:
+    """The rate over whole epochs of ``epoch_items`` each: the epoch's items at the ``steady`` rate inside an epoch,
+    plus ``boundary_s`` between epochs (evaluation, checkpoint, logging, the loader's restart)."""
+    return epoch_items / (epoch_items / steady + boundary_s)
 
 
 def rate_interval(items: Sequence[float], seconds: Sequence[float]) -> float:

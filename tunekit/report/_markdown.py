@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tunekit import rules
 from tunekit.contract import Mode, Stage
 from tunekit.records import TrialRow, compute_ceiling
-from tunekit.report._summary import RunSummary
+from tunekit.report._summary import RunSummary, where_built
 from tunekit.report._tables import flop_summary, fmt, rate_or_none, share_text, si
 from tunekit.report.plots import PlotResult
 
@@ -42,7 +43,7 @@ def _recommendation(s: RunSummary) -> list[str]:
             f"batch {dk.batch_size}" + (f", accumulation {dk.grad_accum}" if dk.grad_accum > 1 else ""))
         out += [f"PyTorch defaults (0 workers, no pinning, {same}): {s.defaults.rate:.1f} {u}/s "
                 f"(trial {s.defaults.number}); the recommendation is **{s.speedup_vs_defaults:.2f}×** that.", ""]
-    out += _script(s, k) + epoch_parts(k)
+    out += _script(s, k) + epoch_parts(k, s.real_epoch_items)
     if k.headroom is not None:
         out += [f"Memory headroom at the knee: {k.headroom:.1%} of {k.measurement.headroom_basis} memory.", ""]
     out += _costs(s)
@@ -53,16 +54,20 @@ def _recommendation(s: RunSummary) -> list[str]:
     return out + _ranks(s, k) + _ceilings(s.rows, k, u) + ([flops, ""] if flops else [])
 
 
-def epoch_parts(row: TrialRow) -> list[str]:
+def epoch_parts(row: TrialRow, real_epoch: int | None = None) -> list[str]:
     """A trial measured in its two parts (script mode): the steady rate inside an epoch, what each epoch boundary
-    costs, and the rate over whole epochs, which is its figure."""
+    costs, and the rate over whole epochs, which is its figure; with ``real_epoch`` (``script.epoch_items``), the
+    rate over epochs of the script's real length as well."""
     m = row.measurement
     if m.rate_whole_epoch is None or m.rate_in_epoch is None or m.boundary_s is None:
         return []
+    real = (f" Over your real epochs of {real_epoch:,} {row.unit} (script.epoch_items), the same boundary between "
+            f"them: {rules.epoch_rate(real_epoch, m.rate_in_epoch, m.boundary_s):,.0f} {row.unit}/s."
+            if real_epoch else "")
     return [f"Over whole epochs: {m.rate_in_epoch:,.0f} {row.unit}/s inside an epoch, {m.boundary_s:.1f} s between "
             f"epochs (the script's evaluation, checkpoint and logging, the loader's restart; {m.epoch_boundaries} "
             f"seen), {m.rate_whole_epoch:,.0f} {row.unit}/s over whole epochs of {m.epoch_items:,.0f} {row.unit}: "
-            "the figure the knee is chosen by. The window noise is the steady part's alone.", ""]
+            "the figure the knee is chosen by. The window noise is the steady part's alone." + real, ""]
 
 
 def _script(s: RunSummary, k: TrialRow) -> list[str]:
@@ -73,8 +78,9 @@ def _script(s: RunSummary, k: TrialRow) -> list[str]:
 
     loader = k.measurement.loader_measured or {}
     setting = ", ".join(f"{key}={value}" for key, value in s.set_on_loader.items())
-    out = [f"Apply it: run `{shlex.join(s.script_command)}`" + (f" and build the training DataLoader with {setting} "
-           "(or `**tunekit.load_recommended(path).dataloader_kwargs()`)" if setting else "") + ".", "",
+    out = [f"Apply it: run `{shlex.join(s.script_command)}`" + (f" and build the training DataLoader with {setting}"
+           f"{where_built(s.loader_site)} (or `**tunekit.load_recommended(path).dataloader_kwargs()`)"
+           if setting else "") + ".", "",
            f"The loader measured: DataLoader #{loader.get('index')} the script built ({loader.get('found_by')}), "
            f"dataset {loader.get('dataset')} of {loader.get('length')} samples, batch {loader.get('batch_size')}.", ""]
     base = s.script_baseline

@@ -109,8 +109,9 @@ def recommendation_yaml(s: RunSummary) -> str | None:
     data = recommendation_dict(s.choice.knee.knobs.to_dict(), _evidence(s))
     if s.script_command:  # how to run the script with the knee: the filled command, and what to set on its loader
         evidence = data.pop("evidence")
-        data = {**data, "script": {"command": list(s.script_command), "set_on_dataloader": dict(s.set_on_loader)},
-                "evidence": evidence}
+        site = {f"dataloader_{key}": value for key, value in s.loader_site.items()}
+        data = {**data, "script": {"command": list(s.script_command), "set_on_dataloader": dict(s.set_on_loader),
+                                   **site}, "evidence": evidence}
     header = (f"# tunekit recommendation for {s.name} on {s.device} ({s.date}).\n"
               + "".join(f"# DISTURBED: {line}.\n" for line in s.disturbances)
               + "# Load it with: tunekit.load_recommended(path).dataloader_kwargs()\n")

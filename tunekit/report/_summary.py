@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -69,6 +70,12 @@ class RunSummary:
     """Script mode: the command with the knee's knobs filled in."""
     set_on_loader: dict[str, Any] = field(default_factory=dict)
     """Script mode: the knee's settings tunekit set on the training DataLoader (no placeholder for them)."""
+    real_epoch_items: int | None = None
+    """Script mode: ``script.epoch_items``, the items of the script's real epoch."""
+    loader_site: dict[str, str] = field(default_factory=dict)
+    """Script mode: where the script builds its training DataLoader, the line to change for ``set_on_loader``
+    (``built_at``, relative to the script's folder when inside it) and the package that builds it for the script
+    (``built_by``), as the knee's trial found them."""
     machine: dict[str, Any] = field(default_factory=dict)
     """The machine the knee was measured on (env.machine_fingerprint: the run's snapshot and the knee's own facts),
     which recommended.yaml records and ``tunekit check`` compares."""
@@ -180,7 +187,7 @@ def _script_fields(cfg: Config, rows: list[TrialRow], knee: TrialRow | None) -> 
 
     base = next((r for r in rows if r.stage == Stage.baseline), None)
     if knee is None:
-        return {"script_baseline": base}
+        return {"script_baseline": base, "real_epoch_items": cfg.script.epoch_items}
     spec = TrialSpec(number=knee.number, stage=Stage.end_to_end, mode=knee.mode, knobs=knee.knobs,
                      config=cfg.to_dict())
     loader = knee.measurement.loader_measured or {}
@@ -191,7 +198,28 @@ def _script_fields(cfg: Config, rows: list[TrialRow], knee: TrialRow | None) -> 
     # a value the script already has as its own default needs no flag
     same = {k for k in ("num_workers", "batch_size") if k in own and own[k] == getattr(knee.knobs, k)}
     command = script_command(spec, trial=False, leave_out=same)
-    return {"script_baseline": base, "script_command": tuple(command), "set_on_loader": setting}
+    return {"script_baseline": base, "script_command": tuple(command), "set_on_loader": setting,
+            "real_epoch_items": cfg.script.epoch_items, "loader_site": _site(loader, cfg.script.cwd)}
+
+
+def where_built(site: dict[str, str]) -> str:
+    """The words that name where to set what the script has no flag for (``RunSummary.loader_site``): its own line,
+    or the package that builds the loader for it, whose arguments set them."""
+    at, by = site.get("built_at"), site.get("built_by")
+    if by:
+        return f" ({by} builds it" + (f", called from {at}" if at else "") + ": set them through its arguments)"
+    return f" (the script builds it at {at})" if at else ""
+
+
+def _site(loader: dict[str, Any], folder: str | None) -> dict[str, str]:
+    """Where the script builds its training loader, its file relative to ``folder`` when it lies inside."""
+    site = {k: loader[k] for k in ("built_at", "built_by") if loader.get(k)}
+    if "built_at" in site and folder:
+        path, _, line = site["built_at"].rpartition(":")
+        relative = os.path.relpath(path, folder)
+        if not relative.startswith(os.pardir):
+            site["built_at"] = f"{relative}:{line}"
+    return site
 
 
 def _scaling(rows: list[TrialRow], knee: TrialRow | None) -> Scaling | None:

@@ -496,7 +496,7 @@ def whole_epoch(fields: dict[str, Any], boundaries: list[tuple[float, float]],
                            "boundary_cv": _cv(kept) if len(kept) > 1 else None, "boundaries_s": costs or None,
                            "epoch_items": epoch_items, "rate_whole_epoch": None}
     if kept and epoch_items:  # rate_interval stays the steady rate's (relative) half-width
-        whole = epoch_items / (epoch_items / steady + out["boundary_s"])
+        whole = rules.epoch_rate(epoch_items, steady, out["boundary_s"])
         out.update(rate_whole_epoch=whole, rate=whole)
     return out
 

@@ -116,6 +116,8 @@ class _Session:
         self.world, self.rank = int(os.environ.get("WORLD_SIZE") or 1), int(os.environ.get("RANK") or 0)
         self.ranks: _dist.Ranks | None = None
         self.built: list[weakref.ref[DataLoader]] = []
+        self.sites: list[dict[str, str]] = []
+        """Where each loader was built, in build order (`_built_at`)."""
         self.yielded: dict[int, int] = {}
         """Batches each passed-through loader gave (by its build index), for the failure messages."""
         self.training: DataLoader | None = None
@@ -138,6 +140,11 @@ class _Session:
     def index(self, loader: DataLoader) -> int:
         """The loader's build order, 1-based (0: built before the bootstrap, or not a DataLoader it saw)."""
         return next((i for i, ref in enumerate(self.built, 1) if ref() is loader), 0)
+
+    def site(self, loader: DataLoader) -> dict[str, str]:
+        """Where the script built ``loader`` (`_built_at`); empty when it was built before the bootstrap."""
+        index = self.index(loader)
+        return self.sites[index - 1] if index else {}
 
     def found_by(self, loader: DataLoader) -> str | None:
         """Why ``loader``, iterated now, is the training loader; None when it is not. With ``auto``: the first
@@ -166,7 +173,8 @@ class _Session:
                                 "dataset": type(loader.dataset).__name__, "length": _length(loader.dataset),
                                 "batch_size": params["batch_size"], "num_workers": params["num_workers"],
                                 "pin_memory": params["pin_memory"], "prefetch_factor": params["prefetch_factor"],
-                                "persistent_workers": params.pop("persistent_workers")}
+                                "persistent_workers": params.pop("persistent_workers"),
+                                **self.site(loader)}
         device = _device()
         self.facts["device"] = device
         if self.world > 1:
@@ -476,7 +484,43 @@ def _init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
     _original_init(self, *args, **kwargs)
     if _SESSION is not None:
         _SESSION.built.append(weakref.ref(self))
+        _SESSION.sites.append(_built_at(sys._getframe(1)))
         _SESSION.marks.put(built=len(_SESSION.built))
+
+
+_NOT_THE_SCRIPTS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
+"""torch's and tunekit's own folders: their frames are never where a script built its loader."""
+
+_PASSING_ON = frozenset({"wrapper", "wrapped", "inner", "_wrapper"})
+"""Decorators' inner functions, which pass a call on (Lightning wraps ``DataLoader.__init__`` while a module's
+``train_dataloader()`` runs, to record its arguments): a package frame of one of these did not build the loader."""
+
+
+def _built_at(frame: Any) -> dict[str, str]:
+    """Where a DataLoader was built, from the frame that called its ``__init__`` outwards: ``built_at``, the
+    innermost line of the script's own code (``file:line``), and ``built_by``, the installed package that built it
+    for the script (accelerate for HF Trainer's loader), when the innermost frame outside torch lies in one."""
+    site: dict[str, str] = {}
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith(_NOT_THE_SCRIPTS) and not path.startswith("<"):
+            package = _installed_package(path)
+            if package is None:
+                site["built_at"] = f"{path}:{frame.f_lineno}"
+                return site
+            if frame.f_code.co_name not in _PASSING_ON:
+                site.setdefault("built_by", package)
+        frame = frame.f_back
+    return site
+
+
+def _installed_package(path: str) -> str | None:
+    """The top-level package an installed file belongs to (its folder under site-packages), else None."""
+    parts = path.split(os.sep)
+    for i, part in enumerate(parts[:-1]):
+        if part in ("site-packages", "dist-packages"):
+            return parts[i + 1].removesuffix(".py")
+    return None
 
 
 def _iter(self: DataLoader) -> Any:
