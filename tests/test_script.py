@@ -647,6 +647,21 @@ def test_an_epoch_with_evaluation_is_measured_in_its_two_parts(tmp_path: Path):
     assert m.rate == pytest.approx(320 / (320 / steady + 0.8), rel=0.10)
 
 
+def test_the_loader_alone_is_measured_apart_from_its_epoch_ends(tmp_path: Path):
+    """The loader ceiling of a script whose epoch (1.6 s) outlasts its windows: the loader's own epoch ends (its
+    workers' refill) are measured apart, as a training trial's are, so its windows hold only the steady part and
+    its figure is the rate over whole epochs, never above the steady rate (windows straddled the epochs' ends,
+    8-14 % window noise on the H200)."""
+    script = tmp_path / "train.py"
+    script.write_text(EPOCH_EVAL_SCRIPT)
+    raw = _script_config(tmp_path, [sys.executable, str(script), "-j", "{num_workers}", "-b", "{batch_size}"])
+    raw["trial"] = {**QUICK, "window_s": 0.4, "measure_windows": 3}
+    m = _trial(tmp_path, raw, num_workers=1, prefetch_factor=2, batch_size=8, mode="loader")
+    assert m.status == "ok", m.reason
+    assert m.epoch_boundaries >= 1 and m.rate_in_epoch is not None, (m.epoch_boundaries, m.rate_windows)
+    assert m.rate <= m.rate_in_epoch
+
+
 def test_a_loader_built_anew_each_epoch_is_followed(tmp_path: Path):
     """A loop that builds its DataLoader inside each epoch (48 samples: 6 batches an epoch): the measurement goes on
     with each new loader (every trial timed out, "no result within trial.timeout_s", the script training on loaders

@@ -220,6 +220,29 @@ def test_windows_hold_whole_epochs_when_epochs_are_shorter_than_a_window():
     assert long.epoch_batches is None and len(long.windows) == 3
 
 
+def test_the_scripts_own_settings_wait_for_an_epoch_boundary_other_trials_skip():
+    """Epochs of 150 batches of 5 ms steps; two 50 ms windows measure about 20 of them, so the epoch's end lies over
+    three times the windows' time away: a trial skips it (its figure is the steady rate), while the script's own
+    settings, which every gain is measured against, wait for it (within ``boundary_wait_s``) and record it."""
+    import math
+
+    from tunekit.worker._meter import Meter, MeterSettings
+    from tunekit.worker._monitor import TreeCpu
+
+    def boundaries(patience: float) -> int:
+        batches, state = _epochs_of(150, 0.03)
+        settings = MeterSettings(window_s=0.05, measure_windows=2, max_windows=2, precision=None, warmup_steps=1,
+                                 epoch_batches=150, boundary_wait_s=10.0, boundary_patience=patience)
+        meter = Meter(batches, settings, device=torch.device("cpu"), count=len, cpu=TreeCpu(),
+                      epochs=lambda: state["epochs"], epoch_aware=True)
+        for _ in meter:
+            time.sleep(0.005)
+        return len(meter.reading.boundaries)
+
+    assert boundaries(3.0) == 0
+    assert boundaries(math.inf) >= 1
+
+
 def test_warm_up_steps_stop_after_a_window_of_time(tmp_path: Path):
     """0.2 s steps, 10 warm-up steps asked, window_s 0.5: the warm-up trains steps for about a window (its first
     step, then 1-3 more), not 2 s of them; nothing was prepared ahead (0 workers), so nothing is set aside."""

@@ -42,7 +42,7 @@ from tunekit.worker._loader import tensors
 from tunekit.worker._monitor import CpuUse, TreeCpu
 
 __all__ = ["Meter", "MeterSettings", "OneProcess", "Reading", "Window", "SourceEnded", "summarise", "whole_epoch",
-           "MIN_WINDOW_STEPS"]
+           "MIN_WINDOW_STEPS", "BOUNDARY_WAIT"]
 
 MIN_WINDOW_STEPS = 3
 """A window lasts at least the window time and at least this many optimizer steps: with second-long steps a
@@ -126,6 +126,8 @@ class MeterSettings:
     """The rate (this process's share) the trial must reach to matter; its interval wholly below stops it."""
     boundary_wait_s: float = 0.0
     """Epoch-aware: how long the windows may go on, past their stop, to see one epoch boundary (0: never)."""
+    boundary_patience: float = BOUNDARY_WAIT
+    """Epoch-aware: and at most this many times the windows' time so far (inf: ``boundary_wait_s`` alone)."""
 
     @classmethod
     def from_trial(cls, trial: TrialSettings, **shape: Any) -> MeterSettings:
@@ -379,7 +381,7 @@ class Meter:
             return False
         measured = sum(w.wall_s for w in windows)
         per_batch = measured / max(1, sum(w.micro_batches for w in windows))
-        return (s.epoch_batches - self._in_epoch) * per_batch <= min(s.boundary_wait_s, BOUNDARY_WAIT * measured)
+        return (s.epoch_batches - self._in_epoch) * per_batch <= min(s.boundary_wait_s, s.boundary_patience * measured)
 
     def _window_span(self, elapsed: float, batches: int) -> int:
         """What a window's micro-batches are a multiple of, decided once, when the first window has lasted its time:

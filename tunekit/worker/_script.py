@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import math
 import mmap
 import os
 import struct
@@ -48,7 +49,7 @@ from tunekit.contract import process as names
 from tunekit.launch import classify_error
 from tunekit.worker import _dist
 from tunekit.worker._loader import LoaderBatches, tensors
-from tunekit.worker._meter import Meter, MeterSettings
+from tunekit.worker._meter import BOUNDARY_WAIT, Meter, MeterSettings
 from tunekit.worker._monitor import Monitor, TreeCpu, fork_server_pid, nvml_sampler
 from tunekit.worker._record import assemble, device_memory
 from tunekit.worker._step import checked_count
@@ -195,12 +196,16 @@ class _Session:
         self.monitor = Monitor(nvml_sampler(device), node_root=node_root, forked_from=fork_server_pid()).start()
         needed = self.spec.needed / self.world if self.spec.needed is not None else None  # each rank's share
         # the script's own loop trains: its epoch boundaries (evaluation, checkpoints, the loader's restart) are
-        # measured apart from the steady rate inside an epoch, and waited for when an epoch ends within a third
-        # of the trial's timeout
-        aware = self.spec.mode == "train"
+        # measured apart from the steady rate inside an epoch, and waited for when an epoch ends soon enough (within
+        # a third of the trial's timeout, and BOUNDARY_WAIT times the windows' time; the script's own settings, which
+        # every gain is measured against, wait the whole third); the loader alone, likewise (its restart, or the
+        # refill of its persistent workers)
+        aware = self.spec.mode in ("train", "loader")
         settings = MeterSettings.from_trial(self.cfg.trial, round_batches=max(1, params["num_workers"]), fill=fill,
                                             needed=needed, epoch_batches=epoch,
-                                            boundary_wait_s=self.cfg.trial.timeout_s / 3 if aware else 0.0)
+                                            boundary_wait_s=self.cfg.trial.timeout_s / 3 if aware else 0.0,
+                                            boundary_patience=math.inf if self.spec.stage == "baseline"
+                                            else BOUNDARY_WAIT)
         self.epoch_batches = epoch
         self.meter = Meter(batches, settings, device=device, count=count, cpu=TreeCpu(), ranks=self.ranks,
                            ready=ready,
