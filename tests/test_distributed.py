@@ -262,6 +262,23 @@ def test_merge_sums_throughput_and_takes_the_fullest_node():
     assert m["host_mem_peak_bytes"] == 100 and m["headroom"] == pytest.approx(0.1)  # node 0 is 90 % full
 
 
+def test_merge_keeps_the_rate_over_whole_epochs_at_the_slowest_ranks_boundary():
+    """Epoch-aware ranks: the global steady rate is the windows' (180/s), an epoch boundary holds every rank as long
+    as the slowest rank's (2 s), a global epoch is every rank's share (640 items): the trial's rate is 640 / (640 /
+    180 + 2) = 115/s, not the steady 180/s (rank 0's own parts were kept and the rate rebuilt from the windows)."""
+    from tunekit.worker._dist import merge
+
+    ranks = [{**_rank_result(rank, 0, rate, 10), "rate_in_epoch": rate, "boundary_s": cost, "epoch_items": 320.0,
+              "boundaries_s": [cost + 1, cost], "epoch_boundaries": 2, "rate_whole_epoch": 1.0}
+             for rank, rate, cost in ((0, 100.0, 1.0), (1, 80.0, 2.0))]
+    m = merge(ranks)
+    assert m["rate_in_epoch"] == 180.0 and m["boundary_s"] == 2.0 and m["epoch_items"] == 640.0
+    assert m["rate"] == m["rate_whole_epoch"] == pytest.approx(640 / (640 / 180 + 2.0))
+    assert m["boundaries_s"] == [3.0, 2.0]
+    steady = merge([{**r, "boundary_s": None} if i else r for i, r in enumerate(ranks)])  # one rank saw none
+    assert steady["rate"] == 180.0 and steady["rate_whole_epoch"] is None
+
+
 def test_gradient_sync_alone_is_not_an_input_bound():
     from tunekit import rules
 

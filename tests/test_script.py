@@ -647,6 +647,49 @@ def test_an_epoch_with_evaluation_is_measured_in_its_two_parts(tmp_path: Path):
     assert m.rate == pytest.approx(320 / (320 / steady + 0.8), rel=0.10)
 
 
+RESTART_SCRIPT = """
+import argparse, time, torch
+from torch.utils.data import DataLoader
+from tunekit.workloads.synthetic import sleepy_dataset, sleepy_model
+
+parser = argparse.ArgumentParser()
+parser.add_argument("-j", type=int, default=0)
+parser.add_argument("-b", type=int, default=8)
+parser.add_argument("--pin", default="False")
+parser.add_argument("--prefetch", type=int, default=2)
+args = parser.parse_args()
+model = sleepy_model(step_wait_s=0.02)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+train = DataLoader(sleepy_dataset(num_samples=320, sample_wait_s=0.005), batch_size=args.b, num_workers=args.j,
+                   shuffle=True, prefetch_factor=args.prefetch, pin_memory=args.pin == "True",
+                   worker_init_fn=lambda _: time.sleep(0.5))  # each epoch's workers start in 0.5 s
+for epoch in range(1000):
+    for x, y in train:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():  # the per-epoch evaluation: 0.8 s
+        time.sleep(0.8)
+"""
+
+
+def test_a_boundary_holds_the_loaders_restart_and_the_scripts_evaluation(tmp_path: Path):
+    """A loader whose workers restart each epoch in 0.5 s (not persistent: every knob is filled into the command, so
+    none is set on the loader, and tunekit keeps the script's own persistent_workers=False), and a 0.8 s evaluation:
+    an epoch boundary costs both, 0.8 + 0.5 s and the first batch (40 ms), as in the script's own runs."""
+    script = tmp_path / "train.py"
+    script.write_text(RESTART_SCRIPT)
+    raw = _script_config(tmp_path, [sys.executable, str(script), "-j", "{num_workers}", "-b", "{batch_size}",
+                                    "--pin", "{pin_memory}", "--prefetch", "{prefetch_factor}"])
+    raw["trial"] = {**QUICK, "window_s": 0.4, "measure_windows": 3}
+    m = _trial(tmp_path, raw, num_workers=1, prefetch_factor=2, batch_size=8)
+    assert m.status == "ok", m.reason
+    assert m.loader_measured["persistent_workers"] is False
+    assert m.epoch_boundaries >= 2, m.boundaries_s
+    assert m.boundary_s == pytest.approx(0.8 + 0.5 + 0.04, abs=0.25), m.boundaries_s
+
+
 def test_the_loader_alone_is_measured_apart_from_its_epoch_ends(tmp_path: Path):
     """The loader ceiling of a script whose epoch (1.6 s) outlasts its windows: the loader's own epoch ends (its
     workers' refill) are measured apart, as a training trial's are, so its windows hold only the steady part and

@@ -243,6 +243,21 @@ def test_the_scripts_own_settings_wait_for_an_epoch_boundary_other_trials_skip()
     assert boundaries(math.inf) >= 1
 
 
+def test_a_workloads_finite_epochs_are_measured_apart_from_the_steady_rate(tmp_path: Path):
+    """Factories with their own sampler (a sequential one: epochs of 40 batches of 8, 1.6 s at one worker's 200/s,
+    longer than two 0.4 s windows): the epoch ends inside the trial are measured apart, as a script's are, and the
+    figure is the rate over whole epochs; with tunekit's endless sampler no epoch ends and nothing changes."""
+    cfg = sleepy_config(**{"workload.dataset_args": {"num_samples": 320, "sample_wait_s": 0.005},
+                           "workload.sampler": "torch.utils.data:SequentialSampler",
+                           "trial.window_s": 0.4, "trial.measure_windows": 3})
+    m = run_trial(_spec(cfg, num_workers=1, batch_size=8, prefetch_factor=2), tmp_path / "finite", 60)
+    assert m.status == "ok", m
+    assert m.epoch_boundaries >= 1 and m.epoch_items == 320, (m.epoch_boundaries, m.epoch_items)
+    assert m.rate == m.rate_whole_epoch and m.rate <= m.rate_in_epoch
+    endless = run_trial(_spec(sleepy_config(), num_workers=0, batch_size=8), tmp_path / "endless", 60)
+    assert endless.status == "ok" and endless.epoch_boundaries is None and endless.rate_in_epoch is None
+
+
 def test_warm_up_steps_stop_after_a_window_of_time(tmp_path: Path):
     """0.2 s steps, 10 warm-up steps asked, window_s 0.5: the warm-up trains steps for about a window (its first
     step, then 1-3 more), not 2 s of them; nothing was prepared ahead (0 workers), so nothing is set aside."""

@@ -229,7 +229,28 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
         "rank_spread": (max(rates) - min(rates)) / max(rates) if max(rates) else 0.0,
         "per_rank": [{"rank": i, **{k: r.get(k) for k in _PER_RANK}} for i, r in enumerate(results)],
     })
+    out.update(_whole_epoch(results, out["rate"]))
     return out
+
+
+def _whole_epoch(results: list[dict[str, Any]], steady: float) -> dict[str, Any]:
+    """Epoch-aware ranks (script mode): the global steady rate is the windows' (``steady``); an epoch boundary
+    costs what the slowest rank's did (the ranks step together, so its evaluation, checkpoint or restart holds every
+    rank); a global epoch holds every rank's share; the rate over whole epochs (rules.epoch_rate) is the trial's
+    rate. Without a boundary on every rank the figure stays the steady rate."""
+    if any(r.get("rate_in_epoch") is None for r in results):
+        return {}
+    out: dict[str, Any] = {"rate_in_epoch": steady, "rate_whole_epoch": None,
+                           "epoch_boundaries": min(r.get("epoch_boundaries") or 0 for r in results)}
+    costs = [r.get("boundary_s") for r in results]
+    items = [r.get("epoch_items") for r in results]
+    if any(c is None for c in costs) or any(not i for i in items):
+        return {**out, "boundary_s": None}
+    slowest = max(range(len(results)), key=costs.__getitem__)
+    whole = rules.epoch_rate(sum(items), steady, costs[slowest])
+    return {**out, "boundary_s": costs[slowest], "boundaries_s": results[slowest].get("boundaries_s"),
+            "boundary_cv": results[slowest].get("boundary_cv"), "epoch_items": sum(items),
+            "rate_whole_epoch": whole, "rate": whole}
 
 
 def _throughput(results: list[dict[str, Any]]) -> dict[str, Any]:

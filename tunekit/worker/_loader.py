@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["LoaderBatches", "digest", "tensors", "JOIN_S"]
+__all__ = ["LoaderBatches", "digest", "tensors", "epoch_batches", "JOIN_S"]
 
 JOIN_S = 5.0
 """Longest wait for the pin-memory thread or a killed worker to end."""
@@ -120,6 +120,17 @@ class LoaderBatches:
         except AttributeError:  # another DataLoader iterator than this torch's: its own shutdown
             it._shutdown = False
             getattr(it, "_shutdown_workers", lambda: None)()
+
+
+def epoch_batches(loader: Any) -> int | None:
+    """Batches in one epoch of a DataLoader as the knobs left it (its batch sampler's length); None for an iterable
+    dataset or a sampler without a length."""
+    if isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        return None
+    try:
+        return len(loader) or None
+    except TypeError:
+        return None
 
 
 def digest(batch: Any) -> bytes:

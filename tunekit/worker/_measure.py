@@ -23,7 +23,7 @@ from torch.utils.data import IterableDataset
 from tunekit.contract import Measurement, TrialSpec
 from tunekit.worker import _dist
 from tunekit.worker._flops import count_flops, matmul_peak
-from tunekit.worker._loader import LoaderBatches
+from tunekit.worker._loader import LoaderBatches, epoch_batches
 from tunekit.worker._meter import Meter, MeterSettings, Reading
 from tunekit.worker._monitor import Monitor, TreeCpu, fork_server_pid, nvml_sampler
 from tunekit.worker._probes import sync_share, warn_if_ranks_read_the_same
@@ -50,13 +50,26 @@ class _Metered:
     """``flops_per_item`` and ``flops_reason``."""
 
 
+def _epochs_end(spec: TrialSpec, setup: Setup) -> int | None:
+    """Batches per epoch when the loader's epochs end inside trials (the workload's own sampler or loader; tunekit's
+    sampler is endless, rule 6); None otherwise, and in compute mode (one staged batch)."""
+    workload = setup.cfg.workload
+    if spec.mode == "compute" or not (workload.sampler or workload.loader):
+        return None
+    return epoch_batches(setup.loader)
+
+
 def _settings(spec: TrialSpec, setup: Setup, queued: int) -> MeterSettings:
     t, knobs = setup.cfg.trial, spec.knobs
     workers = setup.loader_knobs.num_workers
     fill = workers * (knobs.prefetch_factor or 2) + queued if spec.mode != "compute" else 0
+    # epochs that end inside a trial (the loader's restart or refill) are measured apart from the steady rate, as
+    # a script's are (docs/measurement.md, rule 4), and waited for within a third of the timeout
+    epochs = _epochs_end(spec, setup)
     return MeterSettings.from_trial(
         t, compiling=knobs.compile != "none", grad_accum=knobs.grad_accum, round_batches=max(1, workers), fill=fill,
-        needed=spec.needed / knobs.ranks if spec.needed is not None else None)  # each rank's share
+        needed=spec.needed / knobs.ranks if spec.needed is not None else None,  # each rank's share
+        epoch_batches=epochs, boundary_wait_s=t.timeout_s / 3 if epochs else 0.0)
 
 
 def _run(spec: TrialSpec, setup: Setup, monitor: Monitor) -> _Metered:
@@ -83,11 +96,12 @@ def _run(spec: TrialSpec, setup: Setup, monitor: Monitor) -> _Metered:
                 getattr(torch.cuda, "reset_peak_host_memory_stats", lambda: None)()
             monitor.measuring = True
 
-        meter = Meter(step.batches, _settings(spec, setup, step.queued), device=device, count=step.count,
+        settings = _settings(spec, setup, step.queued)
+        meter = Meter(step.batches, settings, device=device, count=step.count,
                       cpu=TreeCpu(), ranks=ranks, ready=step.ready, epochs=lambda: loader.epochs_ended,
                       device_wait=step.device_wait,
                       window_done=lambda: check_loss(step, ranks.any if ranks is not None else bool),
-                      measuring=measuring)
+                      measuring=measuring, epoch_aware=settings.epoch_batches is not None)
         for batch in meter:
             step.run(batch)
         out.reading = meter.reading

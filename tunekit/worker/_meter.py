@@ -363,6 +363,8 @@ class Meter:
         kept = windows[drop:]
         settling_s = sum(w.wall_s for w in windows[:drop])
         self.reading.windows = kept
+        if s.epoch_batches and kept:  # one epoch's items, at the items a measured batch held
+            self.reading.epoch_items = s.epoch_batches * sum(w.items for w in kept) / sum(w.micro_batches for w in kept)
         self.reading.warmup_s += settling_s  # windows cut as still settling were warm-up after all
         self.reading.warmup_batches += sum(w.micro_batches for w in windows[:drop])
         self.reading.stop = {"stop_reason": reason, "windows_measured": len(windows),

@@ -38,7 +38,7 @@ import weakref
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from tunekit._files import read_json, write_json_atomic
@@ -48,7 +48,7 @@ from tunekit.contract import Measurement, TrialSpec, failed_measurement
 from tunekit.contract import process as names
 from tunekit.launch import classify_error
 from tunekit.worker import _dist
-from tunekit.worker._loader import LoaderBatches, tensors
+from tunekit.worker._loader import LoaderBatches, epoch_batches, tensors
 from tunekit.worker._meter import BOUNDARY_WAIT, Meter, MeterSettings
 from tunekit.worker._monitor import Monitor, TreeCpu, fork_server_pid, nvml_sampler
 from tunekit.worker._record import assemble, device_memory
@@ -185,7 +185,7 @@ class _Session:
         self.items = _Items(self.count_path, params["batch_size"])
         count = self.items
         batches, ready, fill = self.loader, self.loader.ready, params["num_workers"] * (params["prefetch_factor"] or 2)
-        epoch = _epoch_batches(loader)
+        epoch = epoch_batches(loader)
         if self.spec.mode == "compute":  # the script's step on one ready batch: the loader stands aside
             first = next(self.loader)
             self.loader.close()
@@ -269,9 +269,6 @@ class _Session:
         assert self.meter is not None and self.monitor is not None and self.loader is not None
         self.done = True
         reading, device = self.meter.reading, self.facts["device"]
-        if self.epoch_batches and reading.windows:  # one epoch's items, at the items a measured batch held
-            batches = sum(w.micro_batches for w in reading.windows)
-            reading.epoch_items = self.epoch_batches * sum(w.items for w in reading.windows) / batches
         monitor = self.monitor
         monitor.sample_now()
         monitor.measuring = False
@@ -388,17 +385,6 @@ _SESSION: _Session | None = None
 def _length(dataset: Any) -> int | None:
     try:
         return len(dataset)
-    except TypeError:
-        return None
-
-
-def _epoch_batches(loader: DataLoader) -> int | None:
-    """Batches in one epoch of the training loader as the knobs left it (its batch sampler's length); None for an
-    iterable dataset or a sampler without a length."""
-    if isinstance(loader.dataset, IterableDataset):
-        return None
-    try:
-        return len(loader) or None
     except TypeError:
         return None
 
