@@ -71,18 +71,91 @@ def _step(on_device) -> TrialStep:
 def test_a_count_leaves_no_gradient_and_one_that_fails_is_a_reason():
     batch = (torch.randn(4, WIDTHS[0]), torch.zeros(4, dtype=torch.long))
     built = _built("tests._workloads:linear_stack")
+    # backward over forward: (3 x 2 - 1 x 2 x 64 x 256 / total forward) of a stack whose first layer needs no
+    # input gradient
+    forward = 2 * sum(a * b for a, b in zip(WIDTHS, WIDTHS[1:], strict=False))
     assert count_flops(_step(lambda: (batch, 4.0)), built, step_updates=False) == {
-        "flops_per_item": pytest.approx(LINEAR_FLOPS, rel=0.01), "flops_reason": None}
+        "flops_per_item": pytest.approx(LINEAR_FLOPS, rel=0.01), "flops_reason": None,
+        "flops_backward_ratio": pytest.approx((LINEAR_FLOPS - forward) / forward, rel=0.01)}
     assert all(p.grad is None for p in built.model.parameters())
 
     def broken():
         raise RuntimeError("no batch\nsecond line")
 
     assert count_flops(_step(broken), built, False) == {"flops_per_item": None,
-                                                        "flops_reason": "counting failed: RuntimeError: no batch"}
+                                                        "flops_reason": "counting failed: RuntimeError: no batch",
+                                                        "flops_backward_ratio": None}
     assert count_flops(_step(None), built, False)["flops_reason"] == "a loader trial runs no model"
     elementwise = count_flops(_step(lambda: (batch, 4.0)), _built("tests._workloads:no_matmul_model"), False)
     assert elementwise["flops_per_item"] is None and "no matrix multiply" in elementwise["flops_reason"]
+
+
+def _analytic_forward(model: torch.nn.Module, x: torch.Tensor) -> int:
+    """The forward's FLOPs of ``model``'s convolutions and linear layers on ``x``, from their shapes (2 x
+    multiply-adds: for a convolution, every output point x its kernel x its group's input channels)."""
+    total = 0
+
+    def conv(module: torch.nn.Conv2d, _: object, out: torch.Tensor) -> None:
+        nonlocal total
+        kh, kw = module.kernel_size
+        total += 2 * out.numel() * kh * kw * module.in_channels // module.groups
+
+    def linear(module: torch.nn.Linear, _: object, out: torch.Tensor) -> None:
+        nonlocal total
+        total += 2 * out.numel() * module.in_features
+
+    hooks = [m.register_forward_hook(conv) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    hooks += [m.register_forward_hook(linear) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    with torch.no_grad():
+        model(x)
+    for hook in hooks:
+        hook.remove()
+    return total
+
+
+def _grouped(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    from torchvision.models import convnext_tiny
+    from torchvision.models.mobilenetv2 import InvertedResidual
+    from torchvision.models.resnet import Bottleneck
+
+    torch.manual_seed(0)
+    if name == "convnext_tiny":
+        return convnext_tiny(), torch.randn(2, 3, 64, 64)
+    if name == "mobilenet block":  # a depthwise 3 x 3 between two pointwise convolutions
+        return InvertedResidual(32, 32, 1, 6), torch.randn(2, 32, 28, 28)
+    return Bottleneck(256, 64, groups=32, base_width=4), torch.randn(2, 256, 14, 14)  # ResNeXt's 32 x 4d
+
+
+@pytest.mark.parametrize("name", ["convnext_tiny", "mobilenet block", "resnext block"])
+def test_a_grouped_convolutions_backward_counts_twice_its_forward(name: str):
+    """Grouped and depthwise convolutions (ConvNeXt, MobileNet, ResNeXt): the count, forward and backward, is three
+    times the forward's analytic count within 10 % (torch's own formula counts the weight gradient as dense:
+    ConvNeXt-Tiny's backward 100 times its forward), and its backward over forward lies in the band."""
+    from tunekit.worker._flops import counted
+
+    model, x = _grouped(name)
+    x.requires_grad_(True)
+    analytic = _analytic_forward(model, x)
+    forward, total = counted(lambda: model(x).float().square().mean())
+    assert forward == pytest.approx(analytic, rel=0.01)
+    assert total == pytest.approx(3 * analytic, rel=0.10), (total / analytic)
+    low, high = rules.FLOP_BACKWARD_BAND
+    assert low <= (total - forward) / forward <= high
+
+
+def test_an_uncertain_count_decides_no_fix():
+    """A count whose backward is 100 times its forward (a miscounted op): the compute-bound verdict's fix does not
+    turn on its share (58 % of the peak named a faster card), and report.md and recommended.yaml say it is
+    uncertain."""
+    from tunekit.diagnosis._verdicts import FIXES
+
+    s = _run(200e12, ratio=100.0)
+    verdict = s.trial_verdicts[3]
+    assert verdict.name == "compute-bound" and verdict.fix == FIXES["compute-bound"], verdict
+    assert "its backward counted 100.0x its forward (expected 1.5-2.5x)" in verdict.sentence()
+    assert "**Uncertain**: the count's backward is 100.0x its forward" in flop_summary(s)
+    assert yaml.safe_load(recommendation_yaml(s))["evidence"]["model_flops"]["uncertain_backward_ratio"] == 100.0
+    assert _run(200e12, ratio=None).trial_verdicts[3].fix == COMPUTE_FIXES["card"]  # no ratio: nothing to doubt
 
 
 def test_the_matmul_probe_gives_a_figure_in_the_workload_s_precision_or_a_reason():
@@ -117,12 +190,14 @@ GPU = {"device": "cuda:0", "device_uuid": "GPU-1", "device_name": "NVIDIA H200"}
 FLOPS = 24e9
 
 
-def _run(peak: float, **cfg_overrides):
+def _run(peak: float, ratio: float | None = 2.0, **cfg_overrides):
     """A ResNet-like run on an H200 whose compute trial at batch 512 measured the matmul peak: the knee (8 workers)
-    within 2 % of the best (16), the PyTorch defaults a fifth of it."""
+    within 2 % of the best (16), the PyTorch defaults a fifth of it; ``ratio``: each count's backward over its
+    forward."""
     cfg = config.from_dict(sleepy_config(**{"search.batch_size": [256, 512], "search.num_workers": [0, 8, 16],
                                             **cfg_overrides}))
     probe = {"matmul_peak_flops": peak, "matmul_peak_precision": "bf16"}
+    GPU = {**globals()["GPU"], "flops_backward_ratio": ratio}
     rows = rows_from_measurements([
         measurement(0, "compute", "compute", 5000, batch_size=512, flops_per_item=FLOPS, **GPU, **probe),
         measurement(1, "compute", "compute", 4000, batch_size=256, flops_per_item=FLOPS, **GPU),
@@ -138,8 +213,9 @@ def test_the_share_and_the_output_per_money_in_the_report_the_evidence_and_the_c
     assert (knee.number, s.choice.best.number, s.defaults.number) == (3, 4, 2)
     assert s.flop_share(knee) == pytest.approx(4800 * FLOPS / 500e12)
     said = ("Model FLOP utilisation: the knee 23.0%, its compute ceiling (batch 512) 24.0% of this device's "
-            "measured matmul peak (24.0 GFLOP per sample, forward and backward, counted with FlopCounterMode; peak "
-            "500.0 TFLOP/s in bf16, trial 0; datasheet 989.0 TFLOP/s).")
+            "measured matmul peak (24.0 GFLOP per sample, forward and backward, counted with FlopCounterMode, "
+            "grouped convolutions' backward corrected; peak 500.0 TFLOP/s in bf16, trial 0; datasheet 989.0 "
+            "TFLOP/s).")
     assert flop_summary(s) == said
     md = report_md(s, [], {})
     assert said in md
@@ -157,7 +233,8 @@ def test_the_share_and_the_output_per_money_in_the_report_the_evidence_and_the_c
     assert evidence["items_per_money"] == 4_800_000 and evidence["best_items_per_money"] == 4_900_000
     assert evidence["defaults_items_per_money"] == 1_000_000
     assert evidence["flop_share"] == pytest.approx(0.2304)
-    assert evidence["model_flops"] == {"flops_per_item": FLOPS, "flops_reason": None, "share_of_peak": 0.2304,
+    assert evidence["model_flops"] == {"flops_per_item": FLOPS, "flops_reason": None,
+                                       "uncertain_backward_ratio": None, "share_of_peak": 0.2304,
                                        "ceiling_share_of_peak": 0.24, "ceiling_trial": 0, "matmul_peak_flops": 500e12,
                                        "matmul_peak_precision": "bf16", "matmul_peak_trial": 0,
                                        "datasheet_flops": 989e12}
@@ -166,7 +243,8 @@ def test_the_share_and_the_output_per_money_in_the_report_the_evidence_and_the_c
     assert money_summary(_run(500e12)) is None  # no price, no money
     tokens = flop_summary(_run(500e12, **{"workload.unit": "tokens", "workload.count": "tunekit.workloads.text:"
                                                                                           "count_tokens"}))
-    assert "forward and backward, counted with FlopCounterMode, on one batch, its padding's work included: shares " \
+    assert "forward and backward, counted with FlopCounterMode, grouped convolutions' backward corrected, on one " \
+           "batch, its padding's work included: shares " \
            "of executed FLOPs" in tokens  # the tokens counted are not the positions the model computed on
 
 

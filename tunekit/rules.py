@@ -33,7 +33,8 @@ __all__ = [
     "can_reach", "knee_stages", "of_ceiling", "SYNC_SHARE", "SCALING_HEALTHY", "scaling_efficiency",
     "communication_bound", "rate_interval", "window_rate", "epoch_rate", "settling", "window_stop", "input_bound",
     "worker_core_share", "waits_on_data", "machine_noise", "keeps_cpus_busy", "BUSY_HOST", "DISTURBED_BAND",
-    "other_cpu_share", "busy_host", "MATMUL_SHARE_HIGH", "flops_per_item", "peak_trial", "flop_share",
+    "other_cpu_share", "busy_host", "MATMUL_SHARE_HIGH", "FLOP_BACKWARD_BAND", "flops_uncertain", "flops_per_item",
+    "peak_trial", "flop_share",
     "SAME_MEMORY", "MACHINE_HARDWARE", "MACHINE_SOFTWARE", "machine_changes", "check_margin", "rate_check",
 ]
 
@@ -282,13 +283,35 @@ def of_ceiling(row: TrialRow, ceiling: TrialRow | None) -> float | None:
     return row.rate / row.knobs.ranks / ceiling.rate if ceiling is not None and ceiling.rate else None
 
 
-def flops_per_item(row: TrialRow, rows: Iterable[TrialRow]) -> float | None:
-    """The FLOPs of a training step per item of ``unit`` for ``row``'s model: its own count, else that of the
-    compute ceiling at its batch (a trial of several ranks, or one recorded before trials counted them)."""
+FLOP_BACKWARD_BAND = (1.5, 2.5)
+"""A backward counts about twice its forward's FLOPs in a model of matrix multiplies and convolutions (the input's
+and the weights' gradients, each the forward's size; less where a layer needs only one). A count whose backward
+over forward lies outside this band is uncertain: a miscounted op (torch's counter took a grouped convolution's
+weight gradient for a dense one, ConvNeXt's backward at 200 times its forward), or frozen layers."""
+
+
+def _counted(row: TrialRow, rows: Iterable[TrialRow]) -> TrialRow | None:
+    """The trial whose FLOP count stands for ``row``'s model: its own, else the compute ceiling's at its batch (a
+    trial of several ranks, or one recorded before trials counted them)."""
     if row.measurement.flops_per_item:
-        return row.measurement.flops_per_item
+        return row
     ceiling = compute_ceiling(rows, row.knobs.batch_size)
-    return ceiling.measurement.flops_per_item if ceiling is not None else None
+    return ceiling if ceiling is not None and ceiling.measurement.flops_per_item else None
+
+
+def flops_per_item(row: TrialRow, rows: Iterable[TrialRow]) -> float | None:
+    """The FLOPs of a training step per item of ``unit`` for ``row``'s model (:func:`_counted`'s count)."""
+    counted = _counted(row, rows)
+    return counted.measurement.flops_per_item if counted is not None else None
+
+
+def flops_uncertain(row: TrialRow, rows: Iterable[TrialRow]) -> float | None:
+    """The backward-over-forward ratio of the count that stands for ``row``'s model when it lies outside
+    :data:`FLOP_BACKWARD_BAND` (the count, and any share made of it, are then uncertain), else None."""
+    counted = _counted(row, rows)
+    ratio = counted.measurement.flops_backward_ratio if counted is not None else None
+    low, high = FLOP_BACKWARD_BAND
+    return ratio if ratio is not None and not low <= ratio <= high else None
 
 
 def peak_trial(rows: Iterable[TrialRow], row: TrialRow) -> TrialRow | None:

@@ -462,6 +462,10 @@ class Measurement:
     flops_reason: str | None = None
     """Why ``flops_per_item`` is None, one line (a loader trial, several ranks, counting failed or found no matrix
     work); None when it was counted, and in script mode (the step is the script's own loop)."""
+    flops_backward_ratio: float | None = None
+    """The counted backward's FLOPs over the forward's (about 2 for matrix multiplies and convolutions; outside
+    rules.FLOP_BACKWARD_BAND the count is uncertain); None when not counted, or counted with the workload's own
+    update step whole."""
     matmul_peak_flops: float | None = None
     """The device's sustained rate of a large matrix multiply in the workload's precision, FLOP/s, measured after
     the windows by the one trial of the sweep whose spec asked for it (``TrialSpec.probe_peak``); None on the

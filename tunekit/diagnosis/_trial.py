@@ -111,6 +111,9 @@ class Facts:
     flop_share: float | None = None
     """Model FLOP utilisation: the share of the device's measured matmul peak the trial's model ran at
     (rules.flop_share)."""
+    flops_uncertain: float | None = None
+    """The FLOP count's backward over its forward when outside rules.FLOP_BACKWARD_BAND: the share is uncertain,
+    and no fix turns on it (rules.flops_uncertain)."""
 
     @property
     def data_bound(self) -> bool:
@@ -151,6 +154,7 @@ def _facts(row: TrialRow, trials: Trials) -> Facts:
         twin=trials.pinned_gain(row),
         plateau=trials.loader_plateau(row) if k.num_workers and row.mode == Mode.train else None,
         flop_share=rules.flop_share(row, trials.rows),
+        flops_uncertain=rules.flops_uncertain(row, trials.rows),
     )
 
 
@@ -340,8 +344,12 @@ def _compute_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
         ev = {"of compute ceiling": f.of_ceiling, "data wait": f.wait}
     else:
         return None
-    if f.flop_share is not None:  # the fix turns on it (compute_fix)
+    if f.flop_share is not None:  # the fix turns on it (compute_fix), unless its count is uncertain
         ev["of the device's measured matmul peak"] = f.flop_share
+        if f.flops_uncertain is not None:
+            low, high = rules.FLOP_BACKWARD_BAND
+            ev["FLOP count uncertain: its backward counted"] = (f"{f.flops_uncertain:.1f}x its forward "
+                                                                f"(expected {low:g}-{high:g}x)")
     return ev
 
 
@@ -372,7 +380,8 @@ def classify(row: TrialRow, trials: Trials) -> Verdict | None:
         evidence = PREDICATES[name](row, facts, trials)
         if evidence is not None:
             return verdict(name, evidence, row.number,
-                           compute_fix(facts.flop_share) if name == "compute-bound" else None)
+                           compute_fix(None if facts.flops_uncertain is not None else facts.flop_share)
+                           if name == "compute-bound" else None)
     return None
 
 

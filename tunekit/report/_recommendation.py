@@ -70,6 +70,8 @@ def _model_flops(s: RunSummary) -> dict[str, Any] | None:
     return {
         "flops_per_item": flops,
         "flops_reason": knee.measurement.flops_reason if flops is None else None,
+        # the count's backward over its forward, outside rules.FLOP_BACKWARD_BAND: the share is uncertain
+        "uncertain_backward_ratio": _rounded(rules.flops_uncertain(knee, s.rows), 2),
         "share_of_peak": _rounded(s.flop_share(knee), 4),
         "ceiling_share_of_peak": _rounded(s.flop_share(ceiling), 4),
         "ceiling_trial": ceiling.number if ceiling is not None else None,

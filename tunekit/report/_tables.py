@@ -57,9 +57,15 @@ def flop_summary(s: RunSummary) -> str | None:
     # padding is work too, so the count per item is of executed FLOPs, and it varies with the batch it was taken on
     executed = (", on one batch, its padding's work included: shares of executed FLOPs, above the useful share "
                 "by the batches' padding" if s.counted else "")
+    ratio = rules.flops_uncertain(k, s.rows)
+    low, high = rules.FLOP_BACKWARD_BAND
+    uncertain = (f" **Uncertain**: the count's backward is {ratio:.1f}x its forward, where a model of matrix "
+                 f"multiplies and convolutions gives {low:g}-{high:g}x (an op the counter miscounts, or frozen "
+                 "layers); the share decides no fix." if ratio is not None else "")
     return (f"Model FLOP utilisation: {', '.join(shares)} of this device's measured matmul peak ({si(flops, 'FLOP')} "
-            f"per {k.item}, forward and backward, counted with FlopCounterMode{executed}; peak "
-            f"{si(peak.flops, 'FLOP/s')} in {peak.precision}, trial {peak.trial}{sheet}).")
+            f"per {k.item}, forward and backward, counted with FlopCounterMode, grouped convolutions' backward "
+            f"corrected{executed}; peak {si(peak.flops, 'FLOP/s')} in {peak.precision}, trial {peak.trial}{sheet})."
+            + uncertain)
 
 
 def money_summary(s: RunSummary) -> str | None:

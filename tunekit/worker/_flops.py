@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ import torch
 from tunekit.worker._build import Built
 from tunekit.worker._step import TrialStep
 
-__all__ = ["count_flops", "matmul_peak", "PROBE"]
+__all__ = ["count_flops", "counted", "matmul_peak", "PROBE"]
 
 PROBE: dict[str, tuple[int, float]] = {"cuda": (8192, 1.0), "cpu": (512, 0.1)}
 """Square matrix size and timed seconds of the matmul probe by device type. On a GPU, 8192 keeps the tensor cores
@@ -36,18 +37,15 @@ def count_flops(step: TrialStep, built: Built, step_updates: bool) -> dict[str, 
         return _not_counted("a loader trial runs no model")
     if built.ddp is not None:  # a backward on one rank alone would wait for its peers' gradients
         return _not_counted("counted on one-rank trials (DDP syncs the gradients of every backward)")
-    from torch.utils.flop_counter import FlopCounterMode
-
     model = getattr(built.model, "_orig_mod", built.model)
     try:
         batch, items = step.on_device()
-        counter = FlopCounterMode(display=False)
-        with counter:
+
+        def forward() -> Any:
             with built.autocast():
-                loss = built.step_fn(model, batch, built.ctx)
-            if not step_updates:
-                loss.backward()
-        total = counter.get_total_flops()
+                return built.step_fn(model, batch, built.ctx)
+
+        forward_flops, total = counted(forward, backward=not step_updates)
     except Exception as exc:  # noqa: BLE001 - a count that fails is data
         return _not_counted(f"counting failed: {_one_line(exc)}")
     finally:
@@ -55,7 +53,46 @@ def count_flops(step: TrialStep, built: Built, step_updates: bool) -> dict[str, 
     if total <= 0:
         return _not_counted("FlopCounterMode counted no matrix multiply, convolution or attention: the model's work "
                             "is in ops it has no formula for (custom kernels)")
-    return {"flops_per_item": total / items, "flops_reason": None}
+    ratio = (total - forward_flops) / forward_flops if forward_flops > 0 and not step_updates else None
+    return {"flops_per_item": total / items, "flops_reason": None, "flops_backward_ratio": ratio}
+
+
+def counted(forward: Callable[[], Any], backward: bool = True) -> tuple[int, int]:
+    """The FLOPs of ``forward()`` and, with ``backward``, of it and the backward of the loss it returns:
+    (forward, total), counted by ``FlopCounterMode`` with a grouped convolution's backward counted right
+    (:func:`conv_backward_flops`)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops})
+    with counter:
+        loss = forward()
+        forward_flops = counter.get_total_flops()
+        if backward:
+            loss.backward()
+    return forward_flops, counter.get_total_flops()
+
+
+def conv_backward_flops(grad_out_shape: list[int], x_shape: list[int], w_shape: list[int], _bias: Any,
+                        _stride: Any, _padding: Any, _dilation: Any, transposed: bool, _output_padding: Any,
+                        groups: int, output_mask: list[bool], out_shape: Any, **_: Any) -> int:
+    """The FLOPs of a convolution's backward: the input's gradient, a transposed convolution of the output's
+    gradient with the weight (whose shape holds in channels / groups, so a grouped convolution counts right), and
+    the weight's gradient, a convolution of the input with the output's gradient over every pair of channels, of
+    which only the ``groups`` blocks on the diagonal are computed: divided by ``groups``. torch's own formula
+    (torch 2.4-2.14) leaves that division out, so a depthwise convolution's weight gradient counts as many times
+    too much as it has channels: ConvNeXt's backward at 200 times its forward instead of twice."""
+    from torch.utils.flop_counter import conv_flop_count, get_shape
+
+    def swap(shape: list[int]) -> list[int]:
+        return [shape[1], shape[0], *shape[2:]]
+
+    flops = 0
+    if output_mask[0]:
+        flops += conv_flop_count(grad_out_shape, w_shape, get_shape(out_shape[0]), not transposed)
+    if output_mask[1]:
+        pair = (swap(grad_out_shape), swap(x_shape)) if transposed else (swap(x_shape), swap(grad_out_shape))
+        flops += conv_flop_count(*pair, swap(get_shape(out_shape[1])), transposed=False) // groups
+    return flops
 
 
 def matmul_peak(device: torch.device, precision: str, size: int | None = None,
@@ -112,7 +149,7 @@ def _sync(device: torch.device) -> None:
 
 
 def _not_counted(reason: str) -> dict[str, Any]:
-    return {"flops_per_item": None, "flops_reason": reason}
+    return {"flops_per_item": None, "flops_reason": reason, "flops_backward_ratio": None}
 
 
 def _one_line(exc: BaseException) -> str:
