@@ -158,3 +158,47 @@ def test_the_knees_rate_over_the_scripts_real_epoch_length():
     assert "over whole epochs of 28,672 samples" in md
     assert "Over your real epochs of 1,281,167 samples (script.epoch_items), the same boundary between them: " \
            f"{1_281_167 / (1_281_167 / 4549 + 1.76):,.0f} samples/s" in md, md
+
+
+def _script_run(own: float, *rates: float):
+    """A script sweep: the script's own settings (2 workers, batch 32) at ``own``, and end-to-end configs of 4, 8,
+    ... workers at ``rates``, each rate known within 2 % (its 95 % interval)."""
+    from tests.conftest import measurement
+
+    raw = {"name": "own", "device": "cpu", "script": {"command": ["python", "train.py", "-j", "{num_workers}"],
+                                                       "cwd": "/tmp"},
+           "search": {"num_workers": [4, 8, 16], "batch_size": [32], "pin_memory": [False]}}
+    rows = rows_from_measurements([
+        measurement(0, "baseline", "train", own, num_workers=2, batch_size=32, rate_interval=0.02),
+        *(measurement(i + 1, "end_to_end", "train", rate, num_workers=4 * 2**i, batch_size=32, rate_interval=0.02)
+          for i, rate in enumerate(rates))])
+    return summarize(config.from_dict(raw), rows, strategy="staged")
+
+
+def test_keep_your_settings_when_no_config_beats_them_beyond_doubt():
+    """The script's own settings at 1000/s, the configs tried at 1010 and 1015/s: within the 4 % two 2 % intervals
+    allow, so the recommendation is to keep them (it was the cheapest of the others, with a gain claimed); a config
+    measured slower than them is never recommended, and neither is the one config a short sweep measured."""
+    import yaml
+
+    from tunekit.report._markdown import report_md
+    from tunekit.report._recommendation import recommendation_yaml
+
+    for s in (_script_run(1000, 1010, 1015), _script_run(1000, 900), _script_run(1000, 1030, 990)):
+        assert s.choice.kept and s.choice.knee.stage == "baseline", s.choice.reason
+        assert s.choice.reason.startswith("Keep your settings: no config measured beats the script's own")
+        md = report_md(s, [], {})
+        assert "**Keep your settings: 2 workers" in md and "they are the recommendation" in md
+        rec = yaml.safe_load(recommendation_yaml(s))
+        assert rec["dataloader"]["num_workers"] == 2 and rec["evidence"]["keep_own_settings"] is True
+
+
+def test_a_gain_beyond_doubt_is_recommended_and_one_config_is_compared_with_the_scripts_own():
+    twice = _script_run(500, 1000, 1010)
+    assert not twice.choice.kept and twice.choice.knee.knobs.num_workers == 4
+    assert twice.speedup_vs_script == 2.0
+    # the gain with its interval: the two rates' 2 % half-widths in quadrature, 2.83 %
+    assert twice.gain_text(twice.script_baseline) == "2.00x, 1.94-2.06x at 95 %"
+    one = _script_run(500, 1000)  # a sweep cut short: one config measured end to end, besides the script's own
+    assert one.choice.knee is not None and one.choice.knee.knobs.num_workers == 4 and not one.choice.kept
+    assert "runs 2.00x theirs" in one.choice.reason

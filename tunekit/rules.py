@@ -29,7 +29,9 @@ __all__ = [
     "KNEE_STAGES", "MIN_POINTS", "NEAR_CEILING", "OVERHEAD_RATIO", "STARVED_WAIT", "NO_WAIT", "STREAM_FULL", "NOISY_CV",
     "changes_result",
     "CPU_SATURATED", "CPU_BUSY", "WORKER_WAITING", "MEMORY_WALL_MARGIN", "HOST_MEMORY_WARN", "SHM_WARN",
-    "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "past_memory_limit", "run_noise", "band", "needed", "trial_margin",
+    "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "past_memory_limit", "run_noise", "band", "gain_margin",
+    "gain_interval", "needed",
+    "trial_margin",
     "can_reach", "knee_stages", "of_ceiling", "SYNC_SHARE", "SCALING_HEALTHY", "scaling_efficiency",
     "communication_bound", "rate_interval", "window_rate", "epoch_rate", "settling", "window_stop", "input_bound",
     "worker_core_share", "waits_on_data", "machine_noise", "keeps_cpus_busy", "BUSY_HOST", "DISTURBED_BAND",
@@ -82,6 +84,23 @@ def run_noise(rows: Iterable[TrialRow]) -> float:
 def band(rows: Iterable[TrialRow], selection: Selection) -> float:
     """The run's band: max(tolerance, run noise of ``rows``)."""
     return max(selection.tolerance, run_noise(rows))
+
+
+def gain_margin(band: float, *rows: TrialRow) -> float:
+    """How much one config must beat another by to be faster beyond doubt: the run's band, or the sum of the two
+    rates' interval half-widths (``rate_interval``, each at most 100 %) when wider."""
+    intervals = sum(min(1.0, r.measurement.rate_interval or 0.0) for r in rows)
+    return max(band, intervals)
+
+
+def gain_interval(a: TrialRow, b: TrialRow) -> tuple[float, float] | None:
+    """The 95 % interval of ``a``'s rate over ``b``'s, from their rates' relative half-widths (``rate_interval``,
+    combined in quadrature); None when either is unknown."""
+    ia, ib = a.measurement.rate_interval, b.measurement.rate_interval
+    if ia is None or ib is None or not math.isfinite(ia) or not math.isfinite(ib) or not b.rate:
+        return None
+    ratio, half = a.rate / b.rate, math.hypot(ia, ib)
+    return ratio * max(0.0, 1.0 - half), ratio * (1.0 + half)
 
 
 def needed(best: TrialRow, allowed: float) -> float:

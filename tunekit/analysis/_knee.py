@@ -24,6 +24,9 @@ class Choice:
     reason: str
     over_headroom: tuple[TrialRow, ...] = ()
     """Completed trials left out because they used memory beyond the headroom limit."""
+    kept: bool = False
+    """Script mode: no measured config beats the script's own settings beyond doubt (rules.gain_margin), so the
+    recommendation is to keep them: ``knee`` is the script's own trial (stage ``baseline``)."""
 
 
 def cost_key(row: TrialRow) -> tuple[Any, ...]:
@@ -67,6 +70,40 @@ def select_knee(rows: list[TrialRow], selection: Selection) -> Choice:
 def select(cfg: Config, rows: list[TrialRow]) -> Choice:
     """The run's recommendation: the knee over the knee stages; with ``search.target_effective_batch``, only among
     trials that reach that effective batch, the accumulation stage deciding when it ran."""
+    return against_own(_select(cfg, rows), rows, cfg.selection)
+
+
+def against_own(choice: Choice, rows: list[TrialRow], selection: Selection) -> Choice:
+    """Script mode: the choice against the script's own settings (its ``baseline`` trial). A knee that does not beat
+    them by more than ``rules.gain_margin`` (the band, or the two rates' intervals) is no gain: keep them, never
+    recommend a config measured no faster. Without a knee for want of a second config, the one measured is compared
+    with them the same way."""
+    own = next((r for r in rows if r.stage == Stage.baseline and r.ok and r.mode == Mode.train), None)
+    if own is None or not rules.fits(own, selection):
+        return choice
+    knee = choice.knee
+    if knee is None:
+        if choice.best is None:
+            return choice
+        knee = choice.best  # the one config measured end to end: it must beat the script's own to be chosen
+    margin = rules.gain_margin(choice.band if choice.band is not None else selection.tolerance, knee, own)
+    if knee.rate > own.rate * (1.0 + margin):
+        if choice.knee is not None:
+            return choice
+        return Choice(knee, knee, 1.0, margin,
+                      f"The one config measured end to end besides the script's own settings, "
+                      f"{knee.knobs.describe()}, runs {knee.rate / own.rate:.2f}x theirs ({knee.rate:.1f} against "
+                      f"{own.rate:.1f} {knee.unit}/s), beyond the {margin:.1%} that can part two measurements.",
+                      choice.over_headroom)
+    best = choice.best or knee
+    return Choice(own, best, own.rate / best.rate if best.rate else None, margin,
+                  f"Keep your settings: no config measured beats the script's own ({own.knobs.describe()}, "
+                  f"{own.rate:.1f} {own.unit}/s, trial {own.number}) by more than {margin:.1%} (the run's band, or "
+                  f"the two rates' 95 % intervals together); the fastest, {best.knobs.describe()}, measured "
+                  f"{best.rate:.1f} {best.unit}/s (trial {best.number}).", choice.over_headroom, kept=True)
+
+
+def _select(cfg: Config, rows: list[TrialRow]) -> Choice:
     target = cfg.search.target_effective_batch
     candidates = [r for r in rows if r.stage.knee and not rules.changes_result(r)]
     if not any(r.ok for r in candidates) and not any(r.mode == Mode.train for r in rows):

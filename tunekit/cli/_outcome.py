@@ -31,9 +31,9 @@ def print_outcome(summary: Any, run_dir: Path) -> None:
     if summary.choice.knee is None:
         return
     if summary.speedup_vs_defaults:
-        click.echo(f"{summary.speedup_vs_defaults:.2f}x the PyTorch defaults (0 workers, no pinning).")
-    if summary.speedup_vs_script:
-        click.echo(f"{summary.speedup_vs_script:.2f}x the script's own settings.")
+        click.echo(f"{summary.gain_text(summary.defaults)} the PyTorch defaults (0 workers, no pinning).")
+    if summary.speedup_vs_script and not summary.choice.kept:
+        click.echo(f"{summary.gain_text(summary.script_baseline)} the script's own settings.")
     flops = flop_summary(summary)
     if flops:
         click.echo(flops)

@@ -32,7 +32,8 @@ def _recommendation(s: RunSummary) -> list[str]:
     # with a price, output per unit of money leads, at the rate that earns it
     lead = (f"{s.per_money(k.rate):,.0f} {u} per unit of money at {k.rate:.1f} {u}/s (cost.per_hour "
             f"{s.per_hour:g}; " if s.per_hour else f"{k.rate:.1f} {u}/s (")
-    out = [f"**{k.knobs.describe()}** — {lead}trial {k.number}, window noise {k.noise_cv:.1%}).", "",
+    keep = "Keep your settings: " if s.choice.kept else ""
+    out = [f"**{keep}{k.knobs.describe()}** — {lead}trial {k.number}, window noise {k.noise_cv:.1%}).", "",
            s.choice.reason, ""]
     if best is not None and best is not k:
         out += [f"Best measured: {best.knobs.describe()} at {best.rate:.1f} {u}/s (trial "
@@ -42,7 +43,7 @@ def _recommendation(s: RunSummary) -> list[str]:
         same = "same batch" if (dk.batch_size, dk.grad_accum) == (kk.batch_size, kk.grad_accum) else (
             f"batch {dk.batch_size}" + (f", accumulation {dk.grad_accum}" if dk.grad_accum > 1 else ""))
         out += [f"PyTorch defaults (0 workers, no pinning, {same}): {s.defaults.rate:.1f} {u}/s "
-                f"(trial {s.defaults.number}); the recommendation is **{s.speedup_vs_defaults:.2f}×** that.", ""]
+                f"(trial {s.defaults.number}); the recommendation is **{s.gain_text(s.defaults)}** that.", ""]
     out += _script(s, k) + epoch_parts(k, s.real_epoch_items)
     if k.headroom is not None:
         out += [f"Memory headroom at the knee: {k.headroom:.1%} of {k.measurement.headroom_basis} memory.", ""]
@@ -87,8 +88,9 @@ def _script(s: RunSummary, k: TrialRow) -> list[str]:
     if base is not None and base.ok:
         bl = base.measurement.loader_measured or {}
         out += [f"The script's own settings ({bl.get('num_workers')} workers, batch {bl.get('batch_size')}, "
-                f"pin_memory={bl.get('pin_memory')}): {base.rate:.1f} {s.unit}/s (trial {base.number}); the "
-                f"recommendation is **{s.speedup_vs_script:.2f}×** that.", ""]
+                f"pin_memory={bl.get('pin_memory')}): {base.rate:.1f} {s.unit}/s (trial {base.number})"
+                + ("; they are the recommendation." if s.choice.kept else
+                   f"; the recommendation is **{s.gain_text(base)}** that."), ""]
         if bl.get("batch_size") and bl["batch_size"] != k.knobs.batch_size:
             accum = bl["batch_size"] / k.knobs.batch_size
             keep = (f"gradient accumulation over {accum:g} batches keeps the effective batch"

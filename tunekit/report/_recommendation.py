@@ -27,6 +27,9 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
         "speedup_vs_defaults": round(s.speedup_vs_defaults, 3) if s.speedup_vs_defaults else None,
         "script_rate": round(s.script_baseline.rate, 2) if s.script_baseline and s.script_baseline.ok else None,
         "speedup_vs_script": round(s.speedup_vs_script, 3) if s.speedup_vs_script else None,
+        "speedup_vs_script_interval": _interval(s, s.script_baseline),
+        "speedup_vs_defaults_interval": _interval(s, s.defaults),
+        "keep_own_settings": s.choice.kept if s.script_baseline is not None else None,
         "headroom": round(float(knee.headroom), 4) if knee.headroom is not None else None,
         "headroom_basis": m.headroom_basis,
         "items_per_batch_mean": m.items_per_batch_mean,
@@ -51,6 +54,14 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
         "run": {"name": s.name, "strategy": s.strategy, "trials": len(s.rows),
                 "trials_run": sum(1 for r in s.rows if r.status != "skipped"), "knee_trial": knee.number},
     }
+
+
+def _interval(s: RunSummary, against: Any) -> list[float] | None:
+    """The knee's gain over ``against`` at 95 % (rules.gain_interval), as [low, high]."""
+    if s.choice.knee is None or against is None or not against.ok:
+        return None
+    interval = rules.gain_interval(s.choice.knee, against)
+    return [round(interval[0], 3), round(interval[1], 3)] if interval else None
 
 
 def _rounded(value: float | None, digits: int) -> float | None:

@@ -106,7 +106,7 @@ class RunSummary:
         if band is not None and band > rules.DISTURBED_BAND:
             out.append(f"the figures are disturbed: the run's noise band is {band:.1%}, over {rules.DISTURBED_BAND:.0%}"
                        ", so configs that far apart cannot be told apart and the pick is uncertain; rerun on a quiet "
-                       "machine")
+                       "machine with --no-resume (the same command alone resumes the run and re-reads these figures)")
         busy = [r for r in self.rows if r.ok and rules.busy_host(r)]
         if busy:
             worst = max(busy, key=lambda r: r.measurement.other_cpu_cores or 0.0)
@@ -148,6 +148,16 @@ class RunSummary:
         if self.choice.knee is None or self.defaults is None or not self.defaults.rate:
             return None
         return self.choice.knee.rate / self.defaults.rate
+
+    def gain_text(self, against: TrialRow | None) -> str:
+        """The knee's gain over ``against`` with its 95 % interval ("1.90x, 1.80-2.01x at 95 %"), or its figure
+        alone when an interval is unknown; "" without either."""
+        knee = self.choice.knee
+        if knee is None or against is None or not against.ok or not against.rate:
+            return ""
+        interval = rules.gain_interval(knee, against)
+        gain = f"{knee.rate / against.rate:.2f}x"
+        return gain + (f", {interval[0]:.2f}-{interval[1]:.2f}x at 95 %" if interval else "")
 
 
 def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: str = "",

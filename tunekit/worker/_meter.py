@@ -239,7 +239,8 @@ class Meter:
         self._in_epoch = 0
         """Batches taken in the source's current epoch."""
         self._pace: float | None = None
-        """Seconds a batch took in the warm-up steps (whether an epoch is short, before the windows)."""
+        """Seconds a batch took in the warm-up steps (whether an epoch is short, before the windows), when there were
+        at least ``MIN_WINDOW_STEPS`` of them; else the first window decides (`_window_span`)."""
 
     def __iter__(self) -> Iterator[Any]:
         return self._run()
@@ -329,7 +330,7 @@ class Meter:
             for _ in range(s.grad_accum):
                 yield from self._warm_up_batch()
             trained += s.grad_accum
-        if trained > s.grad_accum:
+        if trained - s.grad_accum >= MIN_WINDOW_STEPS:  # fewer may have come ready from the queues: no pace
             self._pace = (time.perf_counter() - started) / (trained - s.grad_accum)
         return trained
 
@@ -343,9 +344,8 @@ class Meter:
 
     def _windows(self) -> Generator[Any, None, None]:
         """The windows until ``rules.window_stop`` stops them, then the settling cut."""
-        s, windows = self.settings, []
-        pace = self._pace if self._pace is not None else self.reading.first_step_s
-        if self.reading.epoch_aware and s.epoch_batches and self._ranks.any(
+        s, windows, pace = self.settings, [], self._pace
+        if self.reading.epoch_aware and s.epoch_batches and pace is not None and self._ranks.any(
                 s.epoch_batches * pace <= EPOCH_WINDOWS * s.window_s):
             # epochs of at most two windows: windows of whole epochs hold the boundaries in their share, and the
             # figure is the rate over whole epochs directly (step 4)
