@@ -106,8 +106,8 @@ def _one_fork_server_across_tests(monkeypatch: pytest.MonkeyPatch):
         _forks.close_servers()
 
 
-LONGEST_FIRST = ("test_script.py", "test_reliability.py", "test_distributed.py", "test_launch.py", "test_sweep.py",
-                 "test_trial.py",
+LONGEST_FIRST = ("test_script.py", "test_script_loops.py", "test_reliability.py", "test_distributed.py",
+                 "test_launch.py", "test_sweep.py", "test_trial.py",
                  "test_own_job.py", "test_lifecycle.py", "test_promises.py", "test_trust.py", "test_config.py",
                  "test_diagnosis.py", "test_check.py")
 """The files whose tests take longest (tens of seconds each, whole sweeps and trials), in that order: pytest-xdist
