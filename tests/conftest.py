@@ -143,7 +143,7 @@ comes near it; a test another run holds still (stopped in a debugger) delays thi
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
     """Tests marked ``alone`` have the CPUs to themselves: they measure real CPU work (verdicts read from workers'
     CPU time, a host other processes keep busy, a run that must not be marked disturbed), so a test beside them
-    would change their answer (another test file under the suite's ``-n 3``, or another run on this machine: two
+    would change their answer (another test file under the suite's ``-n 4``, or another run on this machine: two
     runs side by side on 2 cores read ``shared-host`` where ``data-starved`` and ``compute-bound`` were due). A
     readers-writer lock over the tests of every run (``LOCKS``): every other test holds ``cpus`` shared for its
     setup, call and teardown; an ``alone`` test takes the ``gate`` first, so no new test starts beside it, then waits
