@@ -120,7 +120,7 @@ def _grouped(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
 
     torch.manual_seed(0)
     if name == "convnext_tiny":
-        return convnext_tiny(), torch.randn(2, 3, 64, 64)
+        return convnext_tiny(), torch.randn(1, 3, 32, 32)
     if name == "mobilenet block":  # a depthwise 3 x 3 between two pointwise convolutions
         return InvertedResidual(32, 32, 1, 6), torch.randn(2, 32, 28, 28)
     return Bottleneck(256, 64, groups=32, base_width=4), torch.randn(2, 256, 14, 14)  # ResNeXt's 32 x 4d
