@@ -238,3 +238,42 @@ def test_drawing_leaves_the_callers_matplotlib_alone(run, tmp_path: Path):
     finally:
         plt.close(mine)
         plt.switch_backend(before)
+
+
+def test_the_scripts_own_settings_are_marked_and_each_point_carries_its_interval():
+    """Script mode: the workers and batch plots label the script's own settings ("your script: 2 workers, batch
+    32"); a point's bars are its rate's 95 % interval (4 % here), or its windows' range when it has none; the
+    fractions plot's axis ticks whole workers only."""
+    from tests.conftest import measurement
+    from tunekit.analysis import select_knee
+    from tunekit.config import Selection
+    from tunekit.records import rows_from_measurements
+    from tunekit.report.plots import workers_data
+    from tunekit.report.plots._data import batch_data, fractions_data
+    from tunekit.report.plots._draw import fractions_figure, workers_figure
+
+    rows = rows_from_measurements([
+        measurement(0, "compute", "compute", 3000, batch_size=32),
+        measurement(1, "compute", "compute", 5000, batch_size=64),
+        measurement(2, "baseline", "train", 900, num_workers=2, batch_size=32, rate_interval=0.04),
+        measurement(3, "end_to_end", "train", 1800, num_workers=4, batch_size=32, rate_interval=0.04),
+        measurement(4, "end_to_end", "train", 2600, num_workers=8, batch_size=32)])  # no interval: its windows
+    choice = select_knee(rows, Selection(tolerance=0.03, min_headroom=0.1))
+    plot = workers_data(rows, choice, "t")
+    assert plot.own_label == "your script: 2 workers, batch 32" and plot.own.trial == 2
+    points = {p.trial: p for s in plot.series for p in s.points}
+    assert (points[3].low, points[3].high) == (pytest.approx(1800 * 0.96), pytest.approx(1800 * 1.04))
+    assert (points[4].low, points[4].high) == (2600 * 0.98, 2600 * 1.01)  # conftest's windows: 0.98, 1, 1.01
+    assert plot.own_label in workers_figure(plot)[1].get_legend_handles_labels()[1]
+    batch = batch_data(rows, choice, "t", min_headroom=0.1)
+    assert batch.own == 32 and batch.own_label == "your script: 2 workers, batch 32"
+    few = rows_from_measurements([measurement(0, "end_to_end", "train", 300, num_workers=0),
+                                  measurement(1, "end_to_end", "train", 500, num_workers=1)])
+    fig, ax = fractions_figure(fractions_data(few, select_knee(few, Selection(tolerance=0.03, min_headroom=0.1)),
+                                              "t"))
+    ax.figure.canvas.draw()
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(t == int(t) for t in ticks), ticks  # 0 and 1 workers: no 0.2, 0.4, ... ticks
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

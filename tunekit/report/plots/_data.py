@@ -3,6 +3,7 @@ has no data for that plot. Tests check these; :mod:`._draw` only renders them.""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -31,8 +32,8 @@ class Series(NamedTuple):
 
 @dataclass(frozen=True)
 class WorkersPlot:
-    """Throughput (``unit``/s) against num_workers: one series per pin_memory/prefetch variant, window range as
-    error bars."""
+    """Throughput (``unit``/s) against num_workers: one series per pin_memory/prefetch variant, each rate's 95 %
+    interval (or its windows' range) as error bars, the script's own settings marked."""
 
     title: str
     series: tuple[Series, ...]
@@ -52,6 +53,9 @@ class WorkersPlot:
     knee_ceiling: float | None = None
     """The compute ceiling at the knee's batch, when the knee ran at another batch than the axis's."""
     knee_ceiling_label: str = ""
+    own: Point | None = None
+    """Script mode: the script's own settings (its ``baseline`` trial), labelled ``own_label``."""
+    own_label: str = ""
 
 
 class BatchPoint(NamedTuple):
@@ -73,6 +77,9 @@ class BatchPlot:
     memory_label: str
     chosen: int | None
     unit: str = "samples"
+    own: int | None = None
+    """Script mode: the batch of the script's own settings, labelled ``own_label``."""
+    own_label: str = ""
 
 
 class UtilPoint(NamedTuple):
@@ -151,11 +158,27 @@ def _unit(rows: list[TrialRow]) -> str:
 
 
 def _point(row: TrialRow) -> Point:
+    """A trial's rate with its 95 % interval (``rate_interval``), or its windows' range where the interval is
+    unknown (fewer than two windows, or a run recorded before trials had one)."""
     m = row.measurement
+    interval = m.rate_interval
+    if interval is not None and math.isfinite(interval):
+        return Point(row.knobs.num_workers, row.rate, row.rate * max(0.0, 1.0 - interval),
+                     row.rate * (1.0 + interval), row.number)
     # epoch-aware windows hold the rate inside an epoch: their spread is drawn around the whole-epoch rate
     scale = row.rate / m.rate_in_epoch if m.rate_in_epoch else 1.0
     windows = [w * scale for w in m.rate_windows] if m.rate_windows else [row.rate]
     return Point(row.knobs.num_workers, row.rate, float(min(windows)), float(max(windows)), row.number)
+
+
+def own_trial(rows: list[TrialRow]) -> TrialRow | None:
+    """Script mode: the completed trial of the script's own settings (stage ``baseline``)."""
+    return next((r for r in rows if r.ok and r.stage == Stage.baseline and r.mode == Mode.train), None)
+
+
+def own_label(row: TrialRow) -> str:
+    """How the plots name the script's own settings: "your script: 16 workers, batch 32"."""
+    return f"your script: {row.knobs.num_workers} workers, batch {row.knobs.batch_size}"
 
 
 def _knee_batch(choice: Choice) -> int | None:
@@ -240,6 +263,7 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
         bounded=_bounded(rows, batch), knee_ceiling=knee_ceiling.rate * world if knee_ceiling else None,
         knee_ceiling_label=f"compute ceiling at the knee's batch {knee.knobs.batch_size}" if knee_ceiling and knee
         else "",
+        own=_point(own) if (own := own_trial(rows)) else None, own_label=own_label(own) if own else "",
         compute_label=f"compute ceiling{f' x {world} GPUs' if world > 1 else ''}"
                       f"{f' (batch {batch})' if batch is not None else ''}",
         **({} if world == 1 else {"axis": "workers per rank", "loader_label": "loader alone, one rank (ceiling)"}),
@@ -274,6 +298,7 @@ def batch_data(rows: list[TrialRow], choice: Choice, title: str, min_headroom: f
         limit_gib=None if not total else (1 - min_headroom) * total / _GIB,
         memory_label="peak device memory, reserved (GiB)" if device else "peak host memory, PSS (GiB)",
         chosen=_knee_batch(choice),
+        own=own.knobs.batch_size if (own := own_trial(rows)) else None, own_label=own_label(own) if own else "",
     )
 
 

@@ -59,15 +59,18 @@ def workers_figure(plot: WorkersPlot) -> tuple[Any, Any]:
     if plot.knee is not None:
         ax.plot(plot.knee.workers, plot.knee.rate, marker="o", markersize=14, markerfacecolor="none",
                 markeredgecolor="red", markeredgewidth=2, linestyle="none", label=plot.knee_label, zorder=6)
+    if plot.own is not None:
+        ax.plot(plot.own.workers, plot.own.rate, marker="D", markersize=10, markerfacecolor="none",
+                markeredgecolor="black", markeredgewidth=1.5, linestyle="none", label=plot.own_label, zorder=6)
     ax.set_xlabel(plot.axis)
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # worker counts: no half-step ticks
     if log_scale(plot):
         ax.set_yscale("log")
-        ax.set_ylabel(f"{plot.unit}/s, log scale (bars: window range)")
+        ax.set_ylabel(f"{plot.unit}/s, log scale (bars: 95 % interval)")
     else:
-        ax.set_ylabel(f"{plot.unit}/s (bars: window range)")
+        ax.set_ylabel(f"{plot.unit}/s (bars: 95 % interval)")
         ax.set_ylim(bottom=0)
     ax.set_xlim(left=-0.5)
     # below the axes: inside, it covered the few-worker points that matter most; beside them, the long labels of
@@ -109,7 +112,9 @@ def draw_batch(plot: BatchPlot, path: Path) -> None:
         ax.annotate("OOM", (batch, 0), xytext=(3, 8), textcoords="offset points", color="red", fontsize=9)
     if plot.chosen is not None:
         ax.axvline(plot.chosen, color="green", linestyle="--", linewidth=1, label=f"chosen batch {plot.chosen}")
-    ax.set_xticks(sorted(set(xs) | set(plot.oom)))
+    if plot.own is not None:
+        ax.axvline(plot.own, color="black", linestyle=":", linewidth=1.5, label=plot.own_label)
+    ax.set_xticks(sorted(set(xs) | set(plot.oom) | ({plot.own} if plot.own is not None else set())))
     ax.get_xaxis().set_major_formatter(_int_formatter())
     lines = ax.get_legend_handles_labels()
     more = mem.get_legend_handles_labels()
@@ -160,6 +165,11 @@ def draw_step_time(plot: StepTimePlot, path: Path) -> None:
 
 
 def draw_fractions(plot: FractionsPlot, path: Path) -> None:
+    _save(fractions_figure(plot)[0], path)
+
+
+def fractions_figure(plot: FractionsPlot) -> tuple[Any, Any]:
+    """The data-wait and GPU-idle fractions figure and its axes, drawn."""
     fig, ax = _figure(plot.title)
     for label, pts in plot.series:
         xs = [p.workers for p in pts]
@@ -170,11 +180,14 @@ def draw_fractions(plot: FractionsPlot, path: Path) -> None:
             ax.plot(*zip(*idle, strict=True), "s", markerfacecolor="none", markersize=9, color=line.get_color(),
                     label=f"GPU idle (events), {label}")
     ax.set_xlabel("num_workers")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # worker counts: no half-step ticks
     ax.set_ylabel("fraction of window time")
     ax.set_ylim(0, 1.05)
     ax.set_xlim(left=-0.5)
     ax.legend(fontsize=8, loc="upper right")
-    _save(fig, path)
+    return fig, ax
 
 
 def draw_compile(plot: CompilePlot, path: Path) -> None:
