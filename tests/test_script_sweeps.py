@@ -53,7 +53,7 @@ def test_the_image_example_is_swept_unedited(tmp_path: Path):
     if rec["evidence"]["keep_own_settings"]:  # batch 8 on 0 or 1 worker did not beat its own 2 workers, batch 64
         assert (workers, rec["dataloader"]["batch_size"]) == (2, 64)
         assert rec["script"]["command"][-2:] == ["--arch", "squeezenet1_1"]  # its own -j and -b: no flag needed
-        assert "persistent_workers" not in rec["script"]["set_on_dataloader"]  # as the script built it
+        assert rec["script"]["set_on_dataloader"] == {}  # the loader stays as the script builds it
     else:
         assert workers in (0, 1) and rec["script"]["command"][-4:] == ["-j", str(workers), "-b", "8"]
         # what the knee's trial ran with: pinning set on the loader, and its workers kept across epochs
@@ -65,7 +65,8 @@ def test_the_image_example_is_swept_unedited(tmp_path: Path):
     source = (REPO / "examples" / "image_classifier" / "train.py").read_text().splitlines()
     line = next(i for i, text in enumerate(source, 1) if text.lstrip().startswith("loader = DataLoader("))
     assert rec["script"]["dataloader_built_at"] == f"train.py:{line}", rec["script"]
-    assert f"(the script builds it at train.py:{line})" in report
+    kept = rec["evidence"]["keep_own_settings"]
+    assert (f"(the script builds it at train.py:{line})" in report) == (not kept)  # nothing to set when kept
     # an epoch that ended inside a trial ran the script's own checkpoint (its work between epochs is measured);
     # none beyond: the trial ended the script at its last window, its remaining epochs never ran
     written = sorted(int(p.stem.removeprefix("epoch")) for p in ckpt.glob("epoch*.pt"))

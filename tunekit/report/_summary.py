@@ -202,6 +202,8 @@ def _script_fields(cfg: Config, rows: list[TrialRow], knee: TrialRow | None) -> 
                      config=cfg.to_dict())
     loader = knee.measurement.loader_measured or {}
     setting = {k: loader.get(k, getattr(knee.knobs, k)) for k in set_on_loader(cfg.script.command)}
+    if knee.stage == Stage.baseline:  # keep your settings: the loader stays as the script builds it
+        setting = {}
     if setting and loader.get("persistent_workers"):  # the trial kept its workers across epochs: so must the script
         setting["persistent_workers"] = True
     own = (base.measurement.loader_measured or {}) if base is not None and base.ok else {}
