@@ -167,31 +167,14 @@ def test_an_epoch_with_evaluation_is_measured_in_its_two_parts(tmp_path: Path):
     assert m.rate == pytest.approx(320 / (320 / steady + 0.8), rel=0.10)
 
 
-RESTART_SCRIPT = """
-import argparse, time, torch
-from torch.utils.data import DataLoader
-from tunekit.workloads.synthetic import sleepy_dataset, sleepy_model
-
-parser = argparse.ArgumentParser()
-parser.add_argument("-j", type=int, default=0)
-parser.add_argument("-b", type=int, default=8)
-parser.add_argument("--pin", default="False")
-parser.add_argument("--prefetch", type=int, default=2)
-args = parser.parse_args()
-model = sleepy_model(step_wait_s=0.02)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-train = DataLoader(sleepy_dataset(num_samples=320, sample_wait_s=0.005), batch_size=args.b, num_workers=args.j,
-                   shuffle=True, prefetch_factor=args.prefetch, pin_memory=args.pin == "True",
-                   worker_init_fn=lambda _: time.sleep(0.5))  # each epoch's workers start in 0.5 s
-for epoch in range(1000):
-    for x, y in train:
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    with torch.no_grad():  # the per-epoch evaluation: 0.8 s
-        time.sleep(0.8)
-"""
+RESTART_SCRIPT = EPOCH_EVAL_SCRIPT.replace(
+    'args = parser.parse_args()',
+    'parser.add_argument("--pin", default="False")\nparser.add_argument("--prefetch", type=int, default=2)\n'
+    'args = parser.parse_args()').replace(
+    "shuffle=True)",
+    'shuffle=True, prefetch_factor=args.prefetch, pin_memory=args.pin == "True",\n'
+    "                   worker_init_fn=lambda _: time.sleep(0.5))  # each epoch's workers start in 0.5 s")
+"""EPOCH_EVAL_SCRIPT with every loader knob a flag, and workers that take 0.5 s to start each epoch."""
 
 
 def test_a_boundary_holds_the_loaders_restart_and_the_scripts_evaluation(tmp_path: Path):

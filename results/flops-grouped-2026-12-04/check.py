@@ -8,27 +8,8 @@ import torch
 import torchvision
 from torch.utils.flop_counter import FlopCounterMode
 
+from tests.test_flops import _analytic_forward as analytic_forward  # one analytic count, tested
 from tunekit.worker._flops import counted
-
-
-def analytic_forward(model, x):
-    total = 0
-
-    def conv(m, _, out):
-        nonlocal total
-        total += 2 * out.numel() * m.kernel_size[0] * m.kernel_size[1] * m.in_channels // m.groups
-
-    def linear(m, _, out):
-        nonlocal total
-        total += 2 * out.numel() * m.in_features
-
-    hooks = [m.register_forward_hook(conv) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
-    hooks += [m.register_forward_hook(linear) for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    with torch.no_grad():
-        model(x)
-    for h in hooks:
-        h.remove()
-    return total
 
 
 def main():

@@ -133,7 +133,6 @@ class _Session:
         self.own: _Own | None = None
         self.rebuilt = 0
         """Training loaders the script built anew (each epoch, say) that the measurement went on with."""
-        self.epoch_batches: int | None = None
         self.marks = _Marks(os.path.join(os.path.dirname(out_path), names.SCRIPT_MARKS) if self.rank == 0 else None)
 
     # -- which loader ---------------------------------------------------------------------------------------
@@ -170,12 +169,7 @@ class _Session:
         self.facts = {"build_s": max(0.0, t_start - self.started)}
         params = _apply(loader, self.spec, set() if self.spec.stage == "baseline" else self.inject)
         self.facts["params"] = params
-        self.facts["loader"] = {"index": self.index(loader), "found_by": found_by,
-                                "dataset": type(loader.dataset).__name__, "length": _length(loader.dataset),
-                                "batch_size": params["batch_size"], "num_workers": params["num_workers"],
-                                "pin_memory": params["pin_memory"], "prefetch_factor": params["prefetch_factor"],
-                                "persistent_workers": params.pop("persistent_workers"),
-                                **self.site(loader)}
+        self.facts["loader"] = self._loader_facts(loader, found_by, params)
         device = _device()
         self.facts["device"] = device
         if self.world > 1:
@@ -194,19 +188,8 @@ class _Session:
             batches, ready, fill, epoch = itertools.repeat(first), (lambda: 0), 0, None
         node_root = os.getppid() if self.ranks is not None and self.ranks.local_rank == 0 else None  # torchrun
         self.monitor = Monitor(nvml_sampler(device), node_root=node_root, forked_from=fork_server_pid()).start()
-        needed = self.spec.needed / self.world if self.spec.needed is not None else None  # each rank's share
-        # the script's own loop trains: its epoch boundaries (evaluation, checkpoints, the loader's restart) are
-        # measured apart from the steady rate inside an epoch, and waited for when an epoch ends soon enough (within
-        # a third of the trial's timeout, and BOUNDARY_WAIT times the windows' time; the script's own settings, which
-        # every gain is measured against, wait the whole third); the loader alone, likewise (its restart, or the
-        # refill of its persistent workers)
         aware = self.spec.mode in ("train", "loader")
-        settings = MeterSettings.from_trial(self.cfg.trial, round_batches=max(1, params["num_workers"]), fill=fill,
-                                            needed=needed, epoch_batches=epoch,
-                                            boundary_wait_s=self.cfg.trial.timeout_s / 3 if aware else 0.0,
-                                            boundary_patience=math.inf if self.spec.stage == "baseline"
-                                            else BOUNDARY_WAIT)
-        self.epoch_batches = epoch
+        settings = self._settings(params["num_workers"], fill, epoch, aware)
         self.meter = Meter(batches, settings, device=device, count=count, cpu=TreeCpu(), ranks=self.ranks,
                            ready=ready,
                            epochs=lambda: self.loader.epochs_ended if self.loader is not None else 0,
@@ -217,6 +200,28 @@ class _Session:
             self.finish()
         self.stream = _Stream(self, self.meter)
         return self.stream
+
+    def _loader_facts(self, loader: DataLoader, found_by: str, params: dict[str, Any]) -> dict[str, Any]:
+        """``loader_measured``: the training loader as the script built it and the knobs left it, and where it was
+        built (``persistent_workers`` moves here out of ``params``)."""
+        return {"index": self.index(loader), "found_by": found_by, "dataset": type(loader.dataset).__name__,
+                "length": _length(loader.dataset), "batch_size": params["batch_size"],
+                "num_workers": params["num_workers"], "pin_memory": params["pin_memory"],
+                "prefetch_factor": params["prefetch_factor"], "persistent_workers": params.pop("persistent_workers"),
+                **self.site(loader)}
+
+    def _settings(self, workers: int, fill: int, epoch: int | None, aware: bool) -> MeterSettings:
+        """The meter's settings. The script's own loop trains (and the loader alone restarts): its epoch boundaries
+        (evaluation, checkpoints, the loader's restart or refill) are measured apart from the steady rate inside an
+        epoch (``aware``), and waited for when an epoch ends soon enough: within a third of the trial's timeout and
+        BOUNDARY_WAIT times the windows' time; the script's own settings, which every gain is measured against, wait
+        the whole third."""
+        trial = self.cfg.trial
+        needed = self.spec.needed / self.world if self.spec.needed is not None else None  # each rank's share
+        return MeterSettings.from_trial(trial, round_batches=max(1, workers), fill=fill, needed=needed,
+                                        epoch_batches=epoch, boundary_wait_s=trial.timeout_s / 3 if aware else 0.0,
+                                        boundary_patience=math.inf if self.spec.stage == "baseline"
+                                        else BOUNDARY_WAIT)
 
     def _asked(self, params: dict[str, Any]) -> dict[str, Any]:
         """The loader knobs this trial set (filled into the command or set on the loader) that the loader does not
