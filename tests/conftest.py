@@ -27,7 +27,11 @@ def sleepy_config(**overrides: Any) -> dict[str, Any]:
             "dataset_args": {"sample_wait_s": 0.005},
         },
         "search": {"num_workers": [0, 2], "batch_size": [8], "pin_memory": [False], "prefetch_factor": [2]},
-        "trial": {"warmup_steps": 2, "measure_windows": 2, "window_s": 1.0, "precision": None, "timeout_s": 60},
+        # a loaded 2-core box disturbs trials: resuming keeps them, and the repeats are tested where they are the
+        # subject (test_store, test_script_sweeps)
+        "trial": {"warmup_steps": 2, "measure_windows": 2, "window_s": 1.0, "precision": None, "timeout_s": 60,
+                  "remeasure_disturbed": False},
+        "selection": {"repeats": 0},
     }
     for key, value in overrides.items():
         set_dotted(cfg, key, value)

@@ -139,3 +139,36 @@ def test_a_trial_rate_weighs_every_second_once():
     mean = statistics.fmean(equal)
     t_interval = 3.182 * statistics.stdev(equal) / 2 / mean
     assert rules.rate_interval(equal, [1.0] * 4) == pytest.approx(t_interval)
+
+
+def test_repeated_runs_pool_into_one_row_whose_spread_widens_the_band():
+    """4 workers ran at 400 then 360/s, 8 workers at 410 then 405/s, the runs alternating: the spread between runs
+    (5.3 %, pooled over both configs) is wider than the tolerance and the windows' 1 % noise, so 4 workers, 7 % below
+    8 workers on their means, are no longer within noise of them; from the first runs alone 4 workers were the knee.
+    Each pooled rate's interval is Student's t over that spread."""
+    from tests.conftest import measurement
+    from tunekit import rules
+    from tunekit.analysis import pooled
+
+    def runs(*rates_by_run):
+        return rows_from_measurements([measurement(i, "end_to_end", "train", rate, num_workers=w, run=run,
+                                                   rate_interval=0.01)
+                                       for i, (w, rate, run) in enumerate(rates_by_run)])
+
+    first = runs((4, 400, 0), (8, 410, 0))
+    assert select_knee(first, SELECTION).knee.knobs.num_workers == 4
+    both = runs((4, 400, 0), (8, 410, 0), (4, 360, 1), (8, 405, 1))
+    rows = pooled(both)
+    assert [(r.number, r.rate, r.runs) for r in rows] == [(0, 380, (400, 360)), (1, 407.5, (410, 405))]
+    spread = rules.run_spread(rows)
+    squares = (400 / 380 - 1) ** 2 + (360 / 380 - 1) ** 2 + (410 / 407.5 - 1) ** 2 + (405 / 407.5 - 1) ** 2
+    expected = (squares / 2) ** 0.5
+    assert spread == pytest.approx(expected) and spread > 0.05
+    assert rules.band(rows, SELECTION) == pytest.approx(spread)
+    choice = select_knee(rows, SELECTION)
+    assert choice.knee.knobs.num_workers == 8 and "spread between repeated runs 5.3%" in choice.reason
+    assert rows[0].interval == pytest.approx(4.303 * spread / 2 ** 0.5)  # t for 2 degrees of freedom
+    # a repeat that failed adds nothing, and no repeat is a row of its own
+    failed = rows_from_measurements([measurement(4, "end_to_end", "train", None, status="crashed", num_workers=8, run=2,
+                                                 reason="killed")])
+    assert [r.number for r in pooled(both + failed)] == [0, 1]

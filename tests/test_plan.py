@@ -556,3 +556,39 @@ def test_a_script_keeping_its_own_batch_runs_its_own_settings_first_unraced(tmp_
     grid = _script_cfg(tmp_path)
     (req,) = plan.next_requests(grid, [], strategy="grid", cuda=False)
     assert req.stage == "baseline"  # a grid measures it first too, in full
+
+
+def test_the_repeats_alternate_the_scripts_own_settings_the_knee_and_the_best(tmp_path):
+    """With selection.repeats 2, once the stages are done the plan measures the script's own settings (asked for as
+    their first trial was: the script chose 2 workers), the knee and the best once more each, in that order, then
+    again; none of them races, and the choice reads each config's three runs as one."""
+    from tunekit.analysis import select
+
+    cfg = _script_cfg(tmp_path, **{"selection.repeats": 2})
+    rows: list = []
+    while len(rows) < 40:
+        requests = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+        if not requests:
+            break
+        req, number = requests[0], len(rows)
+        k = req.knobs.to_dict()
+        if req.stage == "baseline":
+            assert req.knobs == plan.next_requests(cfg, [], strategy="staged", cuda=False)[0].knobs or req.run == 0
+            k["num_workers"] = 2  # what the script chose
+        w = k["num_workers"]
+        loader = 100.0 * w if w else 100.0
+        rate = {"compute": 400.0, "loader": loader}.get(req.mode, 80.0 if not w else min(loader, 400.0) + w)
+        if req.run:
+            assert plan.needed_rate(cfg, rows, req) is None  # never raced
+        if req.skip:
+            m = {**_m(number, req.stage, req.mode, None, **k), "status": "skipped", "reason": req.skip}
+        else:
+            m = _m(number, req.stage, req.mode, rate * (1 + 0.004 * req.run), run=req.run, **k)
+        rows += rows_from_measurements([m])
+    choice = select(cfg, rows)
+    knee, best = choice.knee.knobs.num_workers, choice.best.knobs.num_workers
+    assert (knee, best) == (6, 8)
+    assert [(r.stage, r.knobs.num_workers, r.run) for r in rows if r.run] == [
+        ("baseline", 2, 1), ("end_to_end", 6, 1), ("end_to_end", 8, 1),
+        ("baseline", 2, 2), ("end_to_end", 6, 2), ("end_to_end", 8, 2)]
+    assert len(choice.knee.runs) == 3 and choice.knee.rate == pytest.approx(406 * 1.004)

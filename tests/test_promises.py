@@ -180,7 +180,8 @@ def test_sighup_while_opening_the_run_or_writing_outputs_exits_130_and_keeps_the
     lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith("DISTURBED:")]
     assert "Traceback" not in stderr
     assert not _processes_mentioning(str(out))
-    assert [(t.number, t.value) for t in study_trials(out)] == before
+    # every trial kept as it was (a trial whose own figures a loaded box disturbed is measured again on resume)
+    assert set(before) <= {(t.number, t.value) for t in study_trials(out)}
     launch.lock_run(out).close()  # the interrupted sweep let go of the folder
     if phase == "opening the run":
         assert len(lines) == 1 and lines[0].startswith("tunekit: "), stderr

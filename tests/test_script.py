@@ -57,7 +57,7 @@ def _script_config(tmp_path: Path, command: list[str], *, cwd: Path | None = Non
     writes beside itself, stays in its own ``tmp_path``."""
     return {"name": "script", "device": "cpu", "script": {"command": command, "cwd": str(cwd or tmp_path.parent)},
             "search": {"num_workers": [0, 2], "batch_size": [8], "pin_memory": [False], **search},
-            "trial": dict(QUICK)}
+            "trial": dict(QUICK), "selection": {"repeats": 0}}
 
 
 def _trial(tmp_path: Path, raw: dict[str, Any], name: str = "t", stage: str = "single", **knobs: Any):

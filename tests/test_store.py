@@ -134,3 +134,29 @@ def test_changed_config_or_strategy_is_refused(tmp_path: Path):
     (tmp_path / "trials" / "0").mkdir(parents=True)
     assert store.open_run(tmp_path, other, resume=False, strategy="staged").rows() == []
     assert not (tmp_path / "trials").exists()  # no stale trial folders beside the new run
+
+
+def test_a_resumed_sweep_measures_its_disturbed_trials_again(write_config, tmp_path: Path):
+    """A run whose 0-worker trial scattered its windows 30 % (a neighbour's doing): the same command resumes it and
+    measures that trial again, keeping the quiet one; the disturbed record stays in the study, set aside."""
+    import tunekit
+    from tests.conftest import measurement, sleepy_config
+    from tunekit import config
+    from tunekit.contract import Measurement
+
+    path = write_config(sleepy_config(**{"strategy": "grid", "search.num_workers": [0, 2], "trial.window_s": 0.3,
+                                         "trial.remeasure_disturbed": True}))
+    cfg, out = config.load(path), tmp_path / "run"
+    out.mkdir()
+    runs = store.open_run(out, cfg, resume=False, strategy="grid")
+    for workers, noise in ((0, 0.30), (2, 0.01)):
+        trial, number = runs.start(cfg, "grid", "train", {"num_workers": workers, "batch_size": 8,
+                                                          "prefetch_factor": 2 if workers else None})
+        runs.finish(trial, "train", Measurement.from_dict(measurement(
+            number, "grid", "train", 100.0 * (workers + 1), num_workers=workers, batch_size=8,
+            prefetch_factor=2 if workers else None, noise_cv=noise)))
+    resumed = tunekit.sweep(path, out=out, quiet=True)
+    measured = store.open_run(out, cfg, resume=True, strategy="grid").rows()
+    assert [(r.number, r.knobs.num_workers) for r in measured] == [(1, 2), (2, 0)]
+    assert measured[1].ok and measured[1].measurement.rate != 100.0  # measured anew, not re-read
+    assert sorted(resumed.trials["number"]) == [1, 2]

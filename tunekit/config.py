@@ -200,6 +200,10 @@ class TrialSettings:
     script's imports (``python SCRIPT`` or ``python -m MODULE`` run by tunekit's own interpreter: each trial runs the
     program as that interpreter would); each trial still runs in a process and session of its own and initialises
     CUDA itself; false: a fresh interpreter per trial."""
+    remeasure_disturbed: bool = True
+    """A resumed sweep measures again the trials whose own figures were disturbed (other processes kept the CPUs
+    busy during their windows, or their windows scattered over 10 %: ``rules.disturbed``) instead of re-reading
+    them; false keeps every finished trial as it was measured."""
 
 
 @dataclass(kw_only=True)
@@ -210,6 +214,10 @@ class Selection:
     """Relative throughput loss accepted for a cheaper config (raised to the measured noise)."""
     min_headroom: float = field(default=0.10, metadata=_meta(min=0, lt=1))
     """Smallest share of device memory that must stay free at the peak."""
+    repeats: int = field(default=1, metadata=_meta(min=0, lt=10))
+    """Further runs of each config a decision rests on (the knee, the best, the script's own settings), in
+    alternation at the sweep's end: their spread is the run-to-run noise, which widens the band and every gain's
+    interval. 0: none (the band and intervals then rest on each trial's windows alone)."""
 
 
 @dataclass(kw_only=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from tunekit import plan, report, store
+from tunekit import plan, report, rules, store
 from tunekit._files import read_json, write_json_atomic, write_text_atomic
 from tunekit.config import Config, from_dict
 from tunekit.contract import Knobs, Measurement, Mode, TrialSpec, process, skipped_measurement
@@ -174,6 +174,11 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
     recovered = runs.recover_running()
     if recovered:
         console.print(f"resuming: trial(s) {recovered} were running when the last sweep stopped; they run again")
+    again = [r for r in runs.rows() if rules.disturbed(r)] if cfg.trial.remeasure_disturbed and not seeded else []
+    if again:
+        runs.set_aside([r.number for r in again])
+        console.print(f"resuming: trial(s) {[r.number for r in again]} were disturbed (other processes kept the CPUs "
+                      f"busy, or their windows scattered over {rules.NOISY_CV:.0%}); they are measured again")
     write_text_atomic(run_dir / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     env = snapshot()
     write_json_atomic(run_dir / "env.json", env)
@@ -249,9 +254,9 @@ def _ran_otherwise(row: TrialRow) -> str:
 
 def _run_one(sweep: _RunningSweep, req: plan.Request) -> TrialRow:
     cfg = sweep.cfg
-    trial, number = sweep.runs.start(cfg, req.stage, req.mode, req.knobs.to_dict())
+    trial, number = sweep.runs.start(cfg, req.stage, req.mode, req.knobs.to_dict(), run=req.run)
     spec = TrialSpec(number=number, stage=req.stage, mode=req.mode, knobs=req.knobs, config=cfg.to_dict(),
-                     needed=plan.needed_rate(cfg, sweep.rows, req), probe_peak=_asks_peak(sweep, req))
+                     needed=plan.needed_rate(cfg, sweep.rows, req), probe_peak=_asks_peak(sweep, req), run=req.run)
     if req.skip is not None:
         measurement = skipped_measurement(spec, req.skip, req.bound)
     else:

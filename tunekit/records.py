@@ -33,6 +33,13 @@ class TrialRow:
     headroom: float | None = None
     """Share of memory left free at the peak (device memory on a GPU, host memory on the CPU)."""
     compile_s: float = 0.0
+    run: int = 0
+    """0 for a config's first measurement, k for its k-th repeat (``Measurement.run``)."""
+    interval: float | None = field(default=None, compare=False)
+    """Relative half-width of the rate's 95 % interval: the trial's windows' (``rate_interval``), or for a config
+    measured more than once (``analysis.pooled``) the runs' (``rules.runs_interval``)."""
+    runs: tuple[float, ...] = field(default=(), compare=False)
+    """The rate of each run pooled into this row (``analysis.pooled``); empty for a single trial."""
 
     def __post_init__(self) -> None:
         # the words a file holds: a stage or mode no plan has (a typo, an edited file) is an error, not a row
@@ -55,8 +62,8 @@ class TrialRow:
 
     @property
     def key(self) -> tuple[Any, ...]:
-        """What makes two trials the same trial: stage, mode and knobs."""
-        return (self.stage, self.mode, self.knobs)
+        """What makes two trials the same trial: stage, mode, knobs and run."""
+        return (self.stage, self.mode, self.knobs, self.run)
 
     @property
     def asked_key(self) -> tuple[Any, ...] | None:
@@ -65,7 +72,7 @@ class TrialRow:
         asked = self.measurement.asked
         if not asked:
             return None
-        return (self.stage, self.mode, Knobs(**{**self.knobs.to_dict(), **asked}))
+        return (self.stage, self.mode, Knobs(**{**self.knobs.to_dict(), **asked}), self.run)
 
     @classmethod
     def from_measurement(cls, m: Measurement) -> TrialRow:
@@ -81,6 +88,8 @@ class TrialRow:
             noise_cv=float(m.noise_cv or 0.0),
             headroom=m.headroom,
             compile_s=float(m.compile_s or 0.0),
+            run=int(m.run or 0),
+            interval=m.rate_interval,
             measurement=m,
         )
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from statistics import median
+from statistics import mean, median
 from typing import Any
 
 from tunekit.config import Selection
@@ -29,12 +29,14 @@ __all__ = [
     "KNEE_STAGES", "MIN_POINTS", "NEAR_CEILING", "OVERHEAD_RATIO", "STARVED_WAIT", "NO_WAIT", "STREAM_FULL", "NOISY_CV",
     "changes_result",
     "CPU_SATURATED", "CPU_BUSY", "WORKER_WAITING", "MEMORY_WALL_MARGIN", "HOST_MEMORY_WARN", "SHM_WARN",
-    "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "past_memory_limit", "run_noise", "band", "gain_margin",
+    "HOT_GPU_C", "BENIGN_THROTTLE", "fits", "past_memory_limit", "run_noise", "run_spread", "runs_interval", "band",
+    "gain_margin",
     "gain_interval", "needed",
     "trial_margin",
     "can_reach", "knee_stages", "of_ceiling", "SYNC_SHARE", "SCALING_HEALTHY", "scaling_efficiency",
     "communication_bound", "rate_interval", "window_rate", "epoch_rate", "settling", "window_stop", "input_bound",
-    "worker_core_share", "waits_on_data", "machine_noise", "keeps_cpus_busy", "BUSY_HOST", "DISTURBED_BAND",
+    "worker_core_share", "waits_on_data", "machine_noise", "disturbed", "keeps_cpus_busy", "BUSY_HOST",
+    "DISTURBED_BAND",
     "other_cpu_share", "busy_host", "MATMUL_SHARE_HIGH", "FLOP_BACKWARD_BAND", "flops_uncertain", "flops_per_item",
     "peak_trial", "flop_share",
     "SAME_MEMORY", "MACHINE_HARDWARE", "MACHINE_SOFTWARE", "machine_changes", "check_margin", "rate_check",
@@ -81,22 +83,43 @@ def run_noise(rows: Iterable[TrialRow]) -> float:
     return float(median(r.noise_cv for r in rows if r.rate >= middle))
 
 
+def run_spread(rows: Iterable[TrialRow]) -> float:
+    """The run-to-run spread the repeats measured: the pooled relative standard deviation of the runs of every
+    config measured more than once (``TrialRow.runs``: each run's rate, the config's runs alternating with the other
+    repeated configs' on the same machine); 0 when no config was."""
+    groups = [r.runs for r in rows if len(r.runs) > 1]
+    df = sum(len(g) - 1 for g in groups)
+    if not df:
+        return 0.0
+    squares = sum(sum((x / mean(g) - 1.0) ** 2 for x in g) for g in groups)
+    return math.sqrt(squares / df)
+
+
+def runs_interval(runs: int, spread: float, df: int) -> float:
+    """Relative half-width of the 95 % interval of the mean of ``runs`` runs of a config, from the run-to-run
+    ``spread`` pooled over ``df`` degrees of freedom (Student's t)."""
+    t = _T975[df - 1] if 0 < df <= len(_T975) else 1.96
+    return t * spread / math.sqrt(runs) if df > 0 else math.inf
+
+
 def band(rows: Iterable[TrialRow], selection: Selection) -> float:
-    """The run's band: max(tolerance, run noise of ``rows``)."""
-    return max(selection.tolerance, run_noise(rows))
+    """The run's band: max(tolerance, run noise of ``rows``, the run-to-run spread their repeats measured)."""
+    rows = list(rows)
+    return max(selection.tolerance, run_noise(rows), run_spread(rows))
 
 
 def gain_margin(band: float, *rows: TrialRow) -> float:
     """How much one config must beat another by to be faster beyond doubt: the run's band, or the sum of the two
-    rates' interval half-widths (``rate_interval``, each at most 100 %) when wider."""
-    intervals = sum(min(1.0, r.measurement.rate_interval or 0.0) for r in rows)
+    rates' interval half-widths (``TrialRow.interval``: the windows', or the repeated runs'; each at most 100 %)
+    when wider."""
+    intervals = sum(min(1.0, r.interval or 0.0) for r in rows)
     return max(band, intervals)
 
 
 def gain_interval(a: TrialRow, b: TrialRow) -> tuple[float, float] | None:
-    """The 95 % interval of ``a``'s rate over ``b``'s, from their rates' relative half-widths (``rate_interval``,
-    combined in quadrature); None when either is unknown."""
-    ia, ib = a.measurement.rate_interval, b.measurement.rate_interval
+    """The 95 % interval of ``a``'s rate over ``b``'s, from their rates' relative half-widths (``TrialRow.interval``:
+    the windows', or the repeated runs'; combined in quadrature); None when either is unknown."""
+    ia, ib = a.interval, b.interval
     if ia is None or ib is None or not math.isfinite(ia) or not math.isfinite(ib) or not b.rate:
         return None
     ratio, half = a.rate / b.rate, math.hypot(ia, ib)
@@ -382,6 +405,13 @@ def machine_noise(row: TrialRow) -> bool:
     to window (variable-length text counted in tokens: the noise must exceed twice the items-per-batch CV)."""
     content = row.measurement.items_per_batch_cv or 0.0
     return row.noise_cv > NOISY_CV and row.noise_cv > 2 * content
+
+
+def disturbed(row: TrialRow) -> bool:
+    """A completed trial whose own figures were disturbed: other processes kept the CPUs busy during its windows
+    (``busy_host``), or its windows scattered as the machine made them (``machine_noise``; a loader ceiling's scatter
+    is its workers' own contention, not a disturbance). A resumed sweep measures such trials again."""
+    return row.ok and (busy_host(row) or (machine_noise(row) and row.mode != Mode.loader))
 
 
 def keeps_cpus_busy(row: TrialRow) -> bool:

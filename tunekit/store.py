@@ -43,6 +43,8 @@ STUDY_FILE = "study.db"
 MAIN_STUDY = "tunekit"
 CEILINGS_STUDY = "tunekit-ceilings"
 _INTERRUPTED = "interrupted"
+_SET_ASIDE = "set_aside"
+"""The studies' user attribute that lists the trials a resumed sweep measured again (``Runs.set_aside``)."""
 _WORDS = {Stage: {m.value for m in Stage}, Mode: {m.value for m in Mode}}
 _FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 _T = TypeVar("_T")
@@ -141,12 +143,15 @@ class RunStore:
         return sum(len(s.get_trials(deepcopy=False)) for s in self._studies())
 
     @_guarded
-    def start(self, cfg: Config, stage: Stage, mode: Mode, knobs: dict[str, Any]) -> tuple[optuna.Trial, int]:
-        """Ask for a trial with exactly these knobs, tagged with its number, stage and mode; it is RUNNING."""
+    def start(self, cfg: Config, stage: Stage, mode: Mode, knobs: dict[str, Any],
+              run: int = 0) -> tuple[optuna.Trial, int]:
+        """Ask for a trial with exactly these knobs, tagged with its number, stage, mode and run (a repeat's); it is
+        RUNNING."""
         study = self._study_for(mode)
         number = self.next_number()
         knobs = _params(cfg, Knobs(**knobs))  # every knob, the defaults of those not given included
-        tags = {"number": number, "stage": Stage(stage).value, "mode": Mode(mode).value}  # the words, checked
+        tags = {"number": number, "stage": Stage(stage).value, "mode": Mode(mode).value,  # the words, checked
+                "run": run}
         study.enqueue_trial(knobs, user_attrs=tags, skip_if_exists=False)
         trial = study.ask()
         for name, choices in _choices(cfg).items():
@@ -179,25 +184,39 @@ class RunStore:
         self._study_for(mode).tell(trial, state=TrialState.FAIL)
 
     @_guarded
+    def set_aside(self, numbers: list[int]) -> None:
+        """Finished trials a resumed sweep measures again (their figures were disturbed): no longer finished, so the
+        plan asks for them anew; their folders stay. A finished optuna trial cannot change, so the studies record
+        the numbers."""
+        for study in self._studies():
+            held = set(study.user_attrs.get(_SET_ASIDE, []))
+            study.set_user_attr(_SET_ASIDE, sorted(held | set(numbers)))
+
+    @_guarded
     def rows(self) -> list[TrialRow]:
-        """Every finished trial (ok, failed or skipped; not interrupted) as rows, in run-wide trial order."""
+        """Every finished trial (ok, failed or skipped; not interrupted, not set aside) as rows, in run-wide trial
+        order."""
         rows = []
+        aside = {n for study in self._studies() for n in study.user_attrs.get(_SET_ASIDE, [])}
         for study in self._studies():
             for t in study.get_trials(deepcopy=False, states=_FINISHED):
                 m = t.user_attrs.get("measurement")
                 if m is None or t.user_attrs.get("status") == _INTERRUPTED:
                     continue
                 number = t.user_attrs.get("number", t.number)
+                if number in aside:
+                    continue
                 record = Measurement.from_dict({**m, "number": number})
                 if record.stage not in _WORDS[Stage] or record.mode not in _WORDS[Mode]:  # a record that says only
                     # how the trial ended (a bootstrap that could not load): the trial's own tags say what it was
                     record = dataclasses.replace(record, stage=t.user_attrs.get("stage", ""),
-                                                 mode=t.user_attrs.get("mode", ""), params=record.params or t.params)
+                                                 mode=t.user_attrs.get("mode", ""), params=record.params or t.params,
+                                                 run=int(t.user_attrs.get("run", 0)))
                 problem = measurement_problem(record, complete=False)
                 if problem:  # a study edited or corrupted: this trial is data that says so, never a figure
                     record = Measurement(status="bad_output", number=number, stage=record.stage, mode=record.mode,
-                                         params=record.params, reason=f"study.db's record of trial {number} is "
-                                         f"not a measurement: {problem}")
+                                         run=record.run, params=record.params,
+                                         reason=f"study.db's record of trial {number} is not a measurement: {problem}")
                 rows.append(TrialRow.from_measurement(record))
         return sorted(rows, key=lambda r: r.number)
 

@@ -3,7 +3,8 @@
 Selection: among completed end-to-end trials that fit the headroom limit, ordered by cost (workers, then prefetch,
 pin_memory, compile time, then batch and accumulation), the knee is the cheapest config whose throughput is within
 the run's band of the best (:mod:`tunekit.rules`). Too few points, or none completed, gives no recommendation and
-a sentence why — never a guess.
+a sentence why — never a guess. A config measured more than once (the repeats of the configs a decision rests on)
+is one row of its runs pooled (:func:`pooled`), whose spread widens the band.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tunekit.analysis._knee import (
     select_knee,
     single_gpu_twin,
 )
+from tunekit.analysis._runs import pooled
 
 __all__ = ["Choice", "select", "select_knee", "choose_batch", "cost_key", "defaults_trial", "single_gpu_twin",
-           "trials_frame"]
+           "trials_frame", "pooled"]

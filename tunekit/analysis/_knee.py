@@ -4,9 +4,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunekit import rules
+from tunekit.analysis._runs import pooled
 from tunekit.config import Config, Selection
 from tunekit.contract import Mode, Stage
-from tunekit.records import TrialRow
+from tunekit.records import TrialRow, compute_ceiling
 
 
 @dataclass(frozen=True)
@@ -52,25 +53,65 @@ def select_knee(rows: list[TrialRow], selection: Selection) -> Choice:
                       f"No recommendation: only {len(fitting)} config completed within the headroom limit{extra}; "
                       f"a knee needs at least {rules.MIN_POINTS} to compare.", too_tight)
     best = max(fitting, key=lambda r: r.rate)
-    noise = rules.run_noise(fitting)
+    noise, spread = rules.run_noise(fitting), rules.run_spread(fitting)
     allowed = rules.band(fitting, selection)
     knee = min((r for r in fitting if r.rate >= rules.needed(best, allowed)), key=cost_key)
     ratio = knee.rate / best.rate
+    parts = (f"max(tolerance {selection.tolerance:.1%}, the run's median window noise {noise:.1%}"
+             + (f", the spread between repeated runs {spread:.1%}" if spread else "") + ")")
     if knee is best:
-        reason = (f"The best config is also the cheapest within {allowed:.1%} of it "
-                  f"({best.rate:.1f} {best.unit}/s).")
+        reason = (f"The best config is also the cheapest within {allowed:.1%} of it ({parts}; "
+                  f"{best.rate:.1f} {best.unit}/s).")
     else:
         reason = (f"Knee: {knee.knobs.describe()} reaches {ratio:.1%} of the best ({knee.rate:.1f} vs "
-                  f"{best.rate:.1f} {best.unit}/s); the shortfall is within max(tolerance {selection.tolerance:.1%}, "
-                  f"the run's median window noise {noise:.1%}), and it is cheaper than "
+                  f"{best.rate:.1f} {best.unit}/s); the shortfall is within {parts}, and it is cheaper than "
                   f"{best.knobs.describe()}.")
     return Choice(knee, best, ratio, allowed, reason, too_tight)
 
 
 def select(cfg: Config, rows: list[TrialRow]) -> Choice:
-    """The run's recommendation: the knee over the knee stages; with ``search.target_effective_batch``, only among
-    trials that reach that effective batch, the accumulation stage deciding when it ran."""
-    return against_own(_select(cfg, rows), rows, cfg.selection)
+    """The run's recommendation: the knee over the knee stages, each config measured more than once pooled
+    (:func:`pooled`); with ``search.target_effective_batch``, only among trials that reach that effective batch, the
+    accumulation stage deciding when it ran. In script mode, then, against the script's own settings (when they
+    reach the target too): keep them unless beaten beyond doubt, and their batch where the batch does not matter."""
+    rows = pooled(rows)
+    choice = _select(cfg, rows)
+    target = cfg.search.target_effective_batch
+    own = _own(rows, cfg.selection)
+    if own is None or (target and own.knobs.effective_batch != target):
+        return choice
+    return against_own(_your_batch(choice, rows, own, cfg.selection), rows, cfg.selection)
+
+
+def _own(rows: list[TrialRow], selection: Selection) -> TrialRow | None:
+    """The script's own settings (its ``baseline`` trial), completed end to end and within the headroom limit."""
+    own = next((r for r in rows if r.stage == Stage.baseline and r.ok and r.mode == Mode.train), None)
+    return own if own is not None and rules.fits(own, selection) else None
+
+
+def _your_batch(choice: Choice, rows: list[TrialRow], own: TrialRow, selection: Selection) -> Choice:
+    """A knee at another batch than the script's own, where the step is not the bound (``rules.input_bound``: it
+    runs below NEAR_CEILING of its compute ceiling), gives way to the cheapest config at the script's batch within
+    the same band of the best: there the batch changes the rate by no more than noise, and the script keeps the
+    batch its optimizer settings were tuned for."""
+    knee, best = choice.knee, choice.best
+    if knee is None or best is None or choice.band is None or knee.knobs.batch_size == own.knobs.batch_size:
+        return choice
+    if not rules.input_bound(knee, compute_ceiling(rows, knee.knobs.batch_size)):
+        return choice
+    same = [r for r in rows if r.stage.knee and r.ok and r.mode == Mode.train and rules.fits(r, selection)
+            and not rules.changes_result(r) and r.knobs.batch_size == own.knobs.batch_size
+            and r.rate >= rules.needed(best, choice.band)]
+    if not same:
+        return choice
+    mine = min(same, key=cost_key)
+    ceiling = compute_ceiling(rows, knee.knobs.batch_size)
+    return Choice(mine, best, mine.rate / best.rate, choice.band,
+                  f"Your batch: {mine.knobs.describe()} keeps the script's own batch {own.knobs.batch_size} and "
+                  f"reaches {mine.rate / best.rate:.1%} of the best ({mine.rate:.1f} vs {best.rate:.1f} "
+                  f"{best.unit}/s), within the band ({choice.band:.1%}); the cheaper {knee.knobs.describe()} changes "
+                  f"the batch, which matters only where the step is the bound, and it runs at "
+                  f"{rules.of_ceiling(knee, ceiling):.0%} of its compute ceiling.", choice.over_headroom)
 
 
 def against_own(choice: Choice, rows: list[TrialRow], selection: Selection) -> Choice:
@@ -78,8 +119,8 @@ def against_own(choice: Choice, rows: list[TrialRow], selection: Selection) -> C
     them by more than ``rules.gain_margin`` (the band, or the two rates' intervals) is no gain: keep them, never
     recommend a config measured no faster. Without a knee for want of a second config, the one measured is compared
     with them the same way."""
-    own = next((r for r in rows if r.stage == Stage.baseline and r.ok and r.mode == Mode.train), None)
-    if own is None or not rules.fits(own, selection):
+    own = _own(rows, selection)
+    if own is None:
         return choice
     knee = choice.knee
     if knee is None:

@@ -189,6 +189,9 @@ class TrialSpec:
     probe_peak: bool = False
     """Measure the device's matmul peak after the windows (``Measurement.matmul_peak_flops``): the driver asks it of
     the sweep's first one-rank compute or end-to-end trial, and of the next ones until a figure is recorded."""
+    run: int = 0
+    """0 for a config's first measurement; k for its k-th repeat (the plan's repeats of the configs a decision rests
+    on, run in alternation with each other: the run-to-run spread). A repeat keeps its config's stage."""
 
     def __post_init__(self) -> None:
         # callers may pass the words (``tunekit trial --mode``); a typo is an error here, not in the trial
@@ -210,6 +213,7 @@ class TrialSpec:
             config=data["config"],
             needed=data.get("needed"),
             probe_peak=bool(data.get("probe_peak", False)),
+            run=int(data.get("run", 0)),
         )
 
 
@@ -253,6 +257,8 @@ class Measurement:
     mode: str = "train"
     """``train`` (end to end), ``compute`` (model on a batch staged on the device) or ``loader`` (the loader
     alone): a :class:`Mode`'s word."""
+    run: int = 0
+    """0 for a config's first measurement, k for its k-th repeat (``TrialSpec.run``)."""
     params: dict[str, Any] = field(default_factory=dict)
     """The knobs as run (``Knobs.to_dict()``), plus ``non_blocking`` (equal to ``pin_memory``) when measured."""
     skip_bound: float | None = None
@@ -634,4 +640,4 @@ def skipped_measurement(spec: TrialSpec, reason: str, bound: tuple[float, int] |
 
 def _unmeasured(spec: TrialSpec, status: str, reason: str, **extra: Any) -> Measurement:
     return Measurement(status=status, reason=reason, number=spec.number, stage=spec.stage, mode=spec.mode,
-                       params=spec.knobs.to_dict(), **extra)
+                       run=spec.run, params=spec.knobs.to_dict(), **extra)

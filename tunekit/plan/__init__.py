@@ -6,7 +6,9 @@ ceiling per worker count, (3) end to end, workers x pin_memory at the chosen bat
 (6) accumulation to reach target_effective_batch, (7) with launch ranks, the knee's per-rank config on one GPU (the
 scaling efficiency). Each stage depends on what the earlier ones measured, so the plan is recomputed from the finished
 trials every time the driver asks; a request that already has a finished trial is never returned again. ``grid``
-runs every valid combination. docs/plan.md gives the reasons for each stage.
+runs every valid combination. Both end with the repeats: the configs a decision rests on (the knee, the best, a
+script's own settings) measured again, in alternation, ``selection.repeats`` times each. docs/plan.md gives the
+reasons for each stage.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tunekit.plan._staged import (
     baseline_request,
     estimate_staged,
     reach_rate,
+    repeat_requests,
     scaling_requests,
     script_baseline,
     staged_requests,
@@ -56,7 +59,7 @@ def next_requests(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: boo
     if strategy == "grid":  # a script's own settings, every combination, then (under launch) the knee's per-rank
         # config on one GPU
         return (script_baseline(cfg, rows, cuda) or pending(grid_requests(cfg, cuda), rows)
-                or scaling_requests(cfg, rows, cuda))
+                or repeat_requests(cfg, rows, cuda) or scaling_requests(cfg, rows, cuda))
     return staged_requests(cfg, rows, cuda)
 
 
@@ -72,8 +75,14 @@ def estimate_total(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bo
     cfg = _own_batch(cfg, rows)
     if strategy == "grid":
         return (len(grid_requests(cfg, cuda)) + (1 if cfg.launch.world > 1 else 0)
-                + (1 if cfg.script is not None else 0))
-    return max(estimate_staged(cfg, rows, cuda), len(rows))
+                + (1 if cfg.script is not None else 0) + _repeated(cfg))
+    return max(estimate_staged(cfg, rows, cuda) + _repeated(cfg), len(rows))
+
+
+def _repeated(cfg: Config) -> int:
+    """The repeats a sweep usually runs: the knee and the best (and the script's own settings), each
+    ``selection.repeats`` times."""
+    return cfg.selection.repeats * (3 if cfg.script is not None else 2)
 
 
 def needed_rate(cfg: Config, rows: list[TrialRow], req: Request) -> float | None:
@@ -86,6 +95,6 @@ def needed_rate(cfg: Config, rows: list[TrialRow], req: Request) -> float | None
     if req.stage == Stage.loader and req.mode == Mode.loader:
         compute = compute_ceiling(rows, req.knobs.batch_size)
         return reach_rate(compute, cfg.selection) if compute is not None else None
-    if not req.stage.raced:  # the ceilings and the scaling trial measure in full (Stage.raced says why)
+    if not req.stage.raced or req.run:  # the ceilings, the scaling trial and the repeats measure in full
         return None
     return band_target(rows, cfg.selection)

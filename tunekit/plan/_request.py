@@ -20,6 +20,8 @@ class Request:
     bound: tuple[float, int] | None = None
     """A skipped trial's upper bound, as the plan inferred it: the throughput (``unit``/s) it cannot exceed and the
     trial that shows it (a loader ceiling, a count that fell out of the band), drawn at that height in the plots."""
+    run: int = 0
+    """0 for a config's first measurement, k for its k-th repeat (``TrialSpec.run``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stage", Stage(self.stage))  # a word given for a stage must name one
@@ -27,10 +29,10 @@ class Request:
 
     @property
     def key(self) -> tuple[Any, ...]:
-        return (self.stage, self.mode, self.knobs)
+        return (self.stage, self.mode, self.knobs, self.run)
 
     def skipped(self, reason: str, bound: tuple[float, int] | None = None) -> Request:
-        return Request(self.stage, self.mode, self.knobs, skip=reason, bound=bound)
+        return Request(self.stage, self.mode, self.knobs, skip=reason, bound=bound, run=self.run)
 
 
 def pending(requests: list[Request], rows: list[TrialRow]) -> list[Request]:

@@ -5,7 +5,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tunekit import rules
-from tunekit.analysis import choose_batch, select_knee
+from tunekit.analysis import choose_batch, pooled, select, select_knee
 from tunekit.config import Config, Selection, extra_knobs
 from tunekit.contract import Knobs, Mode, Stage
 from tunekit.plan._request import Request, base_knobs, pending, pins
@@ -18,7 +18,11 @@ class _Finished:
     returns."""
 
     def __init__(self, cfg: Config, rows: list[TrialRow], cuda: bool):
-        self.cfg, self.rows, self.cuda = cfg, rows, cuda
+        self.cfg, self.cuda = cfg, cuda
+        self.raw = rows
+        """Every finished trial, each repeat its own."""
+        self.rows = pooled(rows)
+        """The finished trials with each config's repeats pooled into one row (``analysis.pooled``)."""
         self.search, self.selection = cfg.search, cfg.selection
         self.base = base_knobs(cfg)
         self.world = cfg.launch.world
@@ -31,7 +35,7 @@ class _Finished:
 
     def find(self, req: Request) -> TrialRow | None:
         """The finished trial of ``req``: run with its knobs, or asked for with them (the script ran others)."""
-        return next((r for r in self.rows if req.key in (r.key, r.asked_key)), None)
+        return next((r for r in self.raw if req.key in (r.key, r.asked_key)), None)
 
     @property
     def batch(self) -> int | None:
@@ -92,12 +96,12 @@ def _loader(s: _Finished) -> list[Request] | None:
     compute = _compute_at(s, batch)
     counts = sorted(w for w in reqs if w)
     if compute is None or not counts:
-        return pending(list(reqs.values()), s.rows)  # nothing to compare with: every count
+        return pending(list(reqs.values()), s.raw)  # nothing to compare with: every count
     while counts and (failed := s.find(reqs[counts[-1]])) is not None and not failed.ok:
         counts.pop()  # the loader failed at the most workers (out of memory, say): the next most stands in
     if not counts:
         return [req.skipped("the loader alone failed at every worker count tried") for req in
-                pending(list(reqs.values()), s.rows)]
+                pending(list(reqs.values()), s.raw)]
     lo, hi = 0, len(counts) - 1  # counts[hi] reaches the compute ceiling (or is the most); below lo none does
     top = s.find(reqs[counts[hi]])
     if top is None:
@@ -119,7 +123,7 @@ def _loader(s: _Finished) -> list[Request] | None:
         reason = (f"the loader alone at the most workers, {counts[hi]}, gives {top.rate:.1f} {top.unit}/s (trial "
                   f"{top.number}), below the compute ceiling ({compute.rate:.1f} at batch {batch}, trial "
                   f"{compute.number}): the end-to-end walk starts at {counts[hi]} workers and measures fewer directly")
-    return [req.skipped(reason) for req in pending(list(reqs.values()), s.rows)]
+    return [req.skipped(reason) for req in pending(list(reqs.values()), s.raw)]
 
 
 def _fitting_batches(s: _Finished) -> list[int]:
@@ -179,19 +183,19 @@ def _end_to_end(s: _Finished) -> list[Request] | None:
     assert batch is not None  # the loader stage stops the sweep without one
     counts = sorted(s.search.num_workers)
     start = _start_count(s, batch, counts)
-    first = pending(_at_count(s, batch, start), s.rows)
+    first = pending(_at_count(s, batch, start), s.raw)
     if first:
         return [_maybe_skip(first[0], s)]
     own = _script_baseline(s)
     if own:
         return own
     defaults = _defaults(s, batch)
-    if pending([defaults], s.rows):
+    if pending([defaults], s.raw):
         return [defaults]
     below = sorted((c for c in counts if c < start), reverse=True)
     up, skips = _climb(s, batch, counts, start)
     for w in up + below:
-        left = pending(_at_count(s, batch, w), s.rows)
+        left = pending(_at_count(s, batch, w), s.raw)
         if left:
             return [_walked(left[0], s, skips)]
         # walking down, a count measured in full: fewer workers with a pin setting that fell out of the band are
@@ -333,7 +337,7 @@ def _prefetch(s: _Finished) -> list[Request] | None:
     if k.num_workers == 0:
         return []
     left = pending([Request(Stage.prefetch, Mode.train, Knobs(**{**k.to_dict(), "prefetch_factor": pf}))
-                    for pf in s.search.prefetch_factor if pf != k.prefetch_factor], s.rows)
+                    for pf in s.search.prefetch_factor if pf != k.prefetch_factor], s.raw)
     m = knee.measurement
     wait = m.data_wait_frac if m.data_wait_frac_max is None else m.data_wait_frac_max  # the rank that waits most
     deeper = all((r.knobs.prefetch_factor or 0) > (k.prefetch_factor or 0) for r in left)
@@ -396,7 +400,7 @@ def _compile(s: _Finished) -> list[Request] | None:
         return None
     k = knee.knobs
     left = pending([Request(Stage.compile, Mode.train, Knobs(**{**k.to_dict(), "compile": c}))
-                    for c in s.search.compile if c != k.compile], s.rows)
+                    for c in s.search.compile if c != k.compile], s.raw)
     ceiling = _compute_at(s, k.batch_size)
     share, wait = rules.of_ceiling(knee, ceiling), knee.measurement.data_wait_frac or 0.0
     if left and rules.waits_on_data(wait, share) and share is not None:
@@ -426,7 +430,7 @@ def _extra(s: _Finished) -> list[Request] | None:
               for t in s.search.threads or [] if t != knee.knobs.threads]
     tries += [Request(Stage.extra, Mode.train, Knobs(**{**knee.knobs.to_dict(), "worker_threads": t}))
               for t in s.search.worker_threads or [] if t != knee.knobs.worker_threads and knee.knobs.num_workers]
-    left = pending(tries, s.rows)
+    left = pending(tries, s.raw)
     ceiling = _compute_at(s, knee.knobs.batch_size)
     if left and not rules.input_bound(knee, ceiling):
         share = rules.of_ceiling(knee, ceiling)
@@ -475,7 +479,7 @@ def _batch_after_knobs(s: _Finished) -> list[Request]:
     here, there = _compute_at(s, knee.knobs.batch_size), _compute_at(s, batch)
     if here is None or there is None or there.rate <= here.rate or rules.input_bound(knee, here):
         return []
-    return pending([Request(Stage.extra, Mode.train, Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))], s.rows)
+    return pending([Request(Stage.extra, Mode.train, Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))], s.raw)
 
 
 def _accumulation(s: _Finished) -> list[Request] | None:
@@ -487,7 +491,7 @@ def _accumulation(s: _Finished) -> list[Request] | None:
     fit = set(_fitting_batches(s))
     return pending([Request(Stage.accumulation, Mode.train,
                             Knobs(**{**knee.knobs.to_dict(), "batch_size": b, "grad_accum": target // b}))
-                    for b in s.search.batch_size if target % b == 0 and b in fit], s.rows)
+                    for b in s.search.batch_size if target % b == 0 and b in fit], s.raw)
 
 
 def _scaling(s: _Finished) -> list[Request] | None:
@@ -495,7 +499,41 @@ def _scaling(s: _Finished) -> list[Request] | None:
     knee = s.knee(None)
     if s.world < 2 or knee is None or knee.knobs.ranks < 2:
         return []
-    return pending([Request(Stage.scaling, Mode.train, Knobs(**{**knee.knobs.to_dict(), "ranks": 1}))], s.rows)
+    return pending([Request(Stage.scaling, Mode.train, Knobs(**{**knee.knobs.to_dict(), "ranks": 1}))], s.raw)
+
+
+def _repeats(s: _Finished) -> list[Request]:
+    """The configs a decision rests on, each measured ``selection.repeats`` more times, in alternation (the
+    script's own settings, the knee, the best; then again): their spread between runs is the run-to-run noise,
+    measured on this machine, which widens the band and every gain's interval (``analysis.pooled``). The choice is
+    made anew after each run, so a knee that moves is repeated too. The script's own settings are asked for as
+    their first trial was (``_script_baseline``: its knobs are what the script chose)."""
+    if not s.selection.repeats:
+        return []
+    choice = select(s.cfg, s.raw)
+    own = next((r for r in s.rows if r.stage == Stage.baseline and r.ok and r.mode == Mode.train), None)
+    configs: list[TrialRow] = []
+    for row in (own, choice.knee, choice.best):
+        if row is not None and row.ok and row.mode == Mode.train and all(row.key != c.key for c in configs):
+            configs.append(row)
+    for run in range(1, s.selection.repeats + 1):
+        ran = [r for r in s.raw if r.run == run]
+        asked = [Request(c.stage, c.mode, _asked_knobs(s, c), run=run) for c in configs
+                 if not any(r.stage == c.stage and (r.knobs == c.knobs or c.stage == Stage.baseline) for r in ran)]
+        if asked:
+            return asked
+    return []
+
+
+def _asked_knobs(s: _Finished, row: TrialRow) -> Knobs:
+    """The knobs to ask a repeat of ``row`` with: its own, or for the script's own settings those its first trial
+    was asked with."""
+    return _script_request_knobs(s) if row.stage == Stage.baseline else row.knobs
+
+
+def repeat_requests(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
+    """The repeats a grid's decision rests on, once every combination ran."""
+    return _repeats(_Finished(cfg, rows, cuda))
 
 
 def script_baseline(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
@@ -516,18 +554,23 @@ def _script_baseline(s: _Finished) -> list[Request]:
     done once any baseline trial is finished."""
     if s.cfg.script is None or s.done(Stage.baseline):
         return []
-    return [Request(Stage.baseline, Mode.train, Knobs(batch_size=max(s.search.batch_size), ranks=s.world,
-                                                      **s.base))]
+    return [Request(Stage.baseline, Mode.train, _script_request_knobs(s))]
 
 
-STAGES: tuple[tuple[Stage, StagePlan], ...] = (
+def _script_request_knobs(s: _Finished) -> Knobs:
+    return Knobs(batch_size=max(s.search.batch_size), ranks=s.world, **s.base)
+
+
+STAGES: tuple[tuple[Stage | None, StagePlan], ...] = (
     (Stage.compute, _compute), (Stage.loader, _loader),
     (Stage.end_to_end, _end_to_end), (Stage.prefetch, _prefetch),
     (Stage.batch, _smaller_batches), (Stage.compile, _compile), (Stage.extra, _extra),
-    (Stage.accumulation, _accumulation), (Stage.scaling, _scaling),
+    (Stage.accumulation, _accumulation), (None, _repeats), (Stage.scaling, _scaling),
 )
 """Each stage of the staged plan with its planner, in the order they run (the enum's; a script's own baseline is
-planned by ``_end_to_end``, after the walk's start, or first of all by ``plan.next_requests`` with own_batch)."""
+planned by ``_end_to_end``, after the walk's start, or first of all by ``plan.next_requests`` with own_batch). The
+repeats (None: they keep the stage of the config they repeat, ``Request.run``) come before the scaling trial, which
+takes the final knee."""
 
 
 def staged_requests(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:

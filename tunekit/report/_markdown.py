@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunekit import rules
+from tunekit.analysis import pooled
 from tunekit.contract import Mode, Stage
 from tunekit.records import TrialRow, compute_ceiling
 from tunekit.report._summary import RunSummary, where_built
@@ -34,7 +35,7 @@ def _recommendation(s: RunSummary) -> list[str]:
             f"{s.per_hour:g}; " if s.per_hour else f"{k.rate:.1f} {u}/s (")
     keep = "Keep your settings: " if s.choice.kept else ""
     out = [f"**{keep}{k.knobs.describe()}** — {lead}trial {k.number}, window noise {k.noise_cv:.1%}).", "",
-           s.choice.reason, ""]
+           s.choice.reason, ""] + repeats_line(s)
     if best is not None and best is not k:
         out += [f"Best measured: {best.knobs.describe()} at {best.rate:.1f} {u}/s (trial "
                 f"{best.number}); the knee reaches {s.choice.ratio:.1%} of it.", ""]
@@ -53,6 +54,19 @@ def _recommendation(s: RunSummary) -> list[str]:
         out += [f"Mean {u} per batch at the knee: {per_batch:,.1f} (batch {k.knobs.batch_size}).", ""]
     flops = flop_summary(s)
     return out + _ranks(s, k) + _ceilings(s.rows, k, u) + ([flops, ""] if flops else [])
+
+
+def repeats_line(s: RunSummary) -> list[str]:
+    """The configs measured more than once (``selection.repeats``): each one's runs, and the run-to-run spread they
+    show, which the band and the gains' intervals include."""
+    repeated = [r for r in pooled(s.rows) if len(r.runs) > 1]
+    if not repeated:
+        return []
+    each = "; ".join(f"{r.knobs.describe()} (trial {r.number} and its repeats): "
+                     + ", ".join(f"{x:,.1f}" for x in r.runs) + f" {s.unit}/s, mean {r.rate:,.1f} "
+                     f"± {r.interval or 0:.1%}" for r in repeated)
+    return [f"Measured again in alternation on this machine: {each}. Their run-to-run spread, "
+            f"{rules.run_spread(repeated):.1%}, is part of the band and of every gain's interval.", ""]
 
 
 def epoch_parts(row: TrialRow, real_epoch: int | None = None) -> list[str]:

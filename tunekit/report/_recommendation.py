@@ -5,6 +5,7 @@ from typing import Any
 import yaml
 
 from tunekit import rules
+from tunekit.analysis import pooled
 from tunekit.recommended import recommendation_dict
 from tunekit.records import compute_ceiling
 from tunekit.report._summary import RunSummary
@@ -34,7 +35,9 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
         "headroom_basis": m.headroom_basis,
         "items_per_batch_mean": m.items_per_batch_mean,
         "noise_cv": round(knee.noise_cv, 4),
-        "rate_interval": round(m.rate_interval, 4) if m.rate_interval is not None else None,
+        "rate_interval": round(knee.interval, 4) if knee.interval is not None else None,
+        "runs": [round(r, 2) for r in knee.runs] or None,
+        "run_spread": round(rules.run_spread(pooled(s.rows)), 4) or None,
         "band": round(float(s.choice.band or 0), 4),
         "data_wait_frac": m.data_wait_frac,
         "gpu_busy_frac": m.gpu_busy_frac,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from tunekit import rules
-from tunekit.analysis import Choice, defaults_trial, select, select_knee, single_gpu_twin
+from tunekit.analysis import Choice, defaults_trial, pooled, select, select_knee, single_gpu_twin
 from tunekit.command import set_on_loader
 from tunekit.config import Config, ExtraKnob, Selection, extra_knobs
 from tunekit.contract import Mode, Stage
@@ -81,6 +81,8 @@ class RunSummary:
     which recommended.yaml records and ``tunekit check`` compares."""
     peaks: tuple[dict[str, Any], ...] = ()
     """Every matmul probe of the run (env.matmul_peaks: env.json's ``matmul_peak``)."""
+    remeasure: bool = True
+    """``trial.remeasure_disturbed``: a resume measures the disturbed trials again."""
 
     def flop_share(self, row: TrialRow | None) -> float | None:
         """Model FLOP utilisation of a trial: its throughput per rank x FLOPs per item over its device's measured
@@ -104,15 +106,21 @@ class RunSummary:
         out = []
         band = self.choice.band
         if band is not None and band > rules.DISTURBED_BAND:
+            again = [r.number for r in self.rows if rules.disturbed(r)] if self.remeasure else []
+            resumed = (f"the same command alone resumes the run, measuring again trial(s) {again}, whose own figures "
+                       "were disturbed, and keeping the rest" if again else
+                       "the same command alone resumes the run and re-reads these figures")
             out.append(f"the figures are disturbed: the run's noise band is {band:.1%}, over {rules.DISTURBED_BAND:.0%}"
                        ", so configs that far apart cannot be told apart and the pick is uncertain; rerun on a quiet "
-                       "machine with --no-resume (the same command alone resumes the run and re-reads these figures)")
+                       f"machine with --no-resume ({resumed})")
         busy = [r for r in self.rows if r.ok and rules.busy_host(r)]
         if busy:
             worst = max(busy, key=lambda r: r.measurement.other_cpu_cores or 0.0)
             out.append(f"other processes kept the CPUs busy during {len(busy)} of the trials (up to "
                        f"{worst.measurement.other_cpu_cores:.1f} of {worst.measurement.cpu_count} usable CPUs, "
-                       f"trial {worst.number}): their figures are disturbed")
+                       f"trial {worst.number}): their figures are disturbed"
+                       + (", and the same command measures them again (it resumes the run)" if self.remeasure else
+                          ""))
         for row in self.rows:
             ceiling = compute_ceiling(self.rows, row.knobs.batch_size) if row.ok and row.mode == Mode.train else None
             if ceiling is not None and row.knobs.ranks == 1 and row.rate > ceiling.rate * (
@@ -165,13 +173,14 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
               warnings: tuple[str, ...] = ()) -> RunSummary:
     """Select the knee, find the baseline and diagnose the run."""
     choice = select(cfg, rows)
+    decided = pooled(rows)  # each config's repeats as one row, as the choice read them
     ref = choice.knee or choice.best or next((r for r in rows if r.ok), None)
     m = ref.measurement if ref else None
     per_trial = trial_verdicts(rows, cfg.selection)
     knobs = tuple(extra_knobs(cfg))
     return RunSummary(
         name=cfg.name, strategy=strategy, choice=choice,
-        defaults=defaults_trial(rows, choice.knee) if choice.knee else None, rows=tuple(rows),
+        defaults=defaults_trial(decided, choice.knee) if choice.knee else None, rows=tuple(rows),
         device=m.device_name if m else None, versions=(m.versions if m else None) or {},
         machine=machine_fingerprint(env, device=m.device_name, cpus=m.cpu_count,
                                     memory_bytes=m.host_mem_total_bytes, versions=m.versions) if m else {},
@@ -182,9 +191,10 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
         verdicts=tuple(run_verdicts(rows, choice.knee, per_trial, cfg.selection, env)),
         trial_verdicts=per_trial, per_hour=cfg.cost.per_hour, warnings=tuple(warnings),
         scaling=_scaling(rows, choice.knee), extra_knobs=knobs,
-        knee_before_extra=select_knee([r for r in rows if r.stage in rules.knee_stages(Stage.extra)],
+        knee_before_extra=select_knee([r for r in decided if r.stage in rules.knee_stages(Stage.extra)],
                                       cfg.selection).knee if knobs else None,
-        **_script_fields(cfg, rows, choice.knee), peaks=tuple(matmul_peaks(rows)),
+        **_script_fields(cfg, decided, choice.knee), peaks=tuple(matmul_peaks(rows)),
+        remeasure=cfg.trial.remeasure_disturbed,
     )
 
 

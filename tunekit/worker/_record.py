@@ -57,6 +57,7 @@ def assemble(spec: TrialSpec, reading: Reading, monitor: Monitor, *, device: tor
         "number": spec.number,
         "stage": spec.stage,
         "mode": spec.mode,
+        "run": spec.run,
         "params": params or {**spec.knobs.to_dict(), "non_blocking": spec.knobs.non_blocking},
         "changes_result": [],
         **metered,
