@@ -102,10 +102,11 @@ def runs_interval(runs: int, spread: float, df: int) -> float:
     return t * spread / math.sqrt(runs) if df > 0 else math.inf
 
 
-def band(rows: Iterable[TrialRow], selection: Selection) -> float:
-    """The run's band: max(tolerance, run noise of ``rows``, the run-to-run spread their repeats measured)."""
+def band(rows: Iterable[TrialRow], selection: Selection, spread: float | None = None) -> float:
+    """The run's band: max(tolerance, run noise of ``rows``, the run-to-run spread: ``spread`` when given (measured
+    over every repeated config of the run, the script's own settings too), else their repeats')."""
     rows = list(rows)
-    return max(selection.tolerance, run_noise(rows), run_spread(rows))
+    return max(selection.tolerance, run_noise(rows), run_spread(rows) if spread is None else spread)
 
 
 def gain_margin(band: float, *rows: TrialRow) -> float:

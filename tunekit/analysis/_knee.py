@@ -37,8 +37,9 @@ def cost_key(row: TrialRow) -> tuple[Any, ...]:
             k.grad_accum)
 
 
-def select_knee(rows: list[TrialRow], selection: Selection) -> Choice:
-    """The cheapest config within the run's band of the best (see the package docstring)."""
+def select_knee(rows: list[TrialRow], selection: Selection, spread: float | None = None) -> Choice:
+    """The cheapest config within the run's band of the best (see the package docstring); ``spread``: the run-to-run
+    spread of the whole run's repeats (``rules.band``), when the rows are only some of them."""
     completed = [r for r in rows if r.ok and r.mode == Mode.train]
     fitting = [r for r in completed if rules.fits(r, selection)]
     too_tight = tuple(r for r in completed if not rules.fits(r, selection))
@@ -53,8 +54,9 @@ def select_knee(rows: list[TrialRow], selection: Selection) -> Choice:
                       f"No recommendation: only {len(fitting)} config completed within the headroom limit{extra}; "
                       f"a knee needs at least {rules.MIN_POINTS} to compare.", too_tight)
     best = max(fitting, key=lambda r: r.rate)
-    noise, spread = rules.run_noise(fitting), rules.run_spread(fitting)
-    allowed = rules.band(fitting, selection)
+    noise = rules.run_noise(fitting)
+    spread = rules.run_spread(fitting) if spread is None else spread
+    allowed = rules.band(fitting, selection, spread)
     knee = min((r for r in fitting if r.rate >= rules.needed(best, allowed)), key=cost_key)
     ratio = knee.rate / best.rate
     parts = (f"max(tolerance {selection.tolerance:.1%}, the run's median window noise {noise:.1%}"
@@ -154,8 +156,9 @@ def _select(cfg: Config, rows: list[TrialRow]) -> Choice:
             return Choice(None, None, None, None,
                           f"No recommendation: the compute ceiling failed (trial {first.number}, {first.status}: "
                           f"{first.reason}), so no end-to-end trial ran; fix that and rerun to resume.")
+    spread = rules.run_spread(rows)  # every repeated config's, the script's own settings too
     if not target:
-        return select_knee(candidates, cfg.selection)
+        return select_knee(candidates, cfg.selection, spread)
     accumulation = [r for r in rows if r.stage == Stage.accumulation and r.ok and rules.fits(r, cfg.selection)]
     if accumulation:  # same loader settings, different micro-batch x steps: the fastest wins
         best = max(accumulation, key=lambda r: r.rate)
@@ -166,7 +169,7 @@ def _select(cfg: Config, rows: list[TrialRow]) -> Choice:
     if not any(r.ok for r in reaching):
         return Choice(None, None, None, None,
                       f"No recommendation: no completed trial reaches search.target_effective_batch = {target}.")
-    return select_knee(reaching, cfg.selection)
+    return select_knee(reaching, cfg.selection, spread)
 
 
 def choose_batch(compute_rows: list[TrialRow], selection: Selection) -> int | None:

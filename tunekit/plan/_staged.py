@@ -144,12 +144,14 @@ def _compute_at(s: _Finished, batch: int) -> TrialRow | None:
 
 def band_target(rows: list[TrialRow], selection: Selection) -> float | None:
     """The rate a config must reach to come within the band of the best knee candidate so far (completed
-    knee-stage trials that fit and keep the training result, as analysis.select takes them); None without one."""
+    knee-stage trials that fit and keep the training result, as analysis.select takes them, each config's repeats
+    pooled); None without one."""
+    rows = pooled(rows)
     fitting = [r for r in rows if r.ok and r.stage.knee and rules.fits(r, selection)
                and not rules.changes_result(r)]
     if not fitting:
         return None
-    return rules.needed(max(fitting, key=lambda r: r.rate), rules.band(fitting, selection))
+    return rules.needed(max(fitting, key=lambda r: r.rate), rules.band(fitting, selection, rules.run_spread(rows)))
 
 
 def reach_rate(compute: TrialRow, selection: Selection) -> float:
