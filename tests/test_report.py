@@ -202,3 +202,30 @@ def test_a_gain_beyond_doubt_is_recommended_and_one_config_is_compared_with_the_
     one = _script_run(500, 1000)  # a sweep cut short: one config measured end to end, besides the script's own
     assert one.choice.knee is not None and one.choice.knee.knobs.num_workers == 4 and not one.choice.kept
     assert "runs 2.00x theirs" in one.choice.reason
+
+
+def test_the_scripts_batch_is_kept_where_the_step_is_not_the_bound():
+    """The cheapest config within the band changes the script's batch 32 to 16, but runs at 33 % of its compute
+    ceiling: the input pipeline is the bound, so the batch changes the rate by no more than noise, and the cheapest
+    config at the script's own batch within the same band is taken, saying why. Where the step is the bound (the
+    knee at 95 % of its ceiling), the knee stands."""
+    from tests.conftest import measurement
+
+    raw = {"name": "own", "device": "cpu", "script": {"command": ["python", "train.py", "-j", "{num_workers}", "-b",
+                                                                  "{batch_size}"], "cwd": "/tmp"},
+           "search": {"num_workers": [4, 8], "batch_size": [16, 32], "pin_memory": [False]}}
+
+    def run(ceiling: float):
+        rows = rows_from_measurements([
+            measurement(0, "compute", "compute", ceiling, batch_size=16),
+            measurement(1, "baseline", "train", 500, num_workers=2, batch_size=32),
+            measurement(2, "end_to_end", "train", 1000, num_workers=4, batch_size=16, rate_interval=0.01),
+            measurement(3, "end_to_end", "train", 995, num_workers=8, batch_size=32, rate_interval=0.01),
+            measurement(4, "end_to_end", "train", 1010, num_workers=8, batch_size=16, rate_interval=0.01)])
+        return summarize(config.from_dict(raw), rows, strategy="staged").choice
+
+    input_bound = run(3000.0)
+    assert (input_bound.knee.knobs.num_workers, input_bound.knee.knobs.batch_size) == (8, 32), input_bound.reason
+    assert input_bound.reason.startswith("Your batch: ") and "33% of its compute ceiling" in input_bound.reason
+    compute_bound = run(1050.0)
+    assert (compute_bound.knee.knobs.num_workers, compute_bound.knee.knobs.batch_size) == (4, 16)
