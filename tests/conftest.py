@@ -112,8 +112,8 @@ def _one_fork_server_across_tests(monkeypatch: pytest.MonkeyPatch):
 
 LONGEST_FIRST = ("test_distributed.py", "test_trial.py", "test_script.py", "test_script_loops.py",
                  "test_script_sweeps.py", "test_script_decisions.py", "test_sweep.py", "test_reliability.py",
-                 "test_lifecycle.py", "test_launch.py", "test_promises.py", "test_own_job.py", "test_check.py", "test_api.py",
-                 "test_trust.py", "test_config.py", "test_diagnosis.py")
+                 "test_lifecycle.py", "test_launch.py", "test_promises.py", "test_own_job.py", "test_check.py",
+                 "test_api.py", "test_trust.py", "test_config.py", "test_diagnosis.py")
 """The files whose tests take longest (tens of seconds each, whole sweeps and trials), in that order: pytest-xdist
 hands out whole files (``--dist loadfile``, ``--no-loadscope-reorder``) in the order collected, and with the long
 ones first the short ones fill the end, so no worker waits long for another's last file."""
