@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import measurement, sleepy_config
 from tunekit import config, plan
-from tunekit.plan import _staged
+from tunekit.plan import _finished, _walk
 from tunekit.records import rows_from_measurements
 
 
@@ -22,7 +22,7 @@ _m = functools.partial(measurement, batch_size=8)
 
 
 def _maybe_skip(req, rows, cfg):
-    return _staged._maybe_skip(req, _staged._Finished(cfg, rows, cuda=True))
+    return _walk._maybe_skip(req, _finished._Finished(cfg, rows, cuda=True))
 
 
 def test_compute_stage_walks_down_from_the_largest_batch_past_ooms_until_one_falls_out_of_the_band():
@@ -197,8 +197,8 @@ def test_stage_4b_measures_the_ceiling_of_a_batch_the_compute_stage_did_not_reac
     oom8 = rows[:-1] + rows_from_measurements([_m(7, "compute", "compute", None, status="oom", batch_size=8)])
     assert [r.stage for r in plan.next_requests(cfg, oom8, strategy="staged", cuda=False)] == ["compile"]  # ends
     oom = rows_from_measurements([_m(0, "compute", "compute", None, status="oom", batch_size=32)]) + rows[1:2]
-    assert _staged._fitting_batches(_staged._Finished(cfg, rows[:2], cuda=False)) == [32, 16, 8, 4]
-    assert _staged._fitting_batches(_staged._Finished(cfg, oom, cuda=False)) == [16, 8, 4]
+    assert _finished._fitting_batches(_finished._Finished(cfg, rows[:2], cuda=False)) == [32, 16, 8, 4]
+    assert _finished._fitting_batches(_finished._Finished(cfg, oom, cuda=False)) == [16, 8, 4]
 
 
 def test_the_compute_stage_judges_each_batch_against_the_larger_ones_only():
@@ -493,7 +493,7 @@ def test_a_knobs_knee_at_a_smaller_batch_is_tried_at_the_sweeps_batch_once_the_m
           _m(4, "end_to_end", "train", 50, batch_size=16), _m(5, "batch", "train", 485, num_workers=8),
           _m(6, "extra", "train", knob_rate, num_workers=8, extra=fast)]
     rows = rows_from_measurements(ms)
-    assert _staged._Finished(cfg, rows, cuda=False).batch == 16
+    assert _finished._Finished(cfg, rows, cuda=False).batch == 16
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
     if not rechecked:
         assert nxt == []
@@ -542,7 +542,7 @@ def test_a_scripts_own_settings_run_after_the_walks_start_raced_against_its_band
     (req,) = plan.next_requests(cfg, before, strategy="staged", cuda=False)
     assert req.stage == "baseline" and req.knobs.batch_size == 8
     needed = plan.needed_rate(cfg, before, req)
-    assert needed is not None and needed == _staged.band_target(before, cfg.selection)  # raced
+    assert needed is not None and needed == _finished.band_target(before, cfg.selection)  # raced
     # a budget that ends the sweep here runs the script's own settings, then nothing else
     assert plan.baseline(cfg, before, strategy="staged", cuda=False).stage == "baseline"
     after = rows[:next(i for i, r in enumerate(rows) if r.stage == "baseline") + 1]

@@ -14,7 +14,7 @@ from tests.conftest import measurement, sleepy_config
 from tunekit import config, rules
 from tunekit.analysis import trials_frame
 from tunekit.contract import Knobs, Measurement, Mode, Stage, TrialSpec, skipped_measurement
-from tunekit.plan import Request, _staged
+from tunekit.plan import Request, _finished, _staged, _walk
 from tunekit.records import TrialRow, rows_from_measurements
 
 _m = functools.partial(measurement, batch_size=8)
@@ -72,13 +72,13 @@ def test_the_walk_returns_its_skips_instead_of_keeping_them():
     ms = [_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 900, num_workers=5)]
     ms += [_m(10, "end_to_end", "train", 80), _m(11, "end_to_end", "train", 400, num_workers=1),
            _m(12, "end_to_end", "train", 401, num_workers=2), _m(13, "end_to_end", "train", 300, num_workers=3)]
-    finished = _staged._Finished(cfg, rows_from_measurements(ms), cuda=False)
+    finished = _finished._Finished(cfg, rows_from_measurements(ms), cuda=False)
     before = vars(finished).copy()
-    up, plateau = _staged._climb(finished, 8, [0, 1, 2, 3, 4, 5], 1)
+    up, plateau = _walk._climb(finished, 8, [0, 1, 2, 3, 4, 5], 1)
     assert up == [1, 2, 3, 4, 5]
     assert sorted(key[2].num_workers for key in plateau) == [3, 4, 5]
     assert all("on its plateau" in reason and bound is None for reason, bound in plateau.values())
-    below = _staged._below_band(finished, 8, 3, [2, 1, 0])
+    below = _walk._below_band(finished, 8, 3, [2, 1, 0])
     assert sorted(key[2].num_workers for key in below) == [0, 1, 2]
     assert all("3 workers (trial 13, 300.0 samples/s) already fell out" in reason and bound == (300.0, 13)
                for reason, bound in below.values())  # fewer workers deliver no more than trial 13

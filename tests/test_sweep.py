@@ -97,7 +97,10 @@ def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path, knee_g
     assert list(e2e["num_workers"]) == [6, 0, 8, 2]
     skipped = e2e[e2e["status"] == "skipped"]
     assert list(skipped["num_workers"]) == [2]  # its loader ceiling (~200/s) cannot reach the ~400/s of 8 workers
-    assert "the loader alone gives" in skipped.iloc[0]["reason"]
+    # its loader ceiling cannot reach the band, or (on a loaded box, where 6 workers read low) a count above it
+    # already fell out of the band: either is evidence that 2 workers cannot be the knee
+    reason = skipped.iloc[0]["reason"]
+    assert "the loader alone gives" in reason or "already fell out of the band" in reason, reason
     knee = e2e[e2e["num_workers"] == rec.num_workers].iloc[0]
     assert knee["items_per_money"] == pytest.approx(knee["rate"] * 1000)  # 3600 s / 3.6 per hour
     assert knee["verdict"] == "compute-bound"  # 8 samples per 20 ms step: the model is the bound at the knee

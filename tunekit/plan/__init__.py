@@ -17,14 +17,13 @@ import dataclasses
 
 from tunekit.config import Config
 from tunekit.contract import Mode, Stage
+from tunekit.plan._finished import band_target, reach_rate
 from tunekit.plan._grid import grid_requests
 from tunekit.plan._request import Request, pending
 from tunekit.plan._retune import knee_values, retune_search
 from tunekit.plan._staged import (
-    band_target,
     baseline_request,
     estimate_staged,
-    reach_rate,
     repeat_requests,
     scaling_requests,
     script_baseline,
