@@ -121,7 +121,10 @@ ones first the short ones fill the end, so no worker waits long for another's la
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order kept
+    # stable: each file's own order kept, but its ``alone`` tests last and together (they drain the other workers
+    # once, pytest_runtest_protocol)
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), item.path.name,
+                                 item.get_closest_marker("alone") is not None))
     try:
         import torch
 
@@ -143,6 +146,10 @@ LOCK_WAIT_S = 600.0
 comes near it; a test another run holds still (stopped in a debugger) delays this run no longer."""
 
 
+_HELD: list[Any] = []
+"""The ``cpus`` lock file an ``alone`` test kept for the next test of its worker, also ``alone``."""
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
     """Tests marked ``alone`` have the CPUs to themselves: they measure real CPU work (verdicts read from workers'
@@ -153,19 +160,27 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     setup, call and teardown; an ``alone`` test takes the ``gate`` first, so no new test starts beside it, then waits
     for ``cpus`` exclusively, and then for what the tests before it left running to end (a killed sweep's trial
     dying with it, a server shutting down, a sweep run by hand): until the CPUs are quiet for half a second, at most
-    15 s."""
+    15 s. An ``alone`` test followed on its worker by another (a file's are run last, together) keeps ``cpus`` for
+    it: the other workers drain once for them all."""
     LOCKS.mkdir(exist_ok=True)
-    with open(LOCKS / "gate", "a") as gate, open(LOCKS / "cpus", "a") as cpus:
-        alone = item.get_closest_marker("alone") is not None
-        _flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        _flock(cpus, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        fcntl.flock(gate, fcntl.LOCK_UN)
-        if alone:
-            _wait_for_quiet_cpus()
-        try:
-            yield
-        finally:
+    alone = item.get_closest_marker("alone") is not None
+    cpus = _HELD.pop() if _HELD else None
+    if cpus is None:
+        cpus = open(LOCKS / "cpus", "a")
+        with open(LOCKS / "gate", "a") as gate:
+            _flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            _flock(cpus, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+    if alone:
+        _wait_for_quiet_cpus()
+    try:
+        yield
+    finally:
+        if alone and nextitem is not None and nextitem.get_closest_marker("alone") is not None:
+            _HELD.append(cpus)  # still exclusive: the next test is alone too
+        else:
             fcntl.flock(cpus, fcntl.LOCK_UN)
+            cpus.close()
 
 
 def _flock(file: Any, mode: int) -> None:

@@ -97,7 +97,8 @@ def test_script_mode_and_workload_mode_agree_on_the_knee_of_a_known_answer_job(t
     factory = tunekit.sweep({"name": "f", "device": "cpu", "workload": {
         "model": "tunekit.workloads.synthetic:sleepy_model", "model_args": {"step_wait_s": 0.02},
         "dataset": "tunekit.workloads.synthetic:sleepy_dataset", "dataset_args": {"sample_wait_s": 0.005}},
-        "search": search, "trial": dict(QUICK)}, out=tmp_path / "factory", strategy="grid")
+        "search": search, "trial": dict(QUICK), "selection": {"repeats": 0}}, out=tmp_path / "factory",
+        strategy="grid")
     script = tunekit.sweep(raw, out=tmp_path / "script", strategy="grid")
     knees = {}
     for mode, outcome in (("script", script), ("factory", factory)):
