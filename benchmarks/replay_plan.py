@@ -37,14 +37,14 @@ from tunekit.records import TrialRow, rows_from_measurements
 
 
 def _recorded(run: Path) -> dict[tuple[Any, ...], Measurement]:
-    """The run's measured trials by (mode, knobs); the first of a repeated config."""
+    """The run's measured trials by (mode, knobs, run): a config's first measurement and its repeats."""
     found: dict[tuple[Any, ...], Measurement] = {}
     for path in sorted((run / "trials").glob("*/measurement.json"), key=lambda p: int(p.parent.name)):
         m = Measurement.from_dict(read_json(path))
         if m.status == "skipped":
             continue
         row = rows_from_measurements([dataclasses.replace(m, number=0)])[0]
-        found.setdefault((row.mode, row.knobs), m)
+        found.setdefault((row.mode, row.knobs, row.run), m)
     return found
 
 
@@ -85,11 +85,11 @@ def replay(run: Path, cfg: Config, cuda: bool = True) -> tuple[list[TrialRow], l
                                                         reason=req.skip, params=req.knobs.to_dict())])
             lines.append(f"{n:3d} skip {what}: {req.skip}")
             continue
-        m = recorded.get((req.mode, req.knobs))
+        m = recorded.get((req.mode, req.knobs, req.run))  # a repeat the run never made is never measured
         if m is None:
             return rows, lines, seconds, f"{req.stage} {req.mode} {req.knobs.describe()}"
         m, kept, measured = _cut(m, cfg, plan.needed_rate(cfg, rows, req))
-        rows += rows_from_measurements([dataclasses.replace(m, number=n, stage=req.stage)])
+        rows += rows_from_measurements([dataclasses.replace(m, number=n, stage=req.stage, run=req.run)])
         seconds += float(m.trial_s or 0.0)
         rate = f"{m.rate:.1f}" if m.rate else m.status
         lines.append(f"{n:3d} run  {what}: {rate}, windows {kept} of {measured}, {float(m.trial_s or 0):.1f} s")

@@ -592,3 +592,17 @@ def test_the_repeats_alternate_the_scripts_own_settings_the_knee_and_the_best(tm
         ("baseline", 2, 1), ("end_to_end", 6, 1), ("end_to_end", 8, 1),
         ("baseline", 2, 2), ("end_to_end", 6, 2), ("end_to_end", 8, 2)]
     assert len(choice.knee.runs) == 3 and choice.knee.rate == pytest.approx(406 * 1.004)
+
+
+def test_a_repeat_of_a_config_the_script_ran_otherwise_is_asked_once():
+    """A script that halves the workers it is given: asked 2, it ran 1. Its repeat is asked as its first trial was
+    (2 workers, run 1), and once that ran (1 worker again) it is done, not asked forever."""
+    cfg = config.from_dict(sleepy_config(**{"strategy": "grid", "search.num_workers": [0, 2],
+                                            "selection.repeats": 1}))
+    rows = rows_from_measurements([_m(0, "grid", "train", 100, num_workers=0),
+                                   _m(1, "grid", "train", 200, num_workers=1, asked={"num_workers": 2})])
+    (repeat,) = [r for r in plan.next_requests(cfg, rows, strategy="grid", cuda=False) if r.knobs.num_workers]
+    assert (repeat.run, repeat.knobs.num_workers) == (1, 2)
+    rows += rows_from_measurements([_m(2, "grid", "train", 196, num_workers=1, asked={"num_workers": 2}, run=1)])
+    left = plan.next_requests(cfg, rows, strategy="grid", cuda=False)
+    assert all(r.knobs.num_workers == 0 for r in left), left  # the 0-worker config's repeat at most

@@ -109,5 +109,5 @@ def test_a_job_noisy_on_purpose_widens_the_band_and_its_intervals(tmp_path: Path
     rows = pooled(run.summary.rows)
     knee = next(r for r in rows if r.number == ev["run"]["knee_trial"])
     windows = json.loads((tmp_path / "run" / "trials" / str(knee.number) / "measurement.json").read_text())
-    assert ev["rate_interval"] > windows["rate_interval"] and ev["rate_interval"] == pytest.approx(
+    assert ev["runs_interval"] > windows["rate_interval"] and ev["runs_interval"] == pytest.approx(
         rules.runs_interval(2, rules.run_spread(rows), 2), rel=1e-3)

@@ -201,7 +201,19 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
         console.print("interrupted: what was running (the dataset's preparation or a trial) was stopped with its "
                       "processes; writing outputs for the finished trials (the other nodes keep waiting for the "
                       "resumed sweep)")
+    if again:
+        _keep_unmeasured(sweep, again)
     return _finish(sweep, env, before)
+
+
+def _keep_unmeasured(sweep: _RunningSweep, again: list[TrialRow]) -> None:
+    """The disturbed trials this invocation set aside but did not measure again (the budget or an interrupt came
+    first) are kept as they were measured, so the outputs still hold them; the next resume measures them again."""
+    measured = {r.key for r in sweep.runs.rows()}
+    kept = [r.number for r in again if r.key not in measured]
+    if kept:
+        sweep.runs.restore(kept)
+        sweep.rows = sweep.runs.rows()
 
 
 def _run_trials(sweep: _RunningSweep, budget: _Budget) -> None:

@@ -6,10 +6,11 @@ docs/rules.md explains each with the measurements behind it.
 
 Two kinds of noise appear here and nowhere else:
 
-* the **run's band**, ``max(tolerance, run noise)``: how far below the best a config may fall and still count as
-  "within noise" of it. The run noise is the median window CV of the comparable trials at or above their median
-  throughput, where the knee and the best compete: one erratic trial widens the band neither for itself nor for
-  the rest once that half holds three trials, and the steady, data-starved low end does not narrow it.
+* the **run's band**, ``max(tolerance, run noise, run-to-run spread)``: how far below the best a config may fall
+  and still count as "within noise" of it. The run noise is the median window CV of the comparable trials at or
+  above their median throughput, where the knee and the best compete: one erratic trial widens the band neither for
+  itself nor for the rest once that half holds three trials, and the steady, data-starved low end does not narrow
+  it. The spread is what the repeats of the configs a decision rests on measured between runs.
 * a **trial's margin**, ``max(tolerance, the trials' own window CVs)``: how much one or two single measurements may
   be off, used where one trial is compared with another (a ceiling's upper bound, pinned against unpinned).
 """

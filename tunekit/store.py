@@ -193,6 +193,13 @@ class RunStore:
             study.set_user_attr(_SET_ASIDE, sorted(held | set(numbers)))
 
     @_guarded
+    def restore(self, numbers: list[int]) -> None:
+        """Set-aside trials kept again as they were measured (the sweep stopped before it measured them anew)."""
+        for study in self._studies():
+            held = set(study.user_attrs.get(_SET_ASIDE, []))
+            study.set_user_attr(_SET_ASIDE, sorted(held - set(numbers)))
+
+    @_guarded
     def rows(self) -> list[TrialRow]:
         """Every finished trial (ok, failed or skipped; not interrupted, not set aside) as rows, in run-wide trial
         order."""

@@ -21,7 +21,7 @@ class Choice:
     ratio: float | None
     """knee / best throughput."""
     band: float | None
-    """The band the knee was chosen with: max(tolerance, run noise)."""
+    """The band the knee was chosen with: max(tolerance, run noise, run-to-run spread) (rules.band)."""
     reason: str
     over_headroom: tuple[TrialRow, ...] = ()
     """Completed trials left out because they used memory beyond the headroom limit."""

@@ -16,8 +16,9 @@ def pooled(rows: Iterable[TrialRow]) -> list[TrialRow]:
     """The trials as the decisions read them: each end-to-end config measured more than once (its repeats, ``run``
     1, 2 ...) as one row, its first run's, whose rate is the mean of its completed runs' rates and whose interval is
     the wider of the runs' (Student's t over the run-to-run spread pooled across every repeated config,
-    ``rules.runs_interval``) and the windows' own (their intervals over the runs, in quadrature). A repeat that
-    failed adds nothing; every other trial is kept as it is."""
+    ``rules.runs_interval``, from two degrees of freedom on: with one, t is 12.7 and the spread enters the band
+    alone) and the windows' own (their intervals over the runs, in quadrature). A repeat that failed adds nothing;
+    every other trial is kept as it is."""
     rows = list(rows)
     runs: dict[tuple[Any, ...], list[TrialRow]] = {}
     for r in rows:
@@ -33,8 +34,8 @@ def pooled(rows: Iterable[TrialRow]) -> list[TrialRow]:
         key = (r.stage, r.mode, r.knobs)
         if key in merged and r is runs[key][0]:
             row = merged[key]
-            out.append(dataclasses.replace(row, interval=max(rules.runs_interval(len(row.runs), spread, df),
-                                                             row.interval or 0.0)))
+            between = rules.runs_interval(len(row.runs), spread, df) if df >= 2 else 0.0
+            out.append(dataclasses.replace(row, interval=max(between, row.interval or 0.0)))
         elif key not in merged and not r.run:
             out.append(r)
     return out

@@ -13,7 +13,8 @@ from tunekit.records import TrialRow
 
 def _scaling(s: _Finished) -> list[Request] | None:
     """A multi-rank knee's config on one GPU, for the scaling efficiency (never a knee candidate: another job)."""
-    knee = s.knee(None)
+    final = select(s.cfg, s.raw).knee  # the knee as reported (your batch, keep your settings applied)
+    knee = final if final is not None and final.stage != Stage.baseline else s.knee(None)
     if s.world < 2 or knee is None or knee.knobs.ranks < 2:
         return []
     return pending([Request(Stage.scaling, Mode.train, Knobs(**{**knee.knobs.to_dict(), "ranks": 1}))], s.raw)
@@ -34,15 +35,23 @@ def _repeats(s: _Finished) -> list[Request]:
         if row is not None and row.ok and row.mode == Mode.train and all(row.key != c.key for c in configs):
             configs.append(row)
     for run in range(1, s.selection.repeats + 1):
-        ran = [r for r in s.raw if r.run == run]
-        asked = [Request(c.stage, c.mode, _asked_knobs(s, c), run=run) for c in configs
-                 if not any(r.stage == c.stage and (r.knobs == c.knobs or c.stage == Stage.baseline) for r in ran)]
+        asked = []
+        for c in configs:
+            req = Request(c.stage, c.mode, _asked_knobs(s, c), run=run)
+            if c.stage == Stage.baseline:  # one trial whatever its knobs turn out to be, as its first
+                done = any(r.stage == Stage.baseline and r.run == run for r in s.raw)
+            else:  # asked for and run with other knobs is done too (pending reads each trial's asked knobs)
+                done = not pending([req], s.raw)
+            if not done:
+                asked.append(req)
         if asked:
             return asked
     return []
 
 
 def _asked_knobs(s: _Finished, row: TrialRow) -> Knobs:
-    """The knobs to ask a repeat of ``row`` with: its own, or for the script's own settings those its first trial
-    was asked with."""
-    return _script_request_knobs(s) if row.stage == Stage.baseline else row.knobs
+    """The knobs to ask a repeat of ``row`` with: those its first trial was asked with (the script's own settings'
+    request; a trial the script ran with other knobs than asked, ``Measurement.asked``, its request's)."""
+    if row.stage == Stage.baseline:
+        return _script_request_knobs(s)
+    return Knobs(**{**row.knobs.to_dict(), **(row.measurement.asked or {})})

@@ -54,7 +54,13 @@ class _Finished:
 
 
 StagePlan = Callable[[_Finished], "list[Request] | None"]
+"""A stage's planner: its pending requests, [] when it is complete, None when the sweep cannot go on."""
+
 Skips = Mapping[tuple[Any, ...], tuple[str, "tuple[float, int] | None"]]
+"""End-to-end requests (by ``Request.key``) that the walk's own evidence says need not run, with the reason and the
+upper bound it shows (``Request.bound``; None above a plateau, which bounds nothing)."""
+
+
 def _fitting_batches(s: _Finished) -> list[int]:
     """The searched batch sizes that fit, largest first: each measured one that fits the headroom limit, and each
     the compute stage left unmeasured under the smallest of those (a smaller batch needs less memory)."""

@@ -13,11 +13,6 @@ from tunekit.plan._request import Request, pending, pins
 from tunekit.plan._walk import _defaults, _end_to_end, _script_baseline
 from tunekit.records import TrialRow
 
-"""A stage's planner: its pending requests, [] when it is complete, None when the sweep cannot go on."""
-
-"""End-to-end requests (by ``Request.key``) that the walk's own evidence says need not run, with the reason and the
-upper bound it shows (``Request.bound``; None above a plateau, which bounds nothing)."""
-
 
 def baseline_request(cfg: Config, rows: list[TrialRow], cuda: bool) -> Request | None:
     """The baseline trial a staged sweep that has chosen its batch still owes its report (None when none is): in

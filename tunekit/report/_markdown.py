@@ -126,7 +126,7 @@ def _costs(s: RunSummary) -> list[str]:
     named = [("knee", k), ("best", s.choice.best), ("knee before your knobs", s.knee_before_extra),
              ("PyTorch defaults", s.defaults)]
     rows = [(name, r) for name, r in named if r is not None]
-    rows = [(name, r) for i, (name, r) in enumerate(rows) if all(r is not other for _, other in rows[:i])]
+    rows = [(name, r) for i, (name, r) in enumerate(rows) if all(r.number != other.number for _, other in rows[:i])]
     if len(rows) < 2:
         return []
     gib = 2**30

@@ -76,7 +76,7 @@ def money_summary(s: RunSummary) -> str | None:
         return None
     u = s.unit
     others = [f"{name} {s.per_money(r.rate):,.0f}" for name, r in (("best", s.choice.best), ("defaults", s.defaults))
-              if r is not None and r is not k]
+              if r is not None and r.number != k.number]
     return (f"{s.per_money(k.rate):,.0f} {u} per unit of money at {k.rate:.1f} {u}/s (cost.per_hour "
             f"{s.per_hour:g})" + (f"; {', '.join(others)}" if others else "") + ".")
 
@@ -108,7 +108,8 @@ def console_table(s: RunSummary) -> Any:
     knee, best = s.choice.knee, s.choice.best
     for r in sorted(s.rows, key=lambda r: r.number):
         mark = " ◀ knee" if knee is not None and r.number == knee.number else ""
-        mark += " ★ best" if best is not None and r.number == best.number and r is not knee else ""
+        mark += " ★ best" if best is not None and r.number == best.number and (knee is None or
+                                                                             knee.number != best.number) else ""
         k = r.knobs
         table.add_row(str(r.number), r.stage, *((str(k.ranks),) if ranks else ()), str(k.num_workers),
                       str(k.prefetch_factor or "-"),
