@@ -58,7 +58,8 @@ def _decided(tmp_path: Path, *flags: str, workers: int = 2) -> tuple[Any, dict[s
     script = tmp_path / "train.py"
     script.write_text(DECIDING_SCRIPT)
     raw = {"name": "decide", "device": "cpu", "strategy": "grid",
-           "script": {"command": [sys.executable, str(script), "-j", "{num_workers}", *flags], "cwd": str(tmp_path)},
+           "script": {"command": [sys.executable, str(script), "-j", "{num_workers}", *flags],
+                      "cwd": str(tmp_path.parent)},  # the worker's other script tests' folder: one fork server
            "search": {"num_workers": [workers], "batch_size": [8], "pin_memory": [False]},
            "trial": {**QUICK, "measure_windows": 3}, "selection": {"repeats": 1}}
     path = tmp_path / "sweep.yaml"

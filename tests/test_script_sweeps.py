@@ -38,7 +38,7 @@ def _example_sweep(tmp_path: Path, folder: str, command: list[str], **extra: Any
 def test_the_image_example_is_swept_unedited(tmp_path: Path):
     ckpt = tmp_path / "ckpt"
     run, out = _example_sweep(tmp_path, "image_classifier", [
-        sys.executable, "train.py", "--data", str(tmp_path / "data"), "--make-data", "160", "--crop", "32",
+        sys.executable, "train.py", "--data", str(tmp_path / "data"), "--make-data", "64", "--crop", "32",
         "--out", str(ckpt), "--arch", "squeezenet1_1", "-j", "{num_workers}", "-b", "{batch_size}"],
         trial_args=["--epochs", "1000"])
     assert run.recommendation is not None, run.reason
