@@ -29,7 +29,7 @@ def sleepy_config(**overrides: Any) -> dict[str, Any]:
         "search": {"num_workers": [0, 2], "batch_size": [8], "pin_memory": [False], "prefetch_factor": [2]},
         # a loaded 2-core box disturbs trials: resuming keeps them, and the repeats are tested where they are the
         # subject (test_store, test_script_sweeps)
-        "trial": {"warmup_steps": 2, "measure_windows": 2, "window_s": 1.0, "precision": None, "timeout_s": 60,
+        "trial": {"warmup_steps": 2, "measure_windows": 2, "window_s": 0.5, "precision": None, "timeout_s": 60,
                   "remeasure_disturbed": False},
         "selection": {"repeats": 0},
     }

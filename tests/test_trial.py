@@ -220,6 +220,27 @@ def test_windows_hold_whole_epochs_when_epochs_are_shorter_than_a_window():
     assert long.epoch_batches is None and len(long.windows) == 3
 
 
+@pytest.mark.parametrize("length", [1, None])
+def test_epochs_of_one_batch_are_measured_in_whole_epochs(length: int | None):
+    """Epochs of one batch whose opening (0.15 s: an evaluation, a loader's restart) outlasts two 50 ms windows: every
+    batch is an epoch boundary's, nothing is left inside an epoch to measure, so the windows hold whole epochs
+    (known from the length, or seen when two boundaries close inside one window) and the measurement ends."""
+    from tunekit.worker._meter import Meter, MeterSettings
+    from tunekit.worker._monitor import TreeCpu
+
+    batches, state = _epochs_of(1, 0.15)
+    settings = MeterSettings(window_s=0.05, measure_windows=2, max_windows=2, precision=None, warmup_steps=1,
+                             epoch_batches=length, boundary_wait_s=10.0, fill=2)
+    meter = Meter(batches, settings, device=torch.device("cpu"), count=len, cpu=TreeCpu(),
+                  epochs=lambda: state["epochs"], epoch_aware=True)
+    for taken, _ in enumerate(meter):
+        assert taken < 60, "the windows never ended"
+        time.sleep(0.005)
+    reading = meter.reading
+    assert not reading.epoch_aware and reading.epoch_batches == 1 and len(reading.windows) == 2
+    assert all(w.rate < 1 / 0.15 for w in reading.windows)  # each window holds its epochs' openings
+
+
 def test_the_scripts_own_settings_wait_for_an_epoch_boundary_other_trials_skip():
     """Epochs of 150 batches of 5 ms steps; two 50 ms windows measure about 20 of them, so the epoch's end lies over
     three times the windows' time away: a trial skips it (its figure is the steady rate), while the script's own

@@ -21,6 +21,8 @@ window edges. What it does, in order (docs/measurement.md, "Fidelity rules"):
    meanwhile come in a burst that belongs to the boundary, not to the steady rate. Its cost is the span less those
    batches' items at the steady rate. The windows go on until one boundary is seen when the epoch's end is near
    enough (``boundary_wait_s``); the trial's figure is then the rate over whole epochs (:func:`whole_epoch`).
+   An epoch with too few batches outside its boundary for a window (one batch: all boundary), or, without a length,
+   two boundaries closing inside one window, is measured in whole-epoch windows instead (step 4).
 
 The ranks of a multi-rank trial take every decision together (``ranks.any``, ``ranks.max``): they reach the same
 checkpoints, since they step in lockstep.
@@ -238,6 +240,10 @@ class Meter:
         """Epoch-aware: the boundary under way, as [start, items, batches left in it]."""
         self._in_epoch = 0
         """Batches taken in the source's current epoch."""
+        self._last_epoch = 0
+        """Batches the source's last whole epoch held (what a source without a length showed)."""
+        self._restart = False
+        """Epoch-aware: the windows so far are dropped (epochs turned out too short to measure inside them)."""
         self._pace: float | None = None
         """Seconds a batch took in the warm-up steps (whether an epoch is short, before the windows), when there were
         at least ``MIN_WINDOW_STEPS`` of them; else the first window decides (`_window_span`)."""
@@ -259,13 +265,20 @@ class Meter:
             if self._open is not None:  # the last one still under way (an epoch shorter than the pipeline)
                 self._open[2] = 1
                 self._stepped(0.0)
-            span = self.settings.fill + 1
-            if self.settings.epoch_batches:
-                span = min(span, max(1, self.settings.epoch_batches // 2))
-            self._open, self._in_epoch = [asked, 0.0, float(span)], 1
+            span = self._boundary_batches(self.settings.epoch_batches)
+            self._open, self._last_epoch, self._in_epoch = [asked, 0.0, float(span)], self._in_epoch, 1
         else:
             self._in_epoch += 1
         return batch
+
+    def _boundary_batches(self, epoch: int | None) -> int:
+        """The batches an epoch boundary spans (step 5): the pipeline's fill and one, at most half an epoch."""
+        return min(self.settings.fill + 1, max(1, epoch // 2)) if epoch else self.settings.fill + 1
+
+    def _too_short_inside(self, epoch: int | None) -> bool:
+        """Whether an epoch of ``epoch`` batches leaves too few outside its boundary for a window's fewest steps:
+        then only windows of whole epochs measure it (a one-batch epoch is all boundary)."""
+        return bool(epoch) and epoch - self._boundary_batches(epoch) < MIN_WINDOW_STEPS * self.settings.grad_accum
 
     def _stepped(self, items: float) -> tuple[float, float] | None:
         """The consumer is back from a step on a batch of the boundary under way: its items join it, and after its
@@ -345,14 +358,21 @@ class Meter:
     def _windows(self) -> Generator[Any, None, None]:
         """The windows until ``rules.window_stop`` stops them, then the settling cut."""
         s, windows, pace = self.settings, [], self._pace
-        if self.reading.epoch_aware and s.epoch_batches and pace is not None and self._ranks.any(
-                s.epoch_batches * pace <= EPOCH_WINDOWS * s.window_s):
-            # epochs of at most two windows: windows of whole epochs hold the boundaries in their share, and the
-            # figure is the rate over whole epochs directly (step 4)
+        if self.reading.epoch_aware and s.epoch_batches and self._ranks.any(
+                self._too_short_inside(s.epoch_batches)
+                or (pace is not None and s.epoch_batches * pace <= EPOCH_WINDOWS * s.window_s)):
+            # epochs of at most two windows, or too few batches outside their boundary: windows of whole epochs
+            # hold the boundaries in their share, and the figure is the rate over whole epochs directly (step 4)
             self.reading.epoch_aware, self._open = False, None
             self.reading.boundaries.clear()
+        dropped_s = 0.0
         while True:
             windows.append((yield from self._window()))
+            if self._restart:  # epochs too short to measure inside, seen only now (`_window_ends`, the ranks
+                # together): whole-epoch windows from here
+                self._restart, dropped_s = False, dropped_s + sum(w.wall_s + w.boundary_s for w in windows)
+                windows.clear()
+                continue
             reason = rules.window_stop([w.items for w in windows], [w.wall_s for w in windows], s.measure_windows,
                                        s.max_windows, s.precision, s.needed)
             if not self._ranks.any(reason is None or self._boundary_near(windows)):
@@ -365,7 +385,7 @@ class Meter:
         self.reading.windows = kept
         if s.epoch_batches and kept:  # one epoch's items, at the items a measured batch held
             self.reading.epoch_items = s.epoch_batches * sum(w.items for w in kept) / sum(w.micro_batches for w in kept)
-        self.reading.warmup_s += settling_s  # windows cut as still settling were warm-up after all
+        self.reading.warmup_s += settling_s + dropped_s  # windows cut as still settling were warm-up after all
         self.reading.warmup_batches += sum(w.micro_batches for w in windows[:drop])
         self.reading.stop = {"stop_reason": reason, "windows_measured": len(windows),
                              "settling_windows": rates[:drop], "settling_s": settling_s,
@@ -394,7 +414,8 @@ class Meter:
         epochs); windows that cut epochs would hold 0, 1 or 2 such ends and spread by their cost. The ranks decide
         together."""
         epoch = self._ranks.max(self.settings.epoch_batches or 0)  # one span for all ranks, or windows part
-        short = epoch > 0 and epoch * elapsed / batches <= EPOCH_WINDOWS * self.settings.window_s
+        short = epoch > 0 and (epoch * elapsed / batches <= EPOCH_WINDOWS * self.settings.window_s
+                               or self._too_short_inside(epoch))
         if self._ranks.any(short):  # epoch-aware too, once the first window shows epochs that short (the warm-up's
             # pace did not): their boundaries stay inside whole-epoch windows
             self.reading.epoch_aware, self._open = False, None
@@ -434,15 +455,17 @@ class Meter:
     def _take(self, tally: _Tally, cuda: bool) -> Generator[Any, None, None]:
         """One micro-batch of a window: fetched, handed out (its step spanned by CUDA events), counted; a batch of
         an epoch boundary under way is the boundary's (its wait, step and items)."""
-        asked = time.perf_counter()
+        asked, seen = time.perf_counter(), len(self.reading.boundaries)
         batch = self._next()
         inside = self._open is not None
         counted = self._count(batch)
         if inside:
             yield batch
             tally.left_out, tally.left_items = tally.left_out + 1, tally.left_items + counted
-            closed = self._stepped(counted)
-            tally.boundary_s += closed[0] if closed else 0.0
+            self._stepped(counted)
+            closed = self.reading.boundaries[seen:]  # this one's, and one a new epoch cut short (`_next`)
+            tally.boundary_s += sum(span for span, _ in closed)
+            tally.closed += len(closed)
             return
         tally.wait_s += time.perf_counter() - asked
         tally.items += counted
@@ -464,6 +487,9 @@ class Meter:
         span = s.round_batches if self._span is None else self._span
         if self._span is not None and self.reading.epoch_aware:
             elapsed -= tally.boundary_s
+        if self.reading.epoch_aware and tally.closed >= FEW_BOUNDARIES:
+            self._whole_epochs_after_all()  # the ranks see the same epochs (they step in lockstep)
+            return False
         if (steps < MIN_WINDOW_STEPS or (steps * s.grad_accum) % span or self._open is not None
                 or not self._ranks.any(elapsed >= s.window_s)):
             return False
@@ -471,6 +497,15 @@ class Meter:
             self._span = self._window_span(elapsed, steps * s.grad_accum)
             return (steps * s.grad_accum) % self._span == 0
         return True
+
+    def _whole_epochs_after_all(self) -> None:
+        """Epoch-aware windows that saw ``FEW_BOUNDARIES`` boundaries close inside one window (a source without a
+        length whose epochs are too short to measure inside, e.g. all boundary): the windows so far are dropped and
+        the next ones hold whole epochs, of the batches the last whole epoch held."""
+        epoch = self._ranks.max(self.settings.epoch_batches or self._last_epoch)
+        self.reading.epoch_aware, self._open, self._restart = False, None, True
+        self.reading.boundaries.clear()
+        self._span = self.reading.epoch_batches = max(1, epoch)
 
 
 @dataclass
@@ -484,6 +519,8 @@ class _Tally:
     left_out: int = 0
     """Epoch-aware: the boundaries' batches."""
     left_items: float = 0.0
+    closed: int = 0
+    """Epoch-aware: the boundaries that closed inside the window."""
     events: list[tuple[Any, Any]] = field(default_factory=list)
 
 def whole_epoch(fields: dict[str, Any], boundaries: list[tuple[float, float]],
