@@ -30,7 +30,7 @@ def main() -> None:
 
     import torch
 
-    from tunekit.worker._flops import matmul_peak
+    from tunekit.worker.factory._flops import matmul_peak
 
     cfg = config.load(args.config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,7 +1,7 @@
 """Harness overhead: the trial worker's measured loop against a plain training loop, same config, same process
 shape (a fresh subprocess each), interleaved A/B to cancel drift.
 
-The plain loop builds the workload with the same code (tunekit.worker._build), warms up the same number of
+The plain loop builds the workload with the same code (tunekit.worker.factory._build), warms up the same number of
 batches, then times a fixed wall-clock span with the device synchronised only at its ends — no events, no
 monitor thread, no window bookkeeping.
 
@@ -27,7 +27,7 @@ _PLAIN = r"""
 import json, sys, time, torch
 from tunekit import config
 from tunekit.contract import Knobs
-from tunekit.worker._build import build, make_loader, pick_device, to_device
+from tunekit.worker.factory._build import build, make_loader, pick_device, to_device
 
 raw, knobs = json.loads(sys.argv[1]), Knobs(**json.loads(sys.argv[2]))
 seconds, warm = float(sys.argv[3]), int(sys.argv[4])

@@ -1,5 +1,5 @@
 """The meter's own cost per batch: a loop over ready batches whose step is a busy wait holding the GIL (as a Python
-training loop launching kernels does), bare and inside the meter (tunekit.worker._meter.Meter, with and without
+training loop launching kernels does), bare and inside the meter (tunekit.worker.meter._meter.Meter, with and without
 the trial's monitor thread), alternated; optionally with child processes in the monitor's tree.
 
     python benchmarks/meter_cost.py --step-ms 2 --rounds 4 --children 12
@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import torch
 
-from tunekit.worker._meter import Meter, MeterSettings
-from tunekit.worker._monitor import Monitor, TreeCpu
+from tunekit.worker.meter import Meter, MeterSettings
+from tunekit.worker.meter._monitor import Monitor, TreeCpu
 
 _BATCH = (torch.zeros(8, 3), torch.zeros(8))
 

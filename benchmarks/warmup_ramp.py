@@ -17,7 +17,7 @@ import torch
 
 from tunekit import config
 from tunekit.contract import Knobs
-from tunekit.worker._build import build, make_loader, pick_device, to_device
+from tunekit.worker.factory._build import build, make_loader, pick_device, to_device
 
 
 def _phase(name: str, seconds: float, step, batch: int) -> None:

@@ -129,6 +129,7 @@ def test_a_slower_job_is_caught_with_its_likely_cause(committed: SimpleNamespace
     """Per-sample latency doubled: the knee's 1 worker gives a third less. Exit 1 (--retune keeps the check's
     code), the line names both figures and the trial's verdict; JUnit has a failure on the throughput case."""
     assert slower.code == 1, slower.out + slower.err
+    assert slower.out, slower.err
     line = slower.out.splitlines()[0]
     assert line.startswith("regressed: ") and "recorded" in line
     rate, recorded = (float(w) for w in line.removeprefix("regressed: ").split(" samples/s")[0].split(" against "))

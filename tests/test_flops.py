@@ -20,9 +20,9 @@ from tunekit.records import rows_from_measurements
 from tunekit.report import flop_summary, money_summary, summarize
 from tunekit.report._markdown import _costs, report_md
 from tunekit.report._recommendation import recommendation_yaml
-from tunekit.worker._build import build
-from tunekit.worker._flops import _dtype, count_flops, matmul_peak
-from tunekit.worker._step import TrialStep
+from tunekit.worker.factory._build import build
+from tunekit.worker.factory._flops import _dtype, count_flops, matmul_peak
+from tunekit.worker.factory._step import TrialStep
 
 WIDTHS = (64, 256, 256, 10)
 LINEAR_FLOPS = 6 * sum(a * b for a, b in zip(WIDTHS, WIDTHS[1:], strict=False)) - 2 * WIDTHS[0] * WIDTHS[1]
@@ -131,7 +131,7 @@ def test_a_grouped_convolutions_backward_counts_twice_its_forward(name: str):
     """Grouped and depthwise convolutions (ConvNeXt, MobileNet, ResNeXt): the count, forward and backward, is three
     times the forward's analytic count within 10 % (torch's own formula counts the weight gradient as dense:
     ConvNeXt-Tiny's backward 100 times its forward), and its backward over forward lies in the band."""
-    from tunekit.worker._flops import counted
+    from tunekit.worker.factory._flops import counted
 
     model, x = _grouped(name)
     x.requires_grad_(True)

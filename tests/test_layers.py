@@ -74,3 +74,39 @@ def test_the_driver_side_never_imports_torch_at_module_level():
                 names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
                 offenders += [f"{path.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] == "torch"]
     assert not offenders
+
+
+WORKER_PARTS = {"meter": set(), "factory": {"meter"}, "script": {"meter"}}
+"""Inside ``worker``: the meter is shared and knows neither mode; factory mode and script mode each build on it and
+never on each other (the entry, ``worker/__init__``, ``_record`` and ``_dist``, may use all three)."""
+
+
+@pytest.mark.parametrize("part", sorted(WORKER_PARTS))
+def test_worker_modes_build_on_the_meter_alone(part: str):
+    root = PACKAGE / "worker" / part
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tunekit.worker."):
+                other = node.module.split(".")[2]
+                if other in WORKER_PARTS and other != part and other not in WORKER_PARTS[part]:
+                    offenders.append(f"{path.relative_to(REPO)}: {node.module}")
+    assert root.is_dir() and not offenders
+
+
+def test_mode_and_strategy_names_are_written_only_in_their_home():
+    """A trial mode (``train``, ``compute``, ``loader``) or a strategy (``staged``, ``grid``) is written as a string
+    in ``contract/_words.py`` alone: everywhere else the code names the member (``Mode.compute``,
+    ``Strategy.grid``), so a mode or strategy is added or renamed in one place and every use follows."""
+    from tunekit.contract import Mode, Strategy
+
+    words = {m.value for m in Mode} | {s.value for s in Strategy}
+    home = PACKAGE / "contract" / "_words.py"
+    offenders = []
+    for path in MODULES:
+        if path == home:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in words:
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}")
+    assert not offenders

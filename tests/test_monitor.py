@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from tunekit.worker import _monitor
-from tunekit.worker._monitor import Monitor
+from tunekit.worker.meter import _monitor
+from tunekit.worker.meter._monitor import Monitor
 
 
 def _until(predicate, timeout: float = 10.0) -> None:

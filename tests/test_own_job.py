@@ -157,7 +157,7 @@ def test_mapping_and_dataclass_batches_reach_the_device_with_their_type():
 
     import torch
 
-    from tunekit.worker._build import StepContext, to_device
+    from tunekit.worker.factory._build import StepContext, to_device
 
     class Encoding(collections.UserDict):  # a BatchEncoding-like mapping
         pass

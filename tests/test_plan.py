@@ -606,3 +606,17 @@ def test_a_repeat_of_a_config_the_script_ran_otherwise_is_asked_once():
     rows += rows_from_measurements([_m(2, "grid", "train", 196, num_workers=1, asked={"num_workers": 2}, run=1)])
     left = plan.next_requests(cfg, rows, strategy="grid", cuda=False)
     assert all(r.knobs.num_workers == 0 for r in left), left  # the 0-worker config's repeat at most
+
+
+def test_every_strategy_has_one_plan_behind_the_documented_base():
+    """Each ``contract.Strategy`` names one subclass of ``plan.PlanStrategy`` (the config's choices, the CLI's and
+    the API's all read the enum), and an unknown name is refused naming the ones there are."""
+    from tunekit.contract import Strategy
+    from tunekit.plan import STRATEGIES, PlanStrategy, strategy_for
+
+    assert set(STRATEGIES) == set(Strategy)
+    for name in Strategy:
+        chosen = strategy_for(name.value)
+        assert isinstance(chosen, PlanStrategy) and chosen.name is name
+    with pytest.raises(ValueError, match="staged, grid"):
+        strategy_for("random")

@@ -118,7 +118,7 @@ def test_the_loader_queues_show_the_ready_batches():
     """Warm-up sets aside what the loader's queues hold, not what fetch times suggest (a loaded box makes a ready
     fetch slow): after the first batch, 2 workers x prefetch 3 make 6 batches, all shown ready once made; a fetch
     takes one; a loader of another kind shows nothing (None: nothing is set aside)."""
-    from tunekit.worker._loader import LoaderBatches
+    from tunekit.worker.meter import LoaderBatches
 
     dataset = sleepy_dataset(sample_wait_s=0.2)  # 0.8 s a batch: none is made while the test takes them
     loader = DataLoader(dataset, batch_size=4, num_workers=2, prefetch_factor=3,
@@ -144,8 +144,8 @@ def test_the_loader_queues_show_the_ready_batches():
 
 def _meter(batches, fill: int):
     """A meter on ``batches`` with a set-aside of at most ``fill``."""
-    from tunekit.worker._meter import Meter, MeterSettings
-    from tunekit.worker._monitor import TreeCpu
+    from tunekit.worker.meter import Meter, MeterSettings
+    from tunekit.worker.meter._monitor import TreeCpu
 
     settings = MeterSettings(window_s=0.1, measure_windows=1, max_windows=1, precision=None, warmup_steps=0,
                              fill=fill)
@@ -160,7 +160,7 @@ def test_the_set_aside_stops_at_an_epochs_end_and_a_persistent_loader_crosses_ep
     through epoch after epoch. A persistent loader (what a user's loader
     factory gets) goes on into its next epoch with the same workers."""
     from tests._workloads import finite_stream
-    from tunekit.worker._loader import LoaderBatches
+    from tunekit.worker.meter import LoaderBatches
 
     batches = LoaderBatches(DataLoader(finite_stream(8), batch_size=2, num_workers=2))
     try:
@@ -200,8 +200,8 @@ def test_windows_hold_whole_epochs_when_epochs_are_shorter_than_a_window():
     """Epochs of 5 batches (10 ms steps, 30 ms opening each) end three times in a 0.25 s window: every window then
     holds whole epochs, so each holds the same share of their openings; epochs of 400 batches take longer than a
     window, whose length then follows the rounds alone."""
-    from tunekit.worker._meter import Meter, MeterSettings
-    from tunekit.worker._monitor import TreeCpu
+    from tunekit.worker.meter import Meter, MeterSettings
+    from tunekit.worker.meter._monitor import TreeCpu
 
     def measure(per_epoch: int) -> Meter:
         batches, state = _epochs_of(per_epoch, 0.03)
@@ -225,8 +225,8 @@ def test_epochs_of_one_batch_are_measured_in_whole_epochs(length: int | None):
     """Epochs of one batch whose opening (0.15 s: an evaluation, a loader's restart) outlasts two 50 ms windows: every
     batch is an epoch boundary's, nothing is left inside an epoch to measure, so the windows hold whole epochs
     (known from the length, or seen when two boundaries close inside one window) and the measurement ends."""
-    from tunekit.worker._meter import Meter, MeterSettings
-    from tunekit.worker._monitor import TreeCpu
+    from tunekit.worker.meter import Meter, MeterSettings
+    from tunekit.worker.meter._monitor import TreeCpu
 
     batches, state = _epochs_of(1, 0.15)
     settings = MeterSettings(window_s=0.05, measure_windows=2, max_windows=2, precision=None, warmup_steps=1,
@@ -247,8 +247,8 @@ def test_the_scripts_own_settings_wait_for_an_epoch_boundary_other_trials_skip()
     settings, which every gain is measured against, wait for it (within ``boundary_wait_s``) and record it."""
     import math
 
-    from tunekit.worker._meter import Meter, MeterSettings
-    from tunekit.worker._monitor import TreeCpu
+    from tunekit.worker.meter import Meter, MeterSettings
+    from tunekit.worker.meter._monitor import TreeCpu
 
     def boundaries(patience: float) -> int:
         batches, state = _epochs_of(150, 0.03)
@@ -556,7 +556,7 @@ def test_the_ahead_thread_keeps_order_and_hands_on_its_failure():
     and close() ends the thread."""
     import threading
 
-    from tunekit.worker._ahead import AheadStream
+    from tunekit.worker.factory._ahead import AheadStream
 
     class Ctx:
         device = torch.device("cpu")
@@ -587,7 +587,7 @@ def test_the_step_waiting_on_the_ahead_move_is_not_data_wait():
     """While the ahead thread moves (decodes) a batch, a step that waits for it waits on the device-side work, not
     on the loader: AheadStream counts that apart (device_wait_s), and a wait while the thread waits on the loader stays
     data wait."""
-    from tunekit.worker._ahead import AheadStream
+    from tunekit.worker.factory._ahead import AheadStream
 
     class Ctx:
         device = torch.device("cpu")

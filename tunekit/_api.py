@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from tunekit import config as config_mod
-from tunekit.contract import Measurement
+from tunekit.contract import Measurement, Mode, Strategy
 from tunekit.errors import UsageError
 from tunekit.recommended import Recommended, load_recommended
 
 __all__ = ["sweep", "trial", "SweepOutcome", "TrialOutcome", "MODES", "knobs_markdown"]
 
-MODES = ("train", "compute", "loader")
+MODES = tuple(m.value for m in Mode)
 """What one trial measures: train (end to end), compute (the step on a batch staged on the device: the compute
 ceiling), loader (the loader alone, with its host-to-device copy: the loader ceiling)."""
 
@@ -102,8 +102,8 @@ def sweep(config: str | os.PathLike[str] | dict[str, Any], *, out: str | os.Path
     Raises:
         ConfigError, UsageError: a bad config, value or run folder (one line each).
     """
-    if strategy not in (None, "staged", "grid"):
-        raise UsageError(f"strategy={strategy!r}: choose staged or grid")
+    if strategy is not None and strategy not in tuple(Strategy):
+        raise UsageError(f"strategy={strategy!r}: choose one of: {', '.join(s.value for s in Strategy)}")
     minutes = _budget(budget_min)
     from tunekit.launch import resolve_paths  # through the fork server the sweep's trials then use
 
@@ -132,7 +132,7 @@ def sweep_config(cfg: config_mod.Config, *, out: str | os.PathLike[str] | None =
 
 
 def trial(config: str | os.PathLike[str] | dict[str, Any], *, knobs: dict[str, Any] | None = None,
-          mode: str = "train", out: str | os.PathLike[str] | None = None,
+          mode: str = Mode.train.value, out: str | os.PathLike[str] | None = None,
           overrides: dict[str, Any] | None = None,
           on_start: Callable[[int, Any, Any], None] | None = None) -> TrialOutcome:
     """Run exactly one trial, as ``tunekit trial``.

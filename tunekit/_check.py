@@ -21,7 +21,7 @@ from typing import Any
 from tunekit import _api, plan, rules
 from tunekit import config as config_mod
 from tunekit._files import read_json, write_text_atomic
-from tunekit.contract import Knobs, Measurement, Mode, Stage
+from tunekit.contract import Knobs, Measurement, Mode, Stage, Strategy
 from tunekit.diagnosis import Verdict, trial_verdicts
 from tunekit.env import describe_machine, machine_fingerprint, snapshot
 from tunekit.errors import ConfigError
@@ -148,7 +148,7 @@ def check(recommended: str | os.PathLike[str], config: str | os.PathLike[str] | 
         outcome = CheckOutcome("other_machine", _other_machine_line(recorded, machine), machine=machine, **base)
         return _with_retune(outcome, rec, config, cfg, overrides, knobs, out_dir, quiet) if retune else outcome
 
-    trial = _api.trial(config, knobs=run_knobs, mode="train", out=out_dir,
+    trial = _api.trial(config, knobs=run_knobs, mode=Mode.train.value, out=out_dir,
                        overrides={**(overrides or {}), **plan.knee_values(cfg, rec.config)}, on_start=on_start)
     outcome = _measured(base, trial, env, tuned_on, cfg)
     return _with_retune(outcome, rec, config, cfg, overrides, knobs, out_dir, quiet) if retune else outcome
@@ -312,7 +312,7 @@ def _with_retune(outcome: CheckOutcome, rec: Recommended, config: Any, cfg: conf
     reused, own = _reused_ceilings(outcome, bounds, cfg_r), _own_trial(outcome, cfg_r, knee)
     seeds = [*reused, *own]
     run_dir = out_dir / "retune"
-    swept = _api.sweep_config(cfg_r, out=run_dir, strategy="staged", resume=False, quiet=quiet, seed=seeds)
+    swept = _api.sweep_config(cfg_r, out=run_dir, strategy=Strategy.staged.value, resume=False, quiet=quiet, seed=seeds)
     rows = swept.summary.rows
     new = swept.recommendation
     before = {**rec.knobs, **rec.config}

@@ -5,7 +5,7 @@ import sys
 import click
 
 from tunekit.cli._outcome import config_source, print_disturbances, print_outcome, split_sets
-from tunekit.contract import KNOB_NAMES
+from tunekit.contract import KNOB_NAMES, Strategy
 
 
 @click.command()
@@ -18,7 +18,7 @@ from tunekit.contract import KNOB_NAMES
               help="Run folder (default results/<name>).")
 @click.option("--budget-min", type=float, default=None,
               help="Wall-clock budget in minutes, more than 0 (default: budget.minutes).")
-@click.option("--strategy", type=click.Choice(["staged", "grid"]), default=None,
+@click.option("--strategy", type=click.Choice([s.value for s in Strategy]), default=None,
               help="staged (default from the config) or grid (every combination).")
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Keep the finished trials of an earlier sweep in the same folder, or start again.")

@@ -6,7 +6,7 @@ from typing import Any
 import click
 
 from tunekit.cli._outcome import config_source, split_sets
-from tunekit.contract import KNOB_NAMES, Measurement
+from tunekit.contract import KNOB_NAMES, Measurement, Mode
 
 
 @click.command()
@@ -17,7 +17,7 @@ from tunekit.contract import KNOB_NAMES, Measurement
 @click.option("--name", default=None, help="The run's name with --script (default: the script's file name).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help=f"A knob ({', '.join(KNOB_NAMES)}) or a dotted config key (e.g. trial.window_s=10).")
-@click.option("--mode", type=click.Choice(["train", "compute", "loader"]), default="train", show_default=True,
+@click.option("--mode", type=click.Choice([m.value for m in Mode]), default=Mode.train.value, show_default=True,
               help="train: end to end; compute: model on a pre-staged batch; loader: the loader alone.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Output folder (default results/<name>-trial).")

@@ -11,7 +11,11 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tunekit.contract import Strategy
+
 Precision = Literal["fp32", "bf16", "fp16"]
+StrategyName = Literal[tuple(s.value for s in Strategy)]  # type: ignore[valid-type]
+"""A sweep's strategy, as the config writes it (``contract.Strategy``)."""
 CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 COMPILE_MODES: tuple[str, ...] = typing.get_args(CompileMode)
 _IMPORT_PATH = re.compile(r"^([A-Za-z_][\w.]*|[^:]+\.py):[A-Za-z_][\w.]*$")
@@ -247,7 +251,7 @@ class Config:
     """Machine price, for items per unit of money."""
     launch: Launch = field(default_factory=Launch)
     """Single process, or DDP ranks per node (multi-GPU trials)."""
-    strategy: Literal["staged", "grid"] = "staged"
+    strategy: StrategyName = Strategy.staged.value
     """staged (ceilings, then end to end, then refinements) or grid (every combination)."""
     source: str = field(default="<dict>", metadata={"internal": True})
     """The file this config came from (not a YAML key)."""

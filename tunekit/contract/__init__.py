@@ -19,7 +19,8 @@ from tunekit.contract._measurement import (
     skipped_measurement,
 )
 from tunekit.contract._spec import TrialSpec
-from tunekit.contract._words import Mode, Stage
+from tunekit.contract._words import Mode, Stage, Strategy
 
-__all__ = ["Stage", "Mode", "Knobs", "TrialSpec", "Measurement", "MEASUREMENT_VERSION", "STATUSES", "KNOB_NAMES",
-           "failed_measurement", "skipped_measurement", "measurement_problem", "REQUIRED_FIELDS", "process"]
+__all__ = ["Stage", "Mode", "Strategy", "Knobs", "TrialSpec", "Measurement", "MEASUREMENT_VERSION", "STATUSES",
+           "KNOB_NAMES", "failed_measurement", "skipped_measurement", "measurement_problem", "REQUIRED_FIELDS",
+           "process"]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunekit.contract._spec import TrialSpec
+from tunekit.contract._words import Mode
 
 STATUSES: tuple[str, ...] = ("ok", "oom", "timeout", "crashed", "illegal_access", "bad_output", "diverged",
                              "skipped")
@@ -54,7 +55,7 @@ class Measurement:
     stage: str = ""
     """The plan stage that asked for the trial (``single`` for ``tunekit trial``): a :class:`Stage`'s word, kept as
     the file holds it (``records.TrialRow`` parses it)."""
-    mode: str = "train"
+    mode: str = Mode.train.value
     """``train`` (end to end), ``compute`` (model on a batch staged on the device) or ``loader`` (the loader
     alone): a :class:`Mode`'s word."""
     run: int = 0

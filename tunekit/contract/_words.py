@@ -69,3 +69,12 @@ class Mode(_Word):
         return self is not Mode.train
 
 
+class Strategy(_Word):
+    """How a sweep plans its trials (docs/plan.md): the stages in order, or every combination of the search."""
+
+    staged = "staged"
+    """The staged plan: ceilings, the end-to-end walk, the refinements, the repeats."""
+    grid = "grid"
+    """Every combination of the search space once (a script's own settings first)."""
+
+

@@ -1,6 +1,6 @@
 """The device's matmul peak as a sweep measured it, and the datasheet figure shown beside it (never instead of it).
 
-The measured figure is the trial's (``Measurement.matmul_peak_flops``, ``worker/_flops.py``): the same card can
+The measured figure is the trial's (``Measurement.matmul_peak_flops``, ``worker/factory/_flops.py``): the same card can
 sustain less than its datasheet (clocks, power limit, cooling) and a share of the datasheet would blame the model
 for the card. The datasheet figures are NVIDIA's dense (no sparsity) tensor-core rates of the SXM parts unless the
 name says PCIe.

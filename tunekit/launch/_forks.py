@@ -1,7 +1,7 @@
-"""The launcher's end of the fork server (``python -m tunekit.worker --fork-server``, tunekit/worker/_forkserver.py):
-one server per environment and working folder, started at the first trial that can use it and ended with this
-process; it forks a trial (the worker, or the user's script run as its interpreter would) with torch and the
-workload's modules already imported. This module never imports torch."""
+"""The launcher's end of the fork server (``python -m tunekit.worker --fork-server``,
+tunekit/worker/script/_forkserver.py): one server per environment and working folder, started at the first trial
+that can use it and ended with this process; it forks a trial (the worker, or the user's script run as its
+interpreter would) with torch and the workload's modules already imported. This module never imports torch."""
 
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ def fork_script(command: list[str], cwd: str, env: dict[str, str]) -> Forked | N
     # started in the script's folder, as the command would be: the interpreter makes the relative entries of
     # PYTHONPATH absolute against the folder it starts in, and the server's imports and sys.path are the child's
     server = server_for({k: v for k, v in env.items() if k not in names.PER_TRIAL}, cwd)
-    preload = ["tunekit.worker._script", *script_imports(entry)]
+    preload = ["tunekit.worker.script._hook", *script_imports(entry)]
     return None if server.broken else server.request([], env, preload, script=entry)
 
 

@@ -24,7 +24,7 @@ from tunekit.launch import _forks
 __all__ = ["Starter", "Interpreter", "Torchrun", "Forked", "TrialFiles", "starter_for", "child_env",
            "worker_command", "script_command", "torchrun_command", "BOOTSTRAP", "POPEN_PIPES"]
 
-BOOTSTRAP = Path(tunekit.__file__).resolve().parent / "worker" / "_bootstrap"
+BOOTSTRAP = Path(tunekit.__file__).resolve().parent / "worker" / "script" / "_bootstrap"
 """The folder of script mode's ``sitecustomize``: first on a script trial's PYTHONPATH, it loads the meter into the
 user's own process (and into torchrun's ranks); the process that loads it takes the trial out of its environment,
 so no other Python child of the script loads it too."""

@@ -18,20 +18,14 @@ import dataclasses
 from tunekit.config import Config
 from tunekit.contract import Mode, Stage
 from tunekit.plan._finished import band_target, reach_rate
-from tunekit.plan._grid import grid_requests
-from tunekit.plan._request import Request, pending
+from tunekit.plan._request import Request
 from tunekit.plan._retune import knee_values, retune_search
-from tunekit.plan._staged import (
-    baseline_request,
-    estimate_staged,
-    repeat_requests,
-    scaling_requests,
-    script_baseline,
-    staged_requests,
-)
+from tunekit.plan._staged import script_baseline
+from tunekit.plan._strategies import STRATEGIES, PlanStrategy, strategy_for
 from tunekit.records import TrialRow, compute_ceiling
 
-__all__ = ["Request", "next_requests", "estimate_total", "needed_rate", "baseline", "retune_search", "knee_values"]
+__all__ = ["Request", "PlanStrategy", "STRATEGIES", "strategy_for", "next_requests", "estimate_total", "needed_rate",
+           "baseline", "retune_search", "knee_values"]
 
 
 def _own_batch(cfg: Config, rows: list[TrialRow]) -> Config:
@@ -55,27 +49,20 @@ def next_requests(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: boo
     own = next((r for r in rows if r.stage == Stage.baseline), None)
     if cfg.script is not None and cfg.script.own_batch and own is not None and not own.ok:
         return []  # without the script's own batch there is no batch to sweep
-    if strategy == "grid":  # a script's own settings, every combination, then (under launch) the knee's per-rank
-        # config on one GPU
-        return (script_baseline(cfg, rows, cuda) or pending(grid_requests(cfg, cuda), rows)
-                or repeat_requests(cfg, rows, cuda) or scaling_requests(cfg, rows, cuda))
-    return staged_requests(cfg, rows, cuda)
+    return strategy_for(strategy).requests(cfg, rows, cuda)
 
 
 def baseline(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> Request | None:
     """The PyTorch-defaults trial a staged sweep still owes its report (its batch chosen, the trial not run), or
     None: the driver runs it when the budget ends the sweep before the plan reached it."""
     cfg = _own_batch(cfg, rows)
-    return baseline_request(cfg, rows, cuda) if strategy == "staged" else None
+    return strategy_for(strategy).baseline(cfg, rows, cuda)
 
 
 def estimate_total(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> int:
     """Trials the sweep will likely run in all (finished ones included), for the progress bar."""
     cfg = _own_batch(cfg, rows)
-    if strategy == "grid":
-        return (len(grid_requests(cfg, cuda)) + (1 if cfg.launch.world > 1 else 0)
-                + (1 if cfg.script is not None else 0) + _repeated(cfg))
-    return max(estimate_staged(cfg, rows, cuda) + _repeated(cfg), len(rows))
+    return max(strategy_for(strategy).estimate(cfg, rows, cuda) + _repeated(cfg), len(rows))
 
 
 def _repeated(cfg: Config) -> int:

@@ -110,7 +110,7 @@ def _spec_and_paths(args: list[str], rank: int | None) -> tuple[TrialSpec | None
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     if args[:1] == [names.FORK_SERVER]:  # no watch thread there: the server forks, and forks only its one thread
-        from tunekit.worker._forkserver import serve
+        from tunekit.worker.script._forkserver import serve
 
         return serve(int(args[1]))
     if args[:1] in ([names.PREPARE], [names.RESOLVE]):  # a sweep's short tasks, forked from the server as trials are
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     failure_path = out_path if rank is None else str(Path(out_path).with_name(names.rank_failure_file(rank)))
     where = "" if rank is None else f"rank {rank}: "
     try:
-        from tunekit.worker._measure import measure  # torch: a broken install is a classified failure too
+        from tunekit.worker.factory._measure import measure  # torch: a broken install is a classified failure too
 
         result = measure(spec)
     except Exception as exc:  # noqa: BLE001 - every failure becomes data

@@ -11,11 +11,11 @@ import torch
 
 from tunekit import __version__, rules
 from tunekit.config import cpu_count, extra_knobs
-from tunekit.contract import TrialSpec
-from tunekit.worker._meter import Reading
-from tunekit.worker._monitor import Monitor
-from tunekit.worker._setup import Setup
-from tunekit.worker._step import moves_ahead
+from tunekit.contract import Mode, TrialSpec
+from tunekit.worker.factory._setup import Setup
+from tunekit.worker.factory._step import moves_ahead
+from tunekit.worker.meter import Reading
+from tunekit.worker.meter._monitor import Monitor
 
 __all__ = ["measurement", "assemble", "device_memory"]
 
@@ -26,7 +26,7 @@ def measurement(spec: TrialSpec, setup: Setup, reading: Reading, monitor: Monito
     """The measurement of an ok trial of the built-in step. ``times`` holds ``loop_setup_s``, ``teardown_s`` and
     ``trial_s``."""
     built = setup.built
-    on_device = spec.mode == "train" and hasattr(built.dataset, "batch_to_device")
+    on_device = spec.mode == Mode.train and hasattr(built.dataset, "batch_to_device")
     out = assemble(spec, reading, monitor, device=setup.device, dataset=built.dataset,
                    workers=setup.loader_knobs.num_workers, unit=setup.cfg.workload.unit,
                    times={"startup_s": setup.startup_s, "cuda_init_s": setup.cuda_init_s, "build_s": built.build_s,
@@ -133,7 +133,7 @@ def _dataset_fields(dataset: Any, spec: TrialSpec, consumed: int) -> dict[str, A
         length = len(dataset)
     except TypeError:
         return {"dataset_len": None, "dataset_passes": None}
-    batches = consumed if spec.mode != "compute" else 1
+    batches = consumed if spec.mode != Mode.compute else 1
     return {"dataset_len": length, "dataset_passes": batches * spec.knobs.batch_size / length if length else None}
 
 

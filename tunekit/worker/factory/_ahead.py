@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tunekit.worker._loader import JOIN_S, tensors
+from tunekit.worker.meter import JOIN_S, tensors
 
 __all__ = ["AheadStream"]
 

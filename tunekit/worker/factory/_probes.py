@@ -9,9 +9,9 @@ import time
 import torch
 
 from tunekit.worker import _dist
-from tunekit.worker._build import Built, to_device
-from tunekit.worker._loader import LoaderBatches
-from tunekit.worker._step import TrialStep
+from tunekit.worker.factory._build import Built, to_device
+from tunekit.worker.factory._step import TrialStep
+from tunekit.worker.meter import LoaderBatches
 
 __all__ = ["warn_if_ranks_read_the_same", "sync_share"]
 

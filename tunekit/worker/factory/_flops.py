@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from tunekit.worker._build import Built
-from tunekit.worker._step import TrialStep
+from tunekit.worker.factory._build import Built
+from tunekit.worker.factory._step import TrialStep
 
 __all__ = ["count_flops", "counted", "matmul_peak", "PROBE"]
 

@@ -5,7 +5,7 @@ modules) once per sweep, then forks a fresh child per single-process trial.
 the messages are ``tunekit.contract.process``'s. A request (``fork_request``) is sent with one file descriptor, the
 write end of the pipe that becomes the trial's stdout and stderr; a script-mode trial's names the user's program
 instead of the worker's argv: the child runs it as the interpreter would (``runpy``), its DataLoader hooked by
-``tunekit.worker._script``. The server imports the preload modules (a failing import is left for the trial to
+``tunekit.worker.script._hook``. The server imports the preload modules (a failing import is left for the trial to
 report), then forks; it answers ``forked(PID)``, and ``exited(PID, CODE)`` once that child has ended. It answers
 ``unsafe(REASON)`` and exits instead when an import initialised CUDA or started its driver (a child forked after that
 could not use the GPU), or started a thread.
@@ -103,9 +103,9 @@ def _run_script(script: dict[str, Any]) -> int:
     import runpy
 
     os.chdir(script["cwd"])
-    from tunekit.worker import _script
+    from tunekit.worker.script import _hook
 
-    _script.install()
+    _hook.install()
     code = 0
     try:
         if "module" in script:
@@ -158,7 +158,7 @@ def serve(fd: int) -> int:
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     import torch  # noqa: F401 - paid once
 
-    import tunekit.worker._measure  # noqa: F401 - the worker's own imports, paid once
+    import tunekit.worker.factory._measure  # noqa: F401 - the worker's own imports, paid once
 
     _preload(["torchvision"])
     checked = False  # whether the modules imported so far are known to leave CUDA untouched

@@ -1,6 +1,6 @@
 """tunekit's bootstrap for script mode: a ``sitecustomize`` the trial puts first on ``PYTHONPATH``, so the user's
 own command (``python train.py``, ``python -m pkg.train``, ``torchrun ... train.py``) runs unedited with the
-meter inside (``tunekit.worker._script``). Without the trial's spec in the environment
+meter inside (``tunekit.worker.script._hook``). Without the trial's spec in the environment
 (``contract.process.SCRIPT_SPEC``: every process but the script's own, which takes it out as the meter installs, and
 torchrun's ranks) it does nothing but hand over to the next ``sitecustomize`` on the path, as Python would have
 imported it."""
@@ -30,8 +30,8 @@ def _chain() -> None:
 def _names() -> object:
     """``tunekit.contract.process``, loaded by its path: it imports nothing, so it loads in an interpreter that
     cannot import tunekit (or torch), where the bootstrap must still say why."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "contract",
-                        "process.py")
+    package = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+    path = os.path.join(package, "contract", "process.py")  # tunekit/worker/script/_bootstrap/ -> tunekit/
     spec = importlib.util.spec_from_file_location("_tunekit_process_names", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -46,7 +46,7 @@ def _bootstrap(names: object) -> None:
     try:
         import torch  # noqa: F401 - first: the usual reason it cannot load is an interpreter without torch
 
-        from tunekit.worker._script import install
+        from tunekit.worker.script._hook import install
 
         install()
     except BaseException as exc:  # noqa: BLE001 - any failure here must end the trial, said in one line

@@ -12,10 +12,10 @@ import psutil
 import torch
 
 from tunekit.config import Config, extra_knobs, from_dict, set_dotted
-from tunekit.contract import Knobs, TrialSpec
+from tunekit.contract import Knobs, Mode, TrialSpec
 from tunekit.contract import process as names
 from tunekit.worker import _dist
-from tunekit.worker._build import Built, build, make_loader, pick_device
+from tunekit.worker.factory._build import Built, build, make_loader, pick_device
 
 __all__ = ["Setup", "set_up"]
 
@@ -55,11 +55,11 @@ def set_up(spec: TrialSpec) -> Setup:
         torch.cuda.set_device(device)
         torch.zeros(1, device=device)  # creates the context now, so build_s holds only the workload
     cuda_init_s = time.perf_counter() - t_init
-    built = build(cfg, spec.knobs, device, distributed=ranks is not None and spec.mode == "train")
+    built = build(cfg, spec.knobs, device, distributed=ranks is not None and spec.mode == Mode.train)
     if spec.knobs.threads is not None:  # after the build: the knob has the last word over the workload's own
         torch.set_num_threads(spec.knobs.threads)
     # The compute ceiling stages one batch on the device: no loader workers may compete with the model.
-    knobs = replace(spec.knobs, num_workers=0) if spec.mode == "compute" else spec.knobs
+    knobs = replace(spec.knobs, num_workers=0) if spec.mode == Mode.compute else spec.knobs
     t_loader = time.perf_counter()
     loader = make_loader(built.dataset, knobs, device, cfg, None if ranks is None else (ranks.rank, ranks.world))
     return Setup(cfg, device, built, knobs, loader, startup_s, cuda_init_s, ranks, time.perf_counter() - t_loader)

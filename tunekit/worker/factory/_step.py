@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,10 +17,10 @@ from typing import Any
 import torch
 
 from tunekit.config import Config
-from tunekit.contract import TrialSpec
-from tunekit.worker._ahead import AheadStream
-from tunekit.worker._build import Built, to_device
-from tunekit.worker._loader import LoaderBatches
+from tunekit.contract import Mode, TrialSpec
+from tunekit.worker.factory._ahead import AheadStream
+from tunekit.worker.factory._build import Built, to_device
+from tunekit.worker.meter import LoaderBatches, checked_count
 from tunekit.workloads import resolve
 
 __all__ = ["TrialStep", "trial_step", "check_loss", "checked_count", "moves_ahead", "Diverged"]
@@ -58,7 +57,7 @@ class TrialStep:
 
 def moves_ahead(built: Built, spec: TrialSpec) -> bool:
     """Whether a training trial runs the dataset's ``batch_to_device`` one batch ahead (``batch_to_device_ahead``)."""
-    return spec.mode == "train" and bool(getattr(built.dataset, "batch_to_device_ahead", False))
+    return spec.mode == Mode.train and bool(getattr(built.dataset, "batch_to_device_ahead", False))
 
 
 def _counter(cfg: Config, batch_size: int) -> Callable[[Any], float]:
@@ -67,30 +66,11 @@ def _counter(cfg: Config, batch_size: int) -> Callable[[Any], float]:
     return checked_count(resolve(cfg.workload.count), "workload.count")
 
 
-def checked_count(count: Callable[[Any], Any], key: str) -> Callable[[Any], float]:
-    """``count`` as the meter calls it, with what it returns checked: the items a batch holds, a finite number
-    above 0 (a 0 would divide the window by nothing; a NaN or a negative one would make the throughput a lie)."""
-
-    def counted(batch: Any) -> float:
-        got = count(batch)
-        try:
-            items = float(got)
-        except (TypeError, ValueError):
-            raise TypeError(f"{key} returned {type(got).__name__} {got!r} for a batch: it must return the items "
-                            "the batch holds, a number above 0") from None
-        if not math.isfinite(items) or items <= 0:
-            raise ValueError(f"{key} returned {got!r} for a batch: it must return the items the batch holds, a "
-                             "finite number above 0")
-        return items
-
-    return counted
-
-
 def _fed(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches,
          move: Callable[..., Any]) -> TrialStep:
     """The batches the step of ``spec.mode`` is fed, and how they are counted (its ``run`` still to be set)."""
     ctx, count = built.ctx, _counter(cfg, spec.knobs.batch_size)
-    if spec.mode == "compute":  # one batch staged on the device: counted once, on the host
+    if spec.mode == Mode.compute:  # one batch staged on the device: counted once, on the host
         first = next(loader)
         items = count(first)
         staged = move(first, ctx, non_blocking=False)
@@ -120,7 +100,7 @@ def trial_step(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches
     def train(batch: Any) -> None:
         if ahead:
             batch = batch[0]
-        elif spec.mode != "compute":
+        elif spec.mode != Mode.compute:
             batch = move(batch, ctx, non_blocking=knobs.non_blocking)
         ctx.micro_step = step.micro
         # DDP: a batch that does not end the accumulation skips the gradient all-reduce (forward included, as
@@ -147,10 +127,10 @@ def trial_step(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches
         if ahead:  # moved by the stream, counted before the move
             return batch[0], batch[1]
         items = step.count(batch)
-        return (batch if spec.mode == "compute" else move(batch, ctx, non_blocking=False)), items
+        return (batch if spec.mode == Mode.compute else move(batch, ctx, non_blocking=False)), items
 
-    step.run = copy_only if spec.mode == "loader" else train
-    step.on_device = None if spec.mode == "loader" else on_device
+    step.run = copy_only if spec.mode == Mode.loader else train
+    step.on_device = None if spec.mode == Mode.loader else on_device
     return step
 
 

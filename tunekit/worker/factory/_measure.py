@@ -20,16 +20,15 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from tunekit.contract import Measurement, TrialSpec
+from tunekit.contract import Measurement, Mode, TrialSpec
 from tunekit.worker import _dist
-from tunekit.worker._flops import count_flops, matmul_peak
-from tunekit.worker._loader import LoaderBatches, epoch_batches
-from tunekit.worker._meter import Meter, MeterSettings, Reading
-from tunekit.worker._monitor import Monitor, TreeCpu, fork_server_pid, nvml_sampler
-from tunekit.worker._probes import sync_share, warn_if_ranks_read_the_same
 from tunekit.worker._record import device_memory, measurement
-from tunekit.worker._setup import Setup, set_up
-from tunekit.worker._step import Diverged, check_loss, trial_step
+from tunekit.worker.factory._flops import count_flops, matmul_peak
+from tunekit.worker.factory._probes import sync_share, warn_if_ranks_read_the_same
+from tunekit.worker.factory._setup import Setup, set_up
+from tunekit.worker.factory._step import Diverged, check_loss, trial_step
+from tunekit.worker.meter import LoaderBatches, Meter, MeterSettings, Reading, epoch_batches
+from tunekit.worker.meter._monitor import Monitor, TreeCpu, fork_server_pid, nvml_sampler
 
 __all__ = ["measure", "Diverged"]
 
@@ -54,7 +53,7 @@ def _epochs_end(spec: TrialSpec, setup: Setup) -> int | None:
     """Batches per epoch when the loader's epochs end inside trials (the workload's own sampler or loader; tunekit's
     sampler is endless, rule 6); None otherwise, and in compute mode (one staged batch)."""
     workload = setup.cfg.workload
-    if spec.mode == "compute" or not (workload.sampler or workload.loader):
+    if spec.mode == Mode.compute or not (workload.sampler or workload.loader):
         return None
     return epoch_batches(setup.loader)
 
@@ -62,7 +61,7 @@ def _epochs_end(spec: TrialSpec, setup: Setup) -> int | None:
 def _settings(spec: TrialSpec, setup: Setup, queued: int) -> MeterSettings:
     t, knobs = setup.cfg.trial, spec.knobs
     workers = setup.loader_knobs.num_workers
-    fill = workers * (knobs.prefetch_factor or 2) + queued if spec.mode != "compute" else 0
+    fill = workers * (knobs.prefetch_factor or 2) + queued if spec.mode != Mode.compute else 0
     # epochs that end inside a trial (the loader's restart or refill) are measured apart from the steady rate, as
     # a script's are (docs/measurement.md, rule 4), and waited for within a third of the timeout
     epochs = _epochs_end(spec, setup)
@@ -80,7 +79,7 @@ def _run(spec: TrialSpec, setup: Setup, monitor: Monitor) -> _Metered:
     iterable = isinstance(setup.built.dataset, IterableDataset)
     # ranks that shard their data themselves (a stream, their own sampler or loader) must not all read the same
     self_sharded = ranks is not None and (iterable or bool(cfg.workload.sampler or cfg.workload.loader))
-    loader = LoaderBatches(setup.loader, workers if iterable and workers >= 2 and spec.mode != "compute" else 0,
+    loader = LoaderBatches(setup.loader, workers if iterable and workers >= 2 and spec.mode != Mode.compute else 0,
                            check_ranks=self_sharded)
     step = None
     try:

@@ -25,12 +25,9 @@ the loader in the bootstrap alone (with the host-to-device copy on a GPU) before
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import math
-import mmap
 import os
-import struct
 import sys
 import time
 import traceback
@@ -41,25 +38,29 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader
 from torch.utils.data._utils.pin_memory import pin_memory
 
-from tunekit._files import read_json, write_json_atomic
+from tunekit._files import write_json_atomic
 from tunekit.command import LOADER_KNOBS, placeholders, set_on_loader
 from tunekit.config import from_dict
-from tunekit.contract import Measurement, TrialSpec, failed_measurement
+from tunekit.contract import Measurement, Mode, TrialSpec, failed_measurement
 from tunekit.contract import process as names
 from tunekit.launch import classify_error
 from tunekit.worker import _dist
-from tunekit.worker._loader import LoaderBatches, epoch_batches, tensors
-from tunekit.worker._meter import BOUNDARY_WAIT, Meter, MeterSettings
-from tunekit.worker._monitor import Monitor, TreeCpu, fork_server_pid, nvml_sampler
 from tunekit.worker._record import assemble, device_memory
-from tunekit.worker._step import checked_count
+from tunekit.worker.meter import (
+    BOUNDARY_WAIT,
+    LoaderBatches,
+    Meter,
+    MeterSettings,
+    checked_count,
+    epoch_batches,
+    tensors,
+)
+from tunekit.worker.meter._monitor import Monitor, TreeCpu, fork_server_pid, nvml_sampler
+from tunekit.worker.script._marks import Marks
 from tunekit.workloads import resolve
 
-__all__ = ["install", "SPEC_ENV", "OUT_ENV"]
+__all__ = ["Session", "apply_knobs"]
 
-SPEC_ENV, OUT_ENV = names.SCRIPT_SPEC, names.SCRIPT_MEASUREMENT
-
-_original_init = DataLoader.__init__
 _original_iter = DataLoader.__iter__
 
 
@@ -74,31 +75,7 @@ class _Own:
         return _original_iter(self.loader)
 
 
-class _Marks:
-    """Where the script is (``names.SCRIPT_MARKS`` in the trial's folder), written through a shared mapping: a store
-    per batch, no system call, and there for the launcher to read however the process ends."""
-
-    def __init__(self, path: str | None):
-        self.built = self.iterated = self.batches = 0
-        self._map: mmap.mmap | None = None
-        if path is None:  # a rank but rank 0: rank 0 says where the ranks were
-            return
-        size = struct.calcsize(names.SCRIPT_MARKS_FORMAT)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, size)
-            self._map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-
-    def put(self, **marks: int) -> None:
-        for key, value in marks.items():
-            setattr(self, key, value)
-        if self._map is not None:
-            struct.pack_into(names.SCRIPT_MARKS_FORMAT, self._map, 0, self.built, self.iterated, self.batches)
-
-
-class _Session:
+class Session:
     """This process's trial: the spec, the loaders the script built, the one measured."""
 
     def __init__(self, spec: TrialSpec, out_path: str):
@@ -133,7 +110,7 @@ class _Session:
         self.own: _Own | None = None
         self.rebuilt = 0
         """Training loaders the script built anew (each epoch, say) that the measurement went on with."""
-        self.marks = _Marks(os.path.join(os.path.dirname(out_path), names.SCRIPT_MARKS) if self.rank == 0 else None)
+        self.marks = Marks(os.path.join(os.path.dirname(out_path), names.SCRIPT_MARKS) if self.rank == 0 else None)
 
     # -- which loader ---------------------------------------------------------------------------------------
 
@@ -167,9 +144,9 @@ class _Session:
         self.marks.put(iterated=1)
         t_start = time.time()
         self.facts = {"build_s": max(0.0, t_start - self.started)}
-        params = _apply(loader, self.spec, set() if self.spec.stage == "baseline" else self.inject)
+        params = apply_knobs(loader, self.spec, set() if self.spec.stage == "baseline" else self.inject)
         self.facts["params"] = params
-        self.facts["loader"] = self._loader_facts(loader, found_by, params)
+        self.facts["loader_measured"] = self._loader_facts(loader, found_by, params)
         device = _device()
         self.facts["device"] = device
         if self.world > 1:
@@ -180,7 +157,7 @@ class _Session:
         count = self.items
         batches, ready, fill = self.loader, self.loader.ready, params["num_workers"] * (params["prefetch_factor"] or 2)
         epoch = epoch_batches(loader)
-        if self.spec.mode == "compute":  # the script's step on one ready batch: the loader stands aside
+        if self.spec.mode == Mode.compute:  # the script's step on one ready batch: the loader stands aside
             first = next(self.loader)
             self.loader.close()
             if device.type == "cuda":  # as ready as a loader can make it: pinned, so its copy is the fastest one
@@ -188,13 +165,13 @@ class _Session:
             batches, ready, fill, epoch = itertools.repeat(first), (lambda: 0), 0, None
         node_root = os.getppid() if self.ranks is not None and self.ranks.local_rank == 0 else None  # torchrun
         self.monitor = Monitor(nvml_sampler(device), node_root=node_root, forked_from=fork_server_pid()).start()
-        aware = self.spec.mode in ("train", "loader")
+        aware = self.spec.mode in (Mode.train, Mode.loader)
         settings = self._settings(params["num_workers"], fill, epoch, aware)
         self.meter = Meter(batches, settings, device=device, count=count, cpu=TreeCpu(), ranks=self.ranks,
                            ready=ready,
                            epochs=lambda: self.loader.epochs_ended if self.loader is not None else 0,
                            measuring=lambda: self._measuring(device), epoch_aware=aware)
-        if self.spec.mode == "loader":  # drained here, before the script's loop gets a batch
+        if self.spec.mode == Mode.loader:  # drained here, before the script's loop gets a batch
             for batch in self.meter:
                 _copy(batch, device, params["pin_memory"])
             self.finish()
@@ -245,7 +222,7 @@ class _Session:
         """Whether ``loader``, iterated while another is measured, is the script's training loader built anew (a
         loop that builds its DataLoader each epoch): over the same dataset, or one of the same class and length."""
         old = self.training
-        if old is None or self.stream is None or self.spec.mode != "train":
+        if old is None or self.stream is None or self.spec.mode != Mode.train:
             return False
         if loader.dataset is old.dataset:
             return True
@@ -256,10 +233,10 @@ class _Session:
         """Go on with the measurement on the training loader built anew: the trial's knobs set on it, its next epoch
         read from it (the current one goes on from the loader that began it); the iterator the script's loop gets."""
         assert self.own is not None
-        _apply(loader, self.spec, set() if self.spec.stage == "baseline" else self.inject)
+        apply_knobs(loader, self.spec, set() if self.spec.stage == "baseline" else self.inject)
         self.own.loader, self.own.persistent_workers = loader, loader.persistent_workers
         self.training, self.rebuilt = loader, self.rebuilt + 1
-        self.facts["loader"]["rebuilt"] = self.rebuilt
+        self.facts["loader_measured"]["rebuilt"] = self.rebuilt
         return self.stream
 
     def _measuring(self, device: torch.device) -> None:
@@ -287,7 +264,7 @@ class _Session:
                  "teardown_s": now - reading.windows_end, "trial_s": time.time() - self.started}
         if self.items is not None and self.items.first is not None:  # the batch the loop received, not the
             # loader's batch_size (None for a batch_sampler's loader: HF Trainer's, Lightning's)
-            self.facts["params"]["batch_size"] = self.facts["loader"]["batch_size"] = self.items.first
+            self.facts["params"]["batch_size"] = self.facts["loader_measured"]["batch_size"] = self.items.first
         if self.spec.knobs.threads:  # what the process ran: the script may set its own after tunekit's
             self.facts["params"]["threads"] = torch.get_num_threads()
         self.facts["asked"] = self._asked(self.facts["params"])
@@ -297,7 +274,7 @@ class _Session:
                        unit=self.unit, times=times, memory=memory,
                        warmup_memory=self.facts.get("warmup_memory", {}), epochs_ended=self.loader.epochs_ended,
                        warnings=self.loader.warnings, sync_share=None, params=params)
-        out["loader_measured"] = self.facts["loader"]
+        out["loader_measured"] = self.facts["loader_measured"]
         out["asked"] = self.facts["asked"] or None
         if self.ranks is None:
             write_json_atomic(self.out_path, Measurement(**out).to_dict())
@@ -357,7 +334,7 @@ class _Stream:
     measurement, as in its own runs, and its next ``iter()`` of the loader goes on with the meter: the first batch
     of the new epoch, which the meter already took, waits here for it."""
 
-    def __init__(self, session: _Session, meter: Meter):
+    def __init__(self, session: Session, meter: Meter):
         self.session, self.batches = session, iter(meter)
         self.held: tuple[Any] | None = None
         self.epoch = 0
@@ -384,7 +361,6 @@ class _Stream:
         return batch
 
 
-_SESSION: _Session | None = None
 
 
 def _length(dataset: Any) -> int | None:
@@ -409,11 +385,6 @@ def _join_ranks(timeout_s: float) -> _dist.Ranks:
                        control)
 
 
-def _torchrun_agent() -> bool:
-    """Whether this process is torchrun itself (it starts the ranks; they train)."""
-    argv = getattr(sys, "orig_argv", sys.argv)
-    return "LOCAL_RANK" not in os.environ and (
-        any(os.path.basename(a) == "torchrun" for a in argv[1:2]) or "torch.distributed.run" in argv[1:3])
 
 
 def _device() -> torch.device:
@@ -453,7 +424,7 @@ def _copy(batch: Any, device: torch.device, pinned: bool) -> None:
             t.to(device, non_blocking=pinned)
 
 
-def _apply(loader: DataLoader, spec: TrialSpec, inject: set[str]) -> dict[str, Any]:
+def apply_knobs(loader: DataLoader, spec: TrialSpec, inject: set[str]) -> dict[str, Any]:
     """Set the knobs in ``inject`` on the loader (before its iterator starts its workers); what it runs with."""
     knobs = spec.knobs
     if "num_workers" in inject:
@@ -474,93 +445,3 @@ def _apply(loader: DataLoader, spec: TrialSpec, inject: set[str]) -> dict[str, A
     return {"num_workers": workers, "batch_size": loader.batch_size or knobs.batch_size,
             "pin_memory": bool(loader.pin_memory), "prefetch_factor": loader.prefetch_factor if workers else None,
             "persistent_workers": bool(loader.persistent_workers)}
-
-
-def _init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
-    _original_init(self, *args, **kwargs)
-    if _SESSION is not None:
-        _SESSION.built.append(weakref.ref(self))
-        _SESSION.sites.append(_built_at(sys._getframe(1)))
-        _SESSION.marks.put(built=len(_SESSION.built))
-
-
-_NOT_THE_SCRIPTS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
-"""torch's and tunekit's own folders: their frames are never where a script built its loader."""
-
-_PASSING_ON = frozenset({"wrapper", "wrapped", "inner", "_wrapper"})
-"""Decorators' inner functions, which pass a call on (Lightning wraps ``DataLoader.__init__`` while a module's
-``train_dataloader()`` runs, to record its arguments): a package frame of one of these did not build the loader."""
-
-
-def _built_at(frame: Any) -> dict[str, str]:
-    """Where a DataLoader was built, from the frame that called its ``__init__`` outwards: ``built_at``, the
-    innermost line of the script's own code (``file:line``), and ``built_by``, the installed package that built it
-    for the script (accelerate for HF Trainer's loader), when the innermost frame outside torch lies in one."""
-    site: dict[str, str] = {}
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if not path.startswith(_NOT_THE_SCRIPTS) and not path.startswith("<"):
-            package = _installed_package(path)
-            if package is None:
-                site["built_at"] = f"{path}:{frame.f_lineno}"
-                return site
-            if frame.f_code.co_name not in _PASSING_ON:
-                site.setdefault("built_by", package)
-        frame = frame.f_back
-    return site
-
-
-def _installed_package(path: str) -> str | None:
-    """The top-level package an installed file belongs to (its folder under site-packages), else None."""
-    parts = path.split(os.sep)
-    for i, part in enumerate(parts[:-1]):
-        if part in ("site-packages", "dist-packages"):
-            return parts[i + 1].removesuffix(".py")
-    return None
-
-
-def _iter(self: DataLoader) -> Any:
-    session = _SESSION
-    if session is None or session.done:
-        return _original_iter(self)
-    if session.training is self:  # the script's next iter() of the measured loader: the measurement goes on
-        return session.stream
-    if session.same_role(self):  # the training loader built anew (each epoch): the measurement goes on with it
-        return session.follow(self)
-    found_by = session.found_by(self) if session.training is None else None
-    return _passed_through(session, self) if found_by is None else session.start(self, found_by)
-
-
-def _passed_through(session: _Session, loader: DataLoader) -> Any:
-    index = session.index(loader)
-    for batch in _original_iter(loader):
-        session.yielded[index] = session.yielded.get(index, 0) + 1
-        yield batch
-
-
-def install() -> None:
-    """Hook torch's DataLoader for the trial named by the environment; write a failure if the script ends first."""
-    global _SESSION
-    from tunekit.worker import watch_parent
-
-    if _torchrun_agent():  # its ranks install the meter, each in its own process
-        return
-    # the trial is this process's alone: no other Python child of the script (a spawn- or forkserver-context
-    # DataLoader worker, a subprocess of sys.executable, a compile worker) finds it in its environment
-    spec_path, out_path = os.environ.pop(SPEC_ENV), os.environ.pop(OUT_ENV)
-    watch_parent()  # the script dies with the sweep that launched it, as a worker does
-    spec = TrialSpec.from_dict(read_json(spec_path))
-    _SESSION = _Session(spec, out_path)
-    if spec.knobs.threads and spec.stage != "baseline" and "threads" not in placeholders(_SESSION.command):
-        torch.set_num_threads(spec.knobs.threads)  # as OMP_NUM_THREADS would, before the script's own code
-    DataLoader.__init__ = _init  # type: ignore[method-assign]
-    DataLoader.__iter__ = _iter  # type: ignore[method-assign]
-    previous = sys.excepthook
-
-    def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
-        previous(kind, exc, tb)
-        if _SESSION is not None:
-            _SESSION.failure(exc)
-
-    sys.excepthook = excepthook
-    atexit.register(lambda: _SESSION.failure() if _SESSION is not None else None)
