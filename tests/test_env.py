@@ -60,7 +60,7 @@ def test_snapshot_has_expected_keys(snap: dict) -> None:
         "matplotlib",
         "pynvml",
     }
-    assert set(snap["cpu"]) == {"logical", "physical", "affinity", "model"}
+    assert set(snap["cpu"]) == {"logical", "physical", "affinity", "usable", "limits", "limited_by", "model"}
     assert set(snap["nvml"]) == {"available", "error", "driver_version", "cuda_driver_version"}
     assert snap["date"].endswith("+00:00")
 

@@ -7,6 +7,7 @@ is allowed. Nothing here imports torch: the driver loads configs, and import pat
 from __future__ import annotations
 
 from tunekit.config._checks import ExtraKnob, extra_knobs
+from tunekit.config._cpus import CpuBudget, cpu_budget
 from tunekit.config._imports import IMPORT_PATH_KEYS, Resolver
 from tunekit.config._knobs import KNOB_HELP, MAX_WORKERS_PER_CPU, MIN_WORKER_BOUND, check_knobs, max_workers, parse_knob
 from tunekit.config._load import from_dict, load, read_yaml, set_dotted
@@ -45,6 +46,8 @@ __all__ = [
     "ExtraKnob",
     "extra_knobs",
     "cpu_count",
+    "cpu_budget",
+    "CpuBudget",
     "set_dotted",
     "max_workers",
     "KNOB_HELP",

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tunekit.config._cpus import cpu_count
 from tunekit.contract import Strategy
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -281,14 +281,6 @@ TOP_LEVEL_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Confi
                                        and f.name not in ("workload", "script", "search", "trial", "selection",
                                                           "budget", "cost", "launch"))
 """The config's keys that hold a value rather than a section (``--set strategy=grid``)."""
-
-
-def cpu_count() -> int:
-    """CPUs this process may run on (affinity and container limits respected)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def auto_workers(cpus: int | None = None) -> list[int]:

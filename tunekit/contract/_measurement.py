@@ -220,7 +220,8 @@ class Measurement:
     host_processes: int | None = None
     """Most processes seen in the tree."""
     cpu_count: int | None = None
-    """Usable CPUs of the trial (affinity and container limits respected; summed over the nodes)."""
+    """Usable CPUs of the trial (the smallest of affinity, CFS quota and SLURM's allotment, `config.cpu_budget`;
+    summed over the nodes)."""
     torch_threads: int | None = None
     """``torch.get_num_threads()`` of the training process as measured."""
 

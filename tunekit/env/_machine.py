@@ -39,7 +39,7 @@ def machine_fingerprint(snapshot: Mapping[str, Any] | None, *, device: str | Non
         "gpu": ", ".join(sorted(set(names))) or None,
         "gpus": len(names) if snap else None,
         "cpu": cpu.get("model"),
-        "cpus": cpus if cpus is not None else cpu.get("affinity"),
+        "cpus": cpus if cpus is not None else cpu.get("usable", cpu.get("affinity")),
         "memory_bytes": memory_bytes if memory_bytes is not None else (snap.get("memory") or {}).get("total_bytes"),
         "torch": versions.get("torch"),
         "cuda": versions.get("cuda"),

@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from tunekit.config import cpu_count
+from tunekit.config import cpu_budget
 from tunekit.env._nvml import nvml_snapshot
 
 _SHM_PATH = "/dev/shm"
@@ -113,11 +113,17 @@ def cpu_model() -> str | None:
 
 
 def _cpu_info() -> dict[str, Any]:
-    """Return logical, physical and usable (affinity) CPU counts and the model name."""
+    """Return the logical and physical CPU counts, the usable ones (``config.cpu_budget``: the smallest of the
+    affinity, a cgroup's CFS quota and SLURM's allotment) with each limit found and the one that set them, and the
+    model name."""
+    budget = cpu_budget()
     return {
         "logical": os.cpu_count(),
         "physical": psutil.cpu_count(logical=False),
-        "affinity": cpu_count(),
+        "affinity": budget.limits["affinity"],
+        "usable": budget.usable,
+        "limits": budget.limits,
+        "limited_by": budget.limited_by,
         "model": cpu_model(),
     }
 

@@ -40,7 +40,7 @@ def _host_pairs(snap: dict[str, Any]) -> list[tuple[str, str]]:
     cpu, mem, shm = snap.get("cpu") or {}, snap.get("memory") or {}, snap.get("shm")
     cpu_text = (
         f"{_q(cpu.get('logical'))} logical, {_q(cpu.get('physical'))} physical, "
-        f"{_q(cpu.get('affinity'))} usable ({cpu.get('model') or 'unknown model'})"
+        f"{_q(_usable(cpu))} usable{_limited(cpu)} ({cpu.get('model') or 'unknown model'})"
     )
     shm_text = f"{_gib(shm.get('free_bytes'))} free of {_gib(shm.get('total_bytes'))}" if shm else "missing"
     return [
@@ -113,3 +113,15 @@ def format_text(snap: dict[str, Any]) -> str:
         lines.extend(_gpu_lines(gpu))
     return "\n".join(lines)
 
+
+def _usable(cpu: dict[str, Any]) -> Any:
+    return cpu.get("usable", cpu.get("affinity"))
+
+
+def _limited(cpu: dict[str, Any]) -> str:
+    """", limited by its CFS quota (16 CPUs of affinity)" when something under the affinity set the usable count."""
+    limits, by = cpu.get("limits") or {}, cpu.get("limited_by")
+    if not by or by == "affinity" or by not in limits:
+        return ""
+    what = {"cgroup_quota": "its cgroup's CFS quota"}.get(by, by)
+    return f", limited by {what} ({limits.get('affinity')} CPUs of affinity)"

@@ -11,20 +11,23 @@ from tunekit.records import TrialRow
 
 
 def environment_warnings(env: dict[str, Any], *, max_workers: int = 0, batch_bytes: int | None = None,
-                         prefetch: int = 2) -> list[str]:
-    """Warnings from an env snapshot: CPUs, /dev/shm, driver, and each GPU's processes, clocks, heat and link."""
+                         prefetch: int = 2, ranks: int = 1) -> list[str]:
+    """Warnings from an env snapshot: CPUs, /dev/shm, driver, and each GPU's processes, clocks, heat and link.
+    ``ranks``: the ranks on this node, each with its own loader's workers (they share the node's CPUs and shm)."""
     out: list[str] = []
     cpu = env.get("cpu") or {}
-    cpus = cpu.get("affinity") or cpu.get("logical") or 0
-    if max_workers and cpus and max_workers > cpus:
-        out.append(f"search.num_workers goes up to {max_workers}, above the {cpus} usable CPUs: workers beyond the "
-                   "core count compete for them when they compute (decoding, augmenting); workers that wait on "
-                   "storage do not, and the diagnosis tells which")
+    cpus = cpu.get("usable") or cpu.get("affinity") or cpu.get("logical") or 0
+    workers = max_workers * max(1, ranks)
+    if max_workers and cpus and workers > cpus:
+        across = f" per rank, {workers} across this node's {ranks} ranks," if ranks > 1 else ","
+        out.append(f"search.num_workers goes up to {max_workers}{across} above the {cpus} usable CPUs: workers "
+                   "beyond the core count compete for them when they compute (decoding, augmenting); workers that "
+                   "wait on storage do not, and the diagnosis tells which")
     shm = env.get("shm") or {}
     if batch_bytes and max_workers and shm.get("total_bytes"):
-        need = max_workers * prefetch * batch_bytes
+        need = workers * prefetch * batch_bytes
         if need > rules.SHM_WARN * shm["total_bytes"]:
-            out.append(f"/dev/shm holds {_size(shm['total_bytes'])} but {max_workers} workers x prefetch {prefetch} x "
+            out.append(f"/dev/shm holds {_size(shm['total_bytes'])} but {workers} workers x prefetch {prefetch} x "
                        f"{_size(batch_bytes)} batches need about {_size(need)}: enlarge it (docker run --shm-size) "
                        "or lower num_workers x prefetch_factor x batch")
     build, driver = env.get("torch_cuda_build"), (env.get("nvml") or {}).get("cuda_driver_version")
@@ -62,7 +65,7 @@ def _gpu_warnings(gpu: dict[str, Any]) -> list[str]:
 def _busy_before(env: dict[str, Any]) -> list[str]:
     """The machine's load over the last minute, against its usable CPUs (each trial then measures its own)."""
     cpu = env.get("cpu") or {}
-    cpus = cpu.get("affinity") or cpu.get("logical") or 0
+    cpus = cpu.get("usable") or cpu.get("affinity") or cpu.get("logical") or 0
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # pragma: no cover - not Unix
@@ -90,7 +93,7 @@ def sweep_warnings(cfg: Config, env: dict[str, Any], rows: list[TrialRow] | None
     s = cfg.search
     batch_bytes = _batch_bytes(cfg, rows or [])
     out = environment_warnings(env, max_workers=max(s.num_workers), batch_bytes=batch_bytes,
-                               prefetch=max(s.prefetch_factor))
+                               prefetch=max(s.prefetch_factor), ranks=cfg.launch.nproc_per_node)
     out += _link_warnings(env, cfg.launch.nproc_per_node)
     if rows is None:  # at the start: a machine already busy says so before the first trial
         out += _busy_before(env)
