@@ -15,8 +15,9 @@ from tunekit._files import atomic_path, read_json
 from tunekit.contract import Measurement
 
 
-def run_trial(config: str | Path, out: Path, sets: list[str], *, mode: str = "train",
-              echo: bool = False) -> tuple[Measurement, Path | None]:
+def run_trial(
+    config: str | Path, out: Path, sets: list[str], *, mode: str = "train", echo: bool = False
+) -> tuple[Measurement, Path | None]:
     """``tunekit trial CONFIG --out OUT --mode MODE --set …``: its measurement and trial folder. A command that left no
     measurement (killed, or failed before its trial began) gives a crashed one and no folder, never an earlier
     trial's."""
@@ -37,8 +38,9 @@ def run_trial(config: str | Path, out: Path, sets: list[str], *, mode: str = "tr
 _CLOCK = Path(__file__).resolve().parent / "_plain_clock"
 
 
-def plain_rate(command: list[str], cwd: str | Path, loader: dict[str, Any], skip: int, count: int,
-               timeout_s: float = 1800) -> float:
+def plain_rate(
+    command: list[str], cwd: str | Path, loader: dict[str, Any], skip: int, count: int, timeout_s: float = 1800
+) -> float:
     """A training script's own throughput by the plain clock (benchmarks/_plain_clock: a timestamp per batch
     request, nothing else) over batches ``skip``+1 … ``skip``+``count`` of its training loader, with ``loader``'s
     attributes set on it as a trial would."""

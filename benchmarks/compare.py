@@ -42,8 +42,10 @@ from tunekit.contract import Measurement
 
 def _sweep(config: Path, out: Path, *extra: str) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(config), "--out", str(out), "--no-resume",
-                    "--quiet", *extra], check=False)
+    subprocess.run(
+        [sys.executable, "-m", "tunekit", "sweep", str(config), "--out", str(out), "--no-resume", "--quiet", *extra],
+        check=False,
+    )
     return time.perf_counter() - t0
 
 
@@ -60,20 +62,30 @@ def _previous(trials_dir: Path, knobs: dict[str, Any]) -> tuple[int, list[float]
         if m.status == "ok":
             rates.append(m.rate)
     if others:
-        print(f"{trials_dir}: {others} earlier trial(s) ran other knobs than {json.dumps(knobs)}; not counted",
-              file=sys.stderr)
+        print(
+            f"{trials_dir}: {others} earlier trial(s) ran other knobs than {json.dumps(knobs)}; not counted",
+            file=sys.stderr,
+        )
     return done, rates
 
 
 def _best_knobs(run: Path) -> dict[str, Any] | None:
     """The knobs of the fastest completed trial of a run (trials.csv)."""
-    ok = [t for t in csv.DictReader(open(run / "trials.csv")) if t["status"] == "ok"
-          and t.get("stage") in rules.KNEE_STAGES]
+    ok = [
+        t
+        for t in csv.DictReader(open(run / "trials.csv"))
+        if t["status"] == "ok" and t.get("stage") in rules.KNEE_STAGES
+    ]
     if not ok:
         return None
     t = max(ok, key=lambda t: float(t["rate"]))
-    knobs = {"num_workers": int(t["num_workers"]), "pin_memory": t["pin_memory"] == "True",
-             "batch_size": int(t["batch_size"]), "grad_accum": int(t["grad_accum"]), "compile": t["compile"]}
+    knobs = {
+        "num_workers": int(t["num_workers"]),
+        "pin_memory": t["pin_memory"] == "True",
+        "batch_size": int(t["batch_size"]),
+        "grad_accum": int(t["grad_accum"]),
+        "compile": t["compile"],
+    }
     if knobs["num_workers"]:
         knobs["prefetch_factor"] = int(float(t["prefetch_factor"]))
     return knobs
@@ -89,9 +101,13 @@ def _full_grid_estimate(modes: list[str], grid_trials: list[dict], staged_trials
     """The full grid's time, too long to run: its trials counted per compile mode, times the mean trial time of that
     mode in the reduced grid run, or in the staged run for a mode the reduced grid left out (a compiled trial takes
     its compile warm-up on top: pricing it as an eager one would shrink the grid and flatter nobody)."""
+
     def mean(trials: list[dict], mode: str) -> float | None:
-        times = [float(t["launcher_wall_s"]) for t in trials
-                 if t.get("launcher_wall_s") and t["status"] != "skipped" and t.get("compile", "none") == mode]
+        times = [
+            float(t["launcher_wall_s"])
+            for t in trials
+            if t.get("launcher_wall_s") and t["status"] != "skipped" and t.get("compile", "none") == mode
+        ]
         return statistics.fmean(times) if times else None
 
     total, parts = 0.0, []
@@ -112,8 +128,13 @@ def _knobs(rec_path: Path) -> dict[str, Any] | None:
     if not rec_path.exists():
         return None
     rec = load_recommended(rec_path)
-    knobs = {"num_workers": rec.num_workers, "pin_memory": rec.pin_memory, "batch_size": rec.batch_size,
-             "grad_accum": rec.grad_accum, "compile": rec.compile}
+    knobs = {
+        "num_workers": rec.num_workers,
+        "pin_memory": rec.pin_memory,
+        "batch_size": rec.batch_size,
+        "grad_accum": rec.grad_accum,
+        "compile": rec.compile,
+    }
     if rec.num_workers:
         knobs["prefetch_factor"] = rec.prefetch_factor
     return knobs
@@ -157,10 +178,21 @@ def _runs(args: argparse.Namespace) -> tuple[Path, Path, float, float]:
 def _candidates(args: argparse.Namespace, staged_dir: Path, grid_dir: Path) -> dict[str, dict[str, Any] | None]:
     cpus = args.hand_workers or config_mod.cpu_count()
     return {
-        "PyTorch defaults": {"num_workers": 0, "pin_memory": False, "batch_size": args.hand_batch, "grad_accum": 1,
-                             "compile": "none"},
-        "hand-tuned": {"num_workers": cpus, "prefetch_factor": 2, "pin_memory": True, "batch_size": args.hand_batch,
-                       "grad_accum": 1, "compile": "none"},
+        "PyTorch defaults": {
+            "num_workers": 0,
+            "pin_memory": False,
+            "batch_size": args.hand_batch,
+            "grad_accum": 1,
+            "compile": "none",
+        },
+        "hand-tuned": {
+            "num_workers": cpus,
+            "prefetch_factor": 2,
+            "pin_memory": True,
+            "batch_size": args.hand_batch,
+            "grad_accum": 1,
+            "compile": "none",
+        },
         "tunekit staged": _knobs(staged_dir / "recommended.yaml"),
         "grid best": _best_knobs(grid_dir),
     }
@@ -174,15 +206,15 @@ def main() -> None:
     staged_trials = list(csv.DictReader(open(staged_dir / "trials.csv")))
     grid_trials = list(csv.DictReader(open(grid_dir / "trials.csv")))
     cfg = config_mod.load(args.config, check_imports=False)
-    full_grid = _full_grid_estimate([r.knobs.compile for r in plan.next_requests(cfg, [], strategy="grid", cuda=True)],
-                                    grid_trials, staged_trials)
+    full_grid = _full_grid_estimate(
+        [r.knobs.compile for r in plan.next_requests(cfg, [], strategy="grid", cuda=True)], grid_trials, staged_trials
+    )
     candidates = _candidates(args, staged_dir, grid_dir)
     measured: dict[str, list[float]] = {}
     finished: dict[str, int] = {}
     for name, knobs in candidates.items():
         if knobs is not None:
-            finished[name], measured[name] = _previous(out / "side-by-side" / name.replace(" ", "-") / "trials",
-                                                       knobs)
+            finished[name], measured[name] = _previous(out / "side-by-side" / name.replace(" ", "-") / "trials", knobs)
 
     def table() -> list[dict[str, Any]]:
         rows = _table(candidates, measured, staged_trials, grid_trials, staged_s, grid_s, full_grid)
@@ -205,20 +237,55 @@ def main() -> None:
         print(f"{r['config']} | {r['knobs']} | {r['samples_per_s']} | {r['vs_grid_best']} | {r['runs'] or ''}")
 
 
-def _table(candidates: dict, measured: dict, staged_trials: list, grid_trials: list, staged_s: float,
-           grid_s: float, full_grid: tuple[float, str]) -> list[dict[str, Any]]:
+def _table(
+    candidates: dict,
+    measured: dict,
+    staged_trials: list,
+    grid_trials: list,
+    staged_s: float,
+    grid_s: float,
+    full_grid: tuple[float, str],
+) -> list[dict[str, Any]]:
     rates = {k: statistics.median(v) for k, v in measured.items() if v}
     grid_best = rates.get("grid best")
-    rows = [{"config": k, "knobs": json.dumps(candidates[k]), "samples_per_s": round(v, 1),
-             "vs_grid_best": round(v / grid_best, 3) if grid_best else None,
-             "runs": f"{len(measured[k])}: {min(measured[k]):.1f}-{max(measured[k]):.1f}"} for k, v in rates.items()]
-    rows.append({"config": "staged sweep time (s)", "knobs": f"{len(staged_trials)} trials",
-                 "samples_per_s": round(staged_s, 1), "vs_grid_best": None, "runs": None})
-    rows.append({"config": "reduced grid time (s)", "knobs": f"{len(grid_trials)} trials",
-                 "samples_per_s": round(grid_s, 1), "vs_grid_best": None, "runs": None})
+    rows = [
+        {
+            "config": k,
+            "knobs": json.dumps(candidates[k]),
+            "samples_per_s": round(v, 1),
+            "vs_grid_best": round(v / grid_best, 3) if grid_best else None,
+            "runs": f"{len(measured[k])}: {min(measured[k]):.1f}-{max(measured[k]):.1f}",
+        }
+        for k, v in rates.items()
+    ]
+    rows.append(
+        {
+            "config": "staged sweep time (s)",
+            "knobs": f"{len(staged_trials)} trials",
+            "samples_per_s": round(staged_s, 1),
+            "vs_grid_best": None,
+            "runs": None,
+        }
+    )
+    rows.append(
+        {
+            "config": "reduced grid time (s)",
+            "knobs": f"{len(grid_trials)} trials",
+            "samples_per_s": round(grid_s, 1),
+            "vs_grid_best": None,
+            "runs": None,
+        }
+    )
     full_s, how = full_grid
-    rows.append({"config": "full grid, estimated (s)", "knobs": how, "samples_per_s": round(full_s, 1),
-                 "vs_grid_best": round(staged_s / full_s, 3) if full_s else None, "runs": None})
+    rows.append(
+        {
+            "config": "full grid, estimated (s)",
+            "knobs": how,
+            "samples_per_s": round(full_s, 1),
+            "vs_grid_best": round(staged_s / full_s, 3) if full_s else None,
+            "runs": None,
+        }
+    )
     return rows
 
 

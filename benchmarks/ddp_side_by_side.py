@@ -33,9 +33,14 @@ from tunekit.contract import Measurement
 
 def _knobs(rec_path: Path) -> dict[str, Any]:
     rec = load_recommended(rec_path)
-    return {"num_workers": rec.num_workers, "prefetch_factor": rec.prefetch_factor or 2,
-            "pin_memory": rec.pin_memory, "batch_size": rec.batch_size, "grad_accum": rec.grad_accum,
-            "compile": rec.compile}
+    return {
+        "num_workers": rec.num_workers,
+        "prefetch_factor": rec.prefetch_factor or 2,
+        "pin_memory": rec.pin_memory,
+        "batch_size": rec.batch_size,
+        "grad_accum": rec.grad_accum,
+        "compile": rec.compile,
+    }
 
 
 def contenders(cfg: config_mod.Config, run: Path, single_gpu: Path | None) -> dict[str, dict[str, Any]]:
@@ -62,8 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     measured: dict[str, list[Measurement]] = {name: [] for name in configs}
     for round_ in range(args.repeats):
         for name, knobs in configs.items():
-            sets = [f"{k}={'none' if v is None else v}" for k, v in knobs.items() if not (k == "prefetch_factor"
-                                                                                         and knobs["num_workers"] == 0)]
+            sets = [
+                f"{k}={'none' if v is None else v}"
+                for k, v in knobs.items()
+                if not (k == "prefetch_factor" and knobs["num_workers"] == 0)
+            ]
             m, _ = run_trial(args.config, args.out / "trials", sets)
             measured[name].append(m)
             print(f"round {round_ + 1} {name}: {m.status} {m.rate or 0:.1f} {m.unit or 'samples'}/s", file=sys.stderr)
@@ -85,16 +93,30 @@ def _table(configs: dict[str, dict[str, Any]], measured: dict[str, list[Measurem
         rate = statistics.median(m.rate for m in ok) if ok else None
         ours = rate if name == "tunekit" else ours
         host = max((m.host_mem_peak_bytes or 0 for m in ok), default=0)
-        rows.append({"config": name, "workers_per_rank": knobs["num_workers"],
-                     "workers_total": knobs["num_workers"] * knobs["ranks"], "batch": knobs["batch_size"],
-                     "pinned": knobs["pin_memory"], "samples_per_s": rate,
-                     "per_gpu": None if rate is None else rate / knobs["ranks"],
-                     "vs_tunekit": None if rate is None or not ours else rate / ours,
-                     "host_mem_gib": host / 2**30 if host else None,
-                     "runs": len(measured[name]), "failed": len(measured[name]) - len(ok),
-                     # the same knobs under another name: their gap is the machine's run-to-run spread
-                     "same_as": next((other for other, k in configs.items() if other != name and k == knobs
-                                      and list(configs).index(other) < list(configs).index(name)), None)})
+        rows.append(
+            {
+                "config": name,
+                "workers_per_rank": knobs["num_workers"],
+                "workers_total": knobs["num_workers"] * knobs["ranks"],
+                "batch": knobs["batch_size"],
+                "pinned": knobs["pin_memory"],
+                "samples_per_s": rate,
+                "per_gpu": None if rate is None else rate / knobs["ranks"],
+                "vs_tunekit": None if rate is None or not ours else rate / ours,
+                "host_mem_gib": host / 2**30 if host else None,
+                "runs": len(measured[name]),
+                "failed": len(measured[name]) - len(ok),
+                # the same knobs under another name: their gap is the machine's run-to-run spread
+                "same_as": next(
+                    (
+                        other
+                        for other, k in configs.items()
+                        if other != name and k == knobs and list(configs).index(other) < list(configs).index(name)
+                    ),
+                    None,
+                ),
+            }
+        )
     return rows
 
 
@@ -102,14 +124,19 @@ def _markdown(rows: list[dict[str, Any]], cfg: config_mod.Config) -> str:
     def f(v: Any, spec: str) -> str:
         return "—" if v is None else format(v, spec)
 
-    out = [f"{cfg.launch.world} ranks, {config_mod.cpu_count()} CPUs", "",
-           "| config | workers/rank | workers | batch | pinned | samples/s | per GPU | vs tunekit | host memory |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = [
+        f"{cfg.launch.world} ranks, {config_mod.cpu_count()} CPUs",
+        "",
+        "| config | workers/rank | workers | batch | pinned | samples/s | per GPU | vs tunekit | host memory |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         same = f" (the same config as {r['same_as']})" if r.get("same_as") else ""
-        out.append(f"| {r['config']}{same} | {r['workers_per_rank']} | {r['workers_total']} | {r['batch']} | "
-                   f"{'yes' if r['pinned'] else 'no'} | {f(r['samples_per_s'], ',.1f')} | {f(r['per_gpu'], ',.1f')} | "
-                   f"{f(r['vs_tunekit'], '.3f')} | {f(r['host_mem_gib'], '.1f')} GiB |")
+        out.append(
+            f"| {r['config']}{same} | {r['workers_per_rank']} | {r['workers_total']} | {r['batch']} | "
+            f"{'yes' if r['pinned'] else 'no'} | {f(r['samples_per_s'], ',.1f')} | {f(r['per_gpu'], ',.1f')} | "
+            f"{f(r['vs_tunekit'], '.3f')} | {f(r['host_mem_gib'], '.1f')} GiB |"
+        )
     return "\n".join(out) + "\n"
 
 

@@ -42,18 +42,34 @@ def main() -> None:
     rows = []
     for batch in args.batch:
         for mode in args.compile:
-            m, _ = run_trial(args.config, args.out, [*args.sets, f"batch_size={batch}", f"compile={mode}"],
-                             mode="compute")
-            share = (m.rate * m.flops_per_item / peak["matmul_peak_flops"]
-                     if m.status == "ok" and m.rate and m.flops_per_item else None)
-            rows.append({"batch_size": batch, "compile": mode, "status": m.status,
-                         "rate": round(m.rate, 1) if m.rate else None, "unit": cfg.workload.unit,
-                         "flops_per_item": m.flops_per_item, "share_of_peak": round(share, 4) if share else None,
-                         "peak_flops": peak["matmul_peak_flops"], "reason": m.reason or m.flops_reason or ""})
+            m, _ = run_trial(
+                args.config, args.out, [*args.sets, f"batch_size={batch}", f"compile={mode}"], mode="compute"
+            )
+            share = (
+                m.rate * m.flops_per_item / peak["matmul_peak_flops"]
+                if m.status == "ok" and m.rate and m.flops_per_item
+                else None
+            )
+            rows.append(
+                {
+                    "batch_size": batch,
+                    "compile": mode,
+                    "status": m.status,
+                    "rate": round(m.rate, 1) if m.rate else None,
+                    "unit": cfg.workload.unit,
+                    "flops_per_item": m.flops_per_item,
+                    "share_of_peak": round(share, 4) if share else None,
+                    "peak_flops": peak["matmul_peak_flops"],
+                    "reason": m.reason or m.flops_reason or "",
+                }
+            )
             r = rows[-1]
-            print(f"batch {batch}, compile {mode}: {r['status']} {r['rate']} {r['unit']}/s, "
-                  f"{(r['flops_per_item'] or 0) / 1e9:.2f} GFLOP/item, "
-                  f"share {'' if share is None else f'{share:.1%}'} {r['reason']}", flush=True)
+            print(
+                f"batch {batch}, compile {mode}: {r['status']} {r['rate']} {r['unit']}/s, "
+                f"{(r['flops_per_item'] or 0) / 1e9:.2f} GFLOP/item, "
+                f"share {'' if share is None else f'{share:.1%}'} {r['reason']}",
+                flush=True,
+            )
             write_csv(args.out / "flop_share.csv", rows)
 
 

@@ -76,24 +76,44 @@ def main() -> None:
         cfg = json.loads((trial_dir / "spec.json").read_text())
         # the plain loop: same warm-up batches, as long as the trial's windows together
         t0 = time.perf_counter()
-        plain = subprocess.run([sys.executable, "-c", _PLAIN, json.dumps(cfg["config"]), json.dumps(cfg["knobs"]),
-                                str(m.measured_s), str(m.warmup_batches)], capture_output=True, text=True)
+        plain = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                _PLAIN,
+                json.dumps(cfg["config"]),
+                json.dumps(cfg["knobs"]),
+                str(m.measured_s),
+                str(m.warmup_batches),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if plain.returncode != 0:
             sys.exit(plain.stderr.strip().splitlines()[-1])
         p = json.loads(plain.stdout.strip().splitlines()[-1])
-        rows.append({"repeat": i, "trial_samples_per_s": m.rate,
-                     "trial_mean_of_windows": statistics.fmean(m.rate_windows or []),
-                     "plain_samples_per_s": p["samples_per_s"], "plain_wall_s": time.perf_counter() - t0,
-                     "device": m.device_name})
+        rows.append(
+            {
+                "repeat": i,
+                "trial_samples_per_s": m.rate,
+                "trial_mean_of_windows": statistics.fmean(m.rate_windows or []),
+                "plain_samples_per_s": p["samples_per_s"],
+                "plain_wall_s": time.perf_counter() - t0,
+                "device": m.device_name,
+            }
+        )
     write_csv(out / "overhead.csv", rows)
     trial = statistics.median(r["trial_mean_of_windows"] for r in rows)
     plain = statistics.median(r["plain_samples_per_s"] for r in rows)
     print("repeat | trial samples/s (median, mean of windows) | plain loop samples/s")
     for r in rows:
-        print(f"{r['repeat']} | {r['trial_samples_per_s']:.1f}, {r['trial_mean_of_windows']:.1f} | "
-              f"{r['plain_samples_per_s']:.1f}")
-    print(f"overhead = 1 - trial/plain = {1 - trial / plain:+.2%} (medians over {len(rows)} repeats, "
-          f"{rows[0]['device']})")
+        print(
+            f"{r['repeat']} | {r['trial_samples_per_s']:.1f}, {r['trial_mean_of_windows']:.1f} | "
+            f"{r['plain_samples_per_s']:.1f}"
+        )
+    print(
+        f"overhead = 1 - trial/plain = {1 - trial / plain:+.2%} (medians over {len(rows)} repeats, {rows[0]['device']})"
+    )
 
 
 if __name__ == "__main__":

@@ -62,8 +62,10 @@ def main() -> None:
         t0 = time.perf_counter()
         me.memory_full_info()
         reads.append(time.perf_counter() - t0)
-    print(f"memory_full_info of the CUDA training process: median {statistics.median(reads) * 1e3:.2f} ms, "
-          f"max {max(reads) * 1e3:.2f} ms")
+    print(
+        f"memory_full_info of the CUDA training process: median {statistics.median(reads) * 1e3:.2f} ms, "
+        f"max {max(reads) * 1e3:.2f} ms"
+    )
 
     stop = threading.Event()
 
@@ -83,8 +85,11 @@ def main() -> None:
             if mode == "sampled":
                 stop.set()
                 thread.join()
-        print(f"round {rnd}: mean step bare {res['bare'][-1] * 1e3:.2f} ms, sampling every 1 s "
-              f"{res['sampled'][-1] * 1e3:.2f} ms", flush=True)
+        print(
+            f"round {rnd}: mean step bare {res['bare'][-1] * 1e3:.2f} ms, sampling every 1 s "
+            f"{res['sampled'][-1] * 1e3:.2f} ms",
+            flush=True,
+        )
     bare, sampled = statistics.median(res["bare"]), statistics.median(res["sampled"])
     print(f"median of rounds: bare {bare * 1e3:.2f} ms, sampled {sampled * 1e3:.2f} ms, {sampled / bare - 1:+.2%}")
 

@@ -44,8 +44,18 @@ def _bare(step_s: float, steps: int) -> float:
 
 def _metered(step_s: float, monitor: bool) -> float:
     mon = Monitor(None).start() if monitor else None
-    settings = MeterSettings(window_s=1.0, measure_windows=3, max_windows=3, precision=None, warmup_steps=5,
-                             compiling=False, grad_accum=1, round_batches=1, fill=0, needed=None)
+    settings = MeterSettings(
+        window_s=1.0,
+        measure_windows=3,
+        max_windows=3,
+        precision=None,
+        warmup_steps=5,
+        compiling=False,
+        grad_accum=1,
+        round_batches=1,
+        fill=0,
+        needed=None,
+    )
     meter = Meter(_endless(), settings, device=torch.device("cpu"), count=lambda batch: 8, cpu=TreeCpu())
     for _ in meter:
         _step(step_s)
@@ -67,8 +77,11 @@ def main() -> None:
         for rnd in range(args.rounds):
             bare = _bare(step_s, int(3 / step_s))
             meter, monitored = _metered(step_s, False), _metered(step_s, True)
-            print(f"round {rnd}: bare {bare:.1f} steps/s, meter {meter:.1f} ({1 - meter / bare:+.2%}), meter and "
-                  f"monitor {monitored:.1f} ({1 - monitored / bare:+.2%})", flush=True)
+            print(
+                f"round {rnd}: bare {bare:.1f} steps/s, meter {meter:.1f} ({1 - meter / bare:+.2%}), meter and "
+                f"monitor {monitored:.1f} ({1 - monitored / bare:+.2%})",
+                flush=True,
+            )
     finally:
         for kid in kids:
             kid.kill()

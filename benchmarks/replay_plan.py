@@ -65,8 +65,14 @@ def _cut(m: Measurement, cfg: Config, needed: float | None) -> tuple[Measurement
     kept = windows[drop:k]  # as the worker keeps them: the leading windows still settling left out
     measured = float(m.measured_s or 0.0) + float(m.settling_s or 0.0)
     trial_s = float(m.trial_s or 0.0) - measured * (1 - k / len(windows))
-    cut = dataclasses.replace(m, rate=statistics.fmean(kept), rate_windows=kept, settling_windows=windows[:drop],
-                              noise_cv=statistics.pstdev(kept) / statistics.fmean(kept), trial_s=trial_s)
+    cut = dataclasses.replace(
+        m,
+        rate=statistics.fmean(kept),
+        rate_windows=kept,
+        settling_windows=windows[:drop],
+        noise_cv=statistics.pstdev(kept) / statistics.fmean(kept),
+        trial_s=trial_s,
+    )
     return cut, k, len(windows)
 
 
@@ -81,8 +87,18 @@ def replay(run: Path, cfg: Config, cuda: bool = True) -> tuple[list[TrialRow], l
         n = len(rows)
         what = f"{req.stage:<10} {req.knobs.describe()}"
         if req.skip is not None:
-            rows += rows_from_measurements([Measurement(number=n, stage=req.stage, mode=req.mode, status="skipped",
-                                                        reason=req.skip, params=req.knobs.to_dict())])
+            rows += rows_from_measurements(
+                [
+                    Measurement(
+                        number=n,
+                        stage=req.stage,
+                        mode=req.mode,
+                        status="skipped",
+                        reason=req.skip,
+                        params=req.knobs.to_dict(),
+                    )
+                ]
+            )
             lines.append(f"{n:3d} skip {what}: {req.skip}")
             continue
         m = recorded.get((req.mode, req.knobs, req.run))  # a repeat the run never made is never measured
@@ -110,12 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"stopped: the plan asks for {missing}, which the run never measured", file=sys.stderr)
         return 1
-    knee = select_knee([r for r in rows if r.stage in rules.KNEE_STAGES and not rules.changes_result(r)],
-                       cfg.selection).knee
+    knee = select_knee(
+        [r for r in rows if r.stage in rules.KNEE_STAGES and not rules.changes_result(r)], cfg.selection
+    ).knee
     recommended = args.run / "recommended.yaml"
     before = yaml.safe_load(recommended.read_text()).get("dataloader") if recommended.exists() else None
-    print(f"knee now: {knee.knobs.describe() if knee else 'none'} (trial {knee.number if knee else '—'}); "
-          f"the run's recommendation: {before}")
+    print(
+        f"knee now: {knee.knobs.describe() if knee else 'none'} (trial {knee.number if knee else '—'}); "
+        f"the run's recommendation: {before}"
+    )
     return 0
 
 

@@ -28,9 +28,12 @@ from tunekit.launch import script_command
 
 def _plain(cfg: config.Config, knobs: Knobs, loader: dict, skip: int, count: int) -> float:
     spec = TrialSpec(number=0, stage="single", mode="train", knobs=knobs, config=cfg.to_dict())
-    settings = {"num_workers": loader["num_workers"], "prefetch_factor": loader["prefetch_factor"],
-                "pin_memory": loader["pin_memory"],
-                "persistent_workers": loader.get("persistent_workers", loader["num_workers"] > 0)}
+    settings = {
+        "num_workers": loader["num_workers"],
+        "prefetch_factor": loader["prefetch_factor"],
+        "pin_memory": loader["pin_memory"],
+        "persistent_workers": loader.get("persistent_workers", loader["num_workers"] > 0),
+    }
     return plain_rate(script_command(spec), cfg.script.cwd, settings, skip, count)
 
 
@@ -57,22 +60,35 @@ def main() -> None:
         plain = plain if plain is not None else _plain(cfg, *last)
         control = _plain(cfg, *last) if args.control else None
         against = plain if control is None else (plain + control) / 2
-        rows.append({"repeat": repeat, "trial_rate": round(trial.rate, 3), "plain_rate": round(plain, 3),
-                     "plain_again": None if control is None else round(control, 3),
-                     "overhead": round(1 - trial.rate / against, 4),
-                     "plain_spread": None if control is None else round(abs(plain - control) / against, 4),
-                     "trial_data_wait": round(trial.data_wait_frac, 4), "trial_noise_cv": round(trial.noise_cv, 4),
-                     "trial_windows": trial.windows_measured, "knobs": str(knobs)})
+        rows.append(
+            {
+                "repeat": repeat,
+                "trial_rate": round(trial.rate, 3),
+                "plain_rate": round(plain, 3),
+                "plain_again": None if control is None else round(control, 3),
+                "overhead": round(1 - trial.rate / against, 4),
+                "plain_spread": None if control is None else round(abs(plain - control) / against, 4),
+                "trial_data_wait": round(trial.data_wait_frac, 4),
+                "trial_noise_cv": round(trial.noise_cv, 4),
+                "trial_windows": trial.windows_measured,
+                "knobs": str(knobs),
+            }
+        )
         floor = "" if control is None else f", plain again {control:.1f} (spread {rows[-1]['plain_spread']:.2%})"
-        print(f"round {repeat}: trial {trial.rate:.1f} (data wait {trial.data_wait_frac:.1%}, window CV "
-              f"{trial.noise_cv:.1%}), plain {plain:.1f}{floor}, overhead {rows[-1]['overhead']:+.2%}", flush=True)
+        print(
+            f"round {repeat}: trial {trial.rate:.1f} (data wait {trial.data_wait_frac:.1%}, window CV "
+            f"{trial.noise_cv:.1%}), plain {plain:.1f}{floor}, overhead {rows[-1]['overhead']:+.2%}",
+            flush=True,
+        )
         args.out.mkdir(parents=True, exist_ok=True)
         write_csv(args.out / "script_overhead.csv", rows)  # each round kept: a call cut short keeps what it measured
     median = statistics.median(r["overhead"] for r in rows)
     spread = [r["plain_spread"] for r in rows if r["plain_spread"] is not None]
     floor = f"; plain against plain {statistics.median(spread):.2%} (median)" if spread else ""
-    print(f"median overhead {median:+.2%} over {len(rows)} rounds (target <= 1 %){floor} -> "
-          f"{args.out / 'script_overhead.csv'}")
+    print(
+        f"median overhead {median:+.2%} over {len(rows)} rounds (target <= 1 %){floor} -> "
+        f"{args.out / 'script_overhead.csv'}"
+    )
 
 
 if __name__ == "__main__":

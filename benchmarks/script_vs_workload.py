@@ -42,14 +42,22 @@ def _sweep(cfg: Path, out: Path, budget: float, sets: list[str]) -> dict:
     proc = subprocess.run(cmd, cwd=_ROOT, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
     if proc.returncode != 0 or not (out / "recommended.yaml").exists():
-        raise SystemExit(f"the sweep of {cfg.name} failed (exit {proc.returncode}): "
-                         f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+        raise SystemExit(
+            f"the sweep of {cfg.name} failed (exit {proc.returncode}): "
+            f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}"
+        )
     rec = yaml.safe_load((out / "recommended.yaml").read_text())
     trials = sum(1 for line in (out / "trials.csv").read_text().splitlines()[1:] if line.strip())
     complete = "Stopped early" not in (out / "report.md").read_text()  # the plan ran out, not the budget
-    return {"wall_s": round(wall, 1), "trials": trials, "complete": complete,
-            "knee": rec["dataloader"] | rec["training"], "knee_rate": rec["evidence"]["rate"],
-            "band": rec["evidence"].get("band"), "rec": rec}
+    return {
+        "wall_s": round(wall, 1),
+        "trials": trials,
+        "complete": complete,
+        "knee": rec["dataloader"] | rec["training"],
+        "knee_rate": rec["evidence"]["rate"],
+        "band": rec["evidence"].get("band"),
+        "rec": rec,
+    }
 
 
 def main() -> None:
@@ -61,12 +69,21 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=200, help="batches the plain clock times")
     parser.add_argument("--out", type=Path, default=Path("results/script-vs-workload"))
     parser.add_argument("--rerun", type=Path, help="no sweeps: re-run the script under this recommended.yaml")
-    parser.add_argument("--modes", nargs="+", choices=("script", "workload"), default=["script", "workload"],
-                        help="the sweeps to run; rows already in OUT/sweeps.csv for the others are kept")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=("script", "workload"),
+        default=["script", "workload"],
+        help="the sweeps to run; rows already in OUT/sweeps.csv for the others are kept",
+    )
     args = parser.parse_args()
     out = args.out.resolve()
-    subprocess.run([sys.executable, "train.py", "--data", "./data", "--make-data", "2048", "--epochs", "0"],
-                   cwd=_EXAMPLE, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "train.py", "--data", "./data", "--make-data", "2048", "--epochs", "0"],
+        cwd=_EXAMPLE,
+        check=True,
+        capture_output=True,
+    )
     if args.rerun:
         _reruns(yaml.safe_load(args.rerun.read_text()), args, out)
         return
@@ -78,15 +95,21 @@ def main() -> None:
         modes[mode] = _sweep(_EXAMPLE / cfg, out / mode, args.budget_min, sets)
         rows.append(row := {"mode": mode, **{k: v for k, v in modes[mode].items() if k != "rec"}})
         write_csv(out / "sweeps.csv", rows)  # each sweep kept as it ends: a call cut short keeps the first
-        print(f"{mode}: {row['wall_s']} s, {row['trials']} trials "
-              f"({'complete' if row['complete'] else 'cut by the budget'}), knee {row['knee']} at {row['knee_rate']}",
-              flush=True)
+        print(
+            f"{mode}: {row['wall_s']} s, {row['trials']} trials "
+            f"({'complete' if row['complete'] else 'cut by the budget'}), knee {row['knee']} at {row['knee_rate']}",
+            flush=True,
+        )
     walls = {row["mode"]: float(row["wall_s"]) for row in rows}
     if len(walls) == 2:
-        cut = "" if all(str(row["complete"]) == "True" for row in rows) else \
-            ", but a sweep was cut by the budget: not a fair ratio"
-        print(f"wall time script / workload: {walls['script'] / walls['workload']:.2f} (target <= 1.5){cut}",
-              flush=True)
+        cut = (
+            ""
+            if all(str(row["complete"]) == "True" for row in rows)
+            else ", but a sweep was cut by the budget: not a fair ratio"
+        )
+        print(
+            f"wall time script / workload: {walls['script'] / walls['workload']:.2f} (target <= 1.5){cut}", flush=True
+        )
     if args.rounds and "script" in modes:
         _reruns(modes["script"]["rec"], args, out)
 
@@ -103,22 +126,33 @@ def _reruns(rec: dict, args: argparse.Namespace, out: Path) -> None:
     """The script end to end under the recommendation and under its own settings, alternated."""
     cfg = config.load(_EXAMPLE / "tunekit.yaml")
     own = script_command(TrialSpec(number=0, stage="baseline", mode="train", knobs=Knobs(), config=cfg.to_dict()))
-    runs = {"recommended": (list(rec["script"]["command"]), dict(rec["script"]["set_on_dataloader"])),
-            "own settings": (own, {})}
+    runs = {
+        "recommended": (list(rec["script"]["command"]), dict(rec["script"]["set_on_dataloader"])),
+        "own settings": (own, {}),
+    }
     reruns = []
     for round_ in range(args.rounds):
         order = list(runs) if round_ % 2 == 0 else list(reversed(runs))
         for name in order:
             command, loader = runs[name]
             rate = plain_rate(command, _EXAMPLE, loader, args.skip, args.count, timeout_s=900)
-            reruns.append({"round": round_, "run": name, "rate": round(rate, 2), "command": " ".join(command),
-                           "set_on_dataloader": json.dumps(loader)})
+            reruns.append(
+                {
+                    "round": round_,
+                    "run": name,
+                    "rate": round(rate, 2),
+                    "command": " ".join(command),
+                    "set_on_dataloader": json.dumps(loader),
+                }
+            )
             print(f"round {round_}: {name}: {rate:.1f} samples/s", flush=True)
             write_csv(out / "reruns.csv", reruns)  # each run kept as it ends
     median = {name: statistics.median(r["rate"] for r in reruns if r["run"] == name) for name in runs}
-    print(f"the script under the recommendation: {median['recommended']:.1f} samples/s against "
-          f"{median['own settings']:.1f} under its own settings ({median['recommended'] / median['own settings']:.2f}x)"
-          f"; the sweep predicted {rec['evidence']['rate']:.1f} -> {out}")
+    print(
+        f"the script under the recommendation: {median['recommended']:.1f} samples/s against "
+        f"{median['own settings']:.1f} under its own settings ({median['recommended'] / median['own settings']:.2f}x)"
+        f"; the sweep predicted {rec['evidence']['rate']:.1f} -> {out}"
+    )
 
 
 if __name__ == "__main__":

@@ -65,8 +65,20 @@ def breakdown(run: Path) -> list[dict[str, Any]]:
 
 
 def _print(rows: list[dict[str, Any]]) -> None:
-    head = ["stage", "trials", "wall s", "start-up", "CUDA init", "build", "loader start", "warm-up", "measured",
-            "teardown", "other", "trials/min"]
+    head = [
+        "stage",
+        "trials",
+        "wall s",
+        "start-up",
+        "CUDA init",
+        "build",
+        "loader start",
+        "warm-up",
+        "measured",
+        "teardown",
+        "other",
+        "trials/min",
+    ]
     print(f"\n{rows[0]['run']}\n| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
     for r in rows:
         shares = [f"{r[p.removesuffix('_s') + '_share'] or 0:.0%}" for p in (*PARTS, "other_s")]
@@ -87,9 +99,11 @@ def sweep_wall(run: Path, trial_wall_s: float) -> str | None:
     wall = sum(c["wall_s"] for c in ran)
     dataset = sum(c.get("dataset_s", 0.0) for c in ran)
     each = " + ".join(f"{c['wall_s']:.0f}" for c in ran)
-    line = (f"sweep wall time {wall:.0f} s ({wall / 60:.1f} min) in {len(ran)} invocation(s) ({each} s): "
-            f"trials {trial_wall_s:.0f} s, dataset preparation {dataset:.0f} s, the rest (planning, recording, "
-            f"the environment snapshot) {max(0.0, wall - trial_wall_s - dataset):.0f} s; outputs excluded")
+    line = (
+        f"sweep wall time {wall:.0f} s ({wall / 60:.1f} min) in {len(ran)} invocation(s) ({each} s): "
+        f"trials {trial_wall_s:.0f} s, dataset preparation {dataset:.0f} s, the rest (planning, recording, "
+        f"the environment snapshot) {max(0.0, wall - trial_wall_s - dataset):.0f} s; outputs excluded"
+    )
     if idle:
         rerun = " + ".join(f"{c['wall_s']:.0f}" for c in idle)
         line += f"; {len(idle)} more invocation(s) found nothing left to run ({rerun} s)"

@@ -82,11 +82,18 @@ def main() -> None:
     out = Path(args.out)
     rows = []
     for workers in args.workers:
-        base = [f"num_workers={workers}", f"batch_size={args.batch}", f"pin_memory={str(workers > 0).lower()}",
-                *args.sets]
+        base = [
+            f"num_workers={workers}",
+            f"batch_size={args.batch}",
+            f"pin_memory={str(workers > 0).lower()}",
+            *args.sets,
+        ]
         # the reference: windows --factor times longer, exactly measure_windows of them (no precision stop)
-        runs = {f"w{workers}": base, f"w{workers}-long": [*base, f"trial.window_s={window * args.factor}",
-                                                          "trial.precision=null"], f"w{workers}-after": base}
+        runs = {
+            f"w{workers}": base,
+            f"w{workers}-long": [*base, f"trial.window_s={window * args.factor}", "trial.precision=null"],
+            f"w{workers}-after": base,
+        }
         done = [_measured(out / name) for name in runs]
         if any(m is None for m in done):  # the three back to back, or the drift between them means nothing
             done = [run_trial(args.config, out / name, sets, echo=True)[0] for name, sets in runs.items()]

@@ -29,8 +29,10 @@ def _phase(name: str, seconds: float, step, batch: int) -> None:
         now = time.perf_counter()
         if now - last >= 5:
             load = open("/proc/loadavg").read().split()[0]
-            print(f"{name:16s} t={now - t0:5.1f} s  {(n - n_last) * batch / (now - last):8.1f} samples/s  "
-                  f"load {load}", flush=True)
+            print(
+                f"{name:16s} t={now - t0:5.1f} s  {(n - n_last) * batch / (now - last):8.1f} samples/s  load {load}",
+                flush=True,
+            )
             last, n_last = now, n
 
 
@@ -42,8 +44,9 @@ def main() -> None:
     args = parser.parse_args()
     cfg = config.load(args.config, check_imports=False)
     device = pick_device(cfg.device)
-    knobs = Knobs(num_workers=0, prefetch_factor=None, pin_memory=False, batch_size=args.batch, grad_accum=1,
-                  compile="none")
+    knobs = Knobs(
+        num_workers=0, prefetch_factor=None, pin_memory=False, batch_size=args.batch, grad_accum=1, compile="none"
+    )
     b = build(cfg, knobs, device)
     it = iter(make_loader(b.dataset, knobs, device, cfg))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

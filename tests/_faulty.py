@@ -105,8 +105,14 @@ def main() -> None:
     workers = 1 if fault == "workers1" else args.j
     context = "forkserver" if fault == "spawn-crash" and workers else None
     data = Stream() if fault == "stream" else Squares(wait_s=0.002)
-    train = DataLoader(data, batch_size=args.b, num_workers=workers, shuffle=fault != "stream",
-                       multiprocessing_context=context, pin_memory=args.pin)
+    train = DataLoader(
+        data,
+        batch_size=args.b,
+        num_workers=workers,
+        shuffle=fault != "stream",
+        multiprocessing_context=context,
+        pin_memory=args.pin,
+    )
     if fault == "nobatch":
         iter(train)
         os._exit(0)

@@ -1,5 +1,6 @@
 """A Hugging Face Trainer script, unedited by tunekit: its training DataLoader is built by the Trainer (accelerate's
 DataLoaderShard over a batch sampler) at --per-device-batch, not at the loader's batch_size."""
+
 import argparse
 import time
 
@@ -31,7 +32,15 @@ parser.add_argument("--per-device-batch", type=int, default=16)
 parser.add_argument("--workers", type=int, default=0)
 parser.add_argument("--out", default="hf-out")
 args = parser.parse_args()
-training = TrainingArguments(output_dir=args.out, per_device_train_batch_size=args.per_device_batch,
-                             dataloader_num_workers=args.workers, max_steps=100000, report_to=[],
-                             save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True)
+training = TrainingArguments(
+    output_dir=args.out,
+    per_device_train_batch_size=args.per_device_batch,
+    dataloader_num_workers=args.workers,
+    max_steps=100000,
+    report_to=[],
+    save_strategy="no",
+    logging_strategy="no",
+    use_cpu=True,
+    disable_tqdm=True,
+)
 Trainer(model=Tiny(), args=training, train_dataset=Rows()).train()

@@ -1,5 +1,6 @@
 """A Lightning Trainer script, unedited by tunekit: the Trainer iterates the loader its module builds (through its
 CombinedLoader and fit loop) at --batch, with a validation loop after each short epoch."""
+
 import argparse
 import time
 
@@ -38,8 +39,7 @@ class Tiny(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
     def train_dataloader(self):
-        return torch.utils.data.DataLoader(Rows(1024), batch_size=self.batch, shuffle=True,
-                                           num_workers=self.workers)
+        return torch.utils.data.DataLoader(Rows(1024), batch_size=self.batch, shuffle=True, num_workers=self.workers)
 
     def val_dataloader(self):
         return torch.utils.data.DataLoader(Rows(64), batch_size=self.batch)
@@ -49,6 +49,14 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--batch", type=int, default=16)
 parser.add_argument("--workers", type=int, default=0)
 args = parser.parse_args()
-trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1000, logger=False, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+trainer = pl.Trainer(
+    accelerator="cpu",
+    devices=1,
+    max_epochs=1000,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    num_sanity_val_steps=0,
+)
 trainer.fit(Tiny(args.batch, args.workers))

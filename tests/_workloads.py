@@ -72,8 +72,9 @@ def unsharded_stream():
 
 def own_loader(dataset, **knobs):
     """A user's DataLoader factory: its own collate, the knobs passed on."""
-    return torch.utils.data.DataLoader(dataset, shuffle=True, drop_last=True,
-                                       collate_fn=torch.utils.data.default_collate, **knobs)
+    return torch.utils.data.DataLoader(
+        dataset, shuffle=True, drop_last=True, collate_fn=torch.utils.data.default_collate, **knobs
+    )
 
 
 def loader_ignoring_workers(dataset, **knobs):
@@ -223,8 +224,10 @@ class _BracketedFailure(torch.utils.data.Dataset):
     def __getitem__(self, index):
         info = torch.utils.data.get_worker_info()
         if info is not None and info.num_workers == 1:
-            raise OSError("cannot decode [/data/img1.jpg]: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/"
-                          "tcp/pair.cc:534] Connection closed by peer [bold]")
+            raise OSError(
+                "cannot decode [/data/img1.jpg]: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/"
+                "tcp/pair.cc:534] Connection closed by peer [bold]"
+            )
         return torch.ones(3, 8, 8), index % 10
 
 

@@ -29,8 +29,14 @@ def sleepy_config(**overrides: Any) -> dict[str, Any]:
         "search": {"num_workers": [0, 2], "batch_size": [8], "pin_memory": [False], "prefetch_factor": [2]},
         # a loaded 2-core box disturbs trials: resuming keeps them, and the repeats are tested where they are the
         # subject (test_store, test_script_sweeps)
-        "trial": {"warmup_steps": 2, "measure_windows": 2, "window_s": 0.5, "precision": None, "timeout_s": 60,
-                  "remeasure_disturbed": False},
+        "trial": {
+            "warmup_steps": 2,
+            "measure_windows": 2,
+            "window_s": 0.5,
+            "precision": None,
+            "timeout_s": 60,
+            "remeasure_disturbed": False,
+        },
         "selection": {"repeats": 0},
     }
     for key, value in overrides.items():
@@ -38,23 +44,53 @@ def sleepy_config(**overrides: Any) -> dict[str, Any]:
     return cfg
 
 
-def measurement(number: int, stage: str, mode: str, rate: float | None, *, status: str = "ok",
-                num_workers: int = 0, prefetch_factor: int | None = None, pin_memory: bool = False,
-                batch_size: int = 64, grad_accum: int = 1, compile: str = "none", ranks: int = 1,
-                **extra: Any) -> dict[str, Any]:
+def measurement(
+    number: int,
+    stage: str,
+    mode: str,
+    rate: float | None,
+    *,
+    status: str = "ok",
+    num_workers: int = 0,
+    prefetch_factor: int | None = None,
+    pin_memory: bool = False,
+    batch_size: int = 64,
+    grad_accum: int = 1,
+    compile: str = "none",
+    ranks: int = 1,
+    **extra: Any,
+) -> dict[str, Any]:
     """A measurement.json (version 2) as the launcher writes it, for analysis, plan, diagnosis and plot tests. A
     quiet trial by default (1 % window noise, half the memory free, 30 % of 16 CPUs, no data wait); ``extra`` sets
     any field, but a mapping under ``extra`` is the trial's user-defined knobs (``Knobs.to_dict()`` passes them
     so)."""
     ok = status == "ok"
-    params = {"num_workers": num_workers, "prefetch_factor": (prefetch_factor or 2) if num_workers else None,
-              "pin_memory": pin_memory, "batch_size": batch_size, "grad_accum": grad_accum, "compile": compile,
-              "ranks": ranks, "extra": extra.pop("extra", None) or {}}
+    params = {
+        "num_workers": num_workers,
+        "prefetch_factor": (prefetch_factor or 2) if num_workers else None,
+        "pin_memory": pin_memory,
+        "batch_size": batch_size,
+        "grad_accum": grad_accum,
+        "compile": compile,
+        "ranks": ranks,
+        "extra": extra.pop("extra", None) or {},
+    }
     base: dict[str, Any] = {
-        "version": 2, "number": number, "stage": stage, "mode": mode, "status": status,
-        "reason": "" if ok else status, "params": params, "rate": rate if ok else None, "noise_cv": 0.01,
-        "headroom": 0.5, "rate_windows": [rate * 0.98, rate, rate * 1.01] if ok and rate else None,
-        "cpu_count": 16, "cpu_util_frac": 0.3, "data_wait_frac": 0.0, "compile_s": 0.0,
+        "version": 2,
+        "number": number,
+        "stage": stage,
+        "mode": mode,
+        "status": status,
+        "reason": "" if ok else status,
+        "params": params,
+        "rate": rate if ok else None,
+        "noise_cv": 0.01,
+        "headroom": 0.5,
+        "rate_windows": [rate * 0.98, rate, rate * 1.01] if ok and rate else None,
+        "cpu_count": 16,
+        "cpu_util_frac": 0.3,
+        "data_wait_frac": 0.0,
+        "compile_s": 0.0,
     }
     return {**base, **extra}
 
@@ -102,18 +138,32 @@ def _one_fork_server_across_tests(monkeypatch: pytest.MonkeyPatch):
     from tunekit.launch import _forks, _start
 
     real = _start.child_env
-    monkeypatch.setattr(_start, "child_env",
-                        lambda: {k: v for k, v in real().items() if k != "PYTEST_CURRENT_TEST"})
+    monkeypatch.setattr(_start, "child_env", lambda: {k: v for k, v in real().items() if k != "PYTEST_CURRENT_TEST"})
     yield
     server = _forks.SERVERS.get("server")
     if server is not None and (server.broken or server.proc.poll() is not None):
         _forks.close_servers()
 
 
-LONGEST_FIRST = ("test_distributed.py", "test_trial.py", "test_script.py", "test_script_loops.py",
-                 "test_script_sweeps.py", "test_script_decisions.py", "test_sweep.py", "test_reliability.py",
-                 "test_lifecycle.py", "test_launch.py", "test_promises.py", "test_own_job.py", "test_check.py",
-                 "test_api.py", "test_trust.py", "test_config.py", "test_diagnosis.py")
+LONGEST_FIRST = (
+    "test_distributed.py",
+    "test_trial.py",
+    "test_script.py",
+    "test_script_loops.py",
+    "test_script_sweeps.py",
+    "test_script_decisions.py",
+    "test_sweep.py",
+    "test_reliability.py",
+    "test_lifecycle.py",
+    "test_launch.py",
+    "test_promises.py",
+    "test_own_job.py",
+    "test_check.py",
+    "test_api.py",
+    "test_trust.py",
+    "test_config.py",
+    "test_diagnosis.py",
+)
 """The files whose tests take longest (tens of seconds each, whole sweeps and trials), in that order: pytest-xdist
 hands out whole files (``--dist loadfile``, ``--no-loadscope-reorder``) in the order collected, and with the long
 ones first the short ones fill the end, so no worker waits long for another's last file."""
@@ -123,8 +173,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     # stable: each file's own order kept, but its ``alone`` tests last and together (they drain the other workers
     # once, pytest_runtest_protocol)
-    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), item.path.name,
-                                 item.get_closest_marker("alone") is not None))
+    items.sort(
+        key=lambda item: (
+            rank.get(item.path.name, len(rank)),
+            item.path.name,
+            item.get_closest_marker("alone") is not None,
+        )
+    )
     try:
         import torch
 

@@ -49,18 +49,32 @@ def test_noise_widens_the_band():
 
 def test_cost_order_prefers_unpinned_and_less_prefetch():
     t = CASES["plateau"]["trials"][2]
-    variants = [{**t, "number": 10, "params": {**t["params"], "pin_memory": True}, "rate": 301},
-                {**t, "number": 11, "params": {**t["params"], "prefetch_factor": 4}, "rate": 302}, t]
+    variants = [
+        {**t, "number": 10, "params": {**t["params"], "pin_memory": True}, "rate": 301},
+        {**t, "number": 11, "params": {**t["params"], "prefetch_factor": 4}, "rate": 302},
+        t,
+    ]
     result = select_knee(rows_from_measurements(variants), SELECTION)
     assert result.knee.number == t["number"]
 
 
 def test_choose_batch_takes_the_smallest_within_tolerance_that_fits():
     def compute(n, batch, sps, headroom=0.5, status="ok"):
-        return {"version": 2, "number": n, "stage": "compute", "mode": "compute", "status": status,
-                "params": {"batch_size": batch}, "rate": sps, "noise_cv": 0.01, "headroom": headroom}
-    rows = rows_from_measurements([compute(0, 64, 800), compute(1, 128, 990), compute(2, 256, 1000),
-                                   compute(3, 512, 1100, headroom=0.05)])
+        return {
+            "version": 2,
+            "number": n,
+            "stage": "compute",
+            "mode": "compute",
+            "status": status,
+            "params": {"batch_size": batch},
+            "rate": sps,
+            "noise_cv": 0.01,
+            "headroom": headroom,
+        }
+
+    rows = rows_from_measurements(
+        [compute(0, 64, 800), compute(1, 128, 990), compute(2, 256, 1000), compute(3, 512, 1100, headroom=0.05)]
+    )
     assert choose_batch(rows, SELECTION) == 128
     assert choose_batch(rows_from_measurements([compute(0, 64, 0, status="oom")]), SELECTION) is None
 
@@ -68,8 +82,19 @@ def test_choose_batch_takes_the_smallest_within_tolerance_that_fits():
 def test_trials_frame_has_one_row_per_trial_with_knobs_and_status():
     frame = trials_frame(rows_from_measurements(CASES["one_point"]["trials"]))
     assert list(frame["number"]) == [0, 1]
-    assert {"stage", "num_workers", "prefetch_factor", "pin_memory", "batch_size", "grad_accum", "compile",
-            "status", "reason", "rate", "unit"} <= set(frame.columns)
+    assert {
+        "stage",
+        "num_workers",
+        "prefetch_factor",
+        "pin_memory",
+        "batch_size",
+        "grad_accum",
+        "compile",
+        "status",
+        "reason",
+        "rate",
+        "unit",
+    } <= set(frame.columns)
     assert "samples_per_s" not in frame.columns and "version" not in frame.columns
     assert frame.loc[1, "status"] == "oom" and "out of memory" in frame.loc[1, "reason"]
 
@@ -99,6 +124,7 @@ def test_window_rules_leave_out_only_windows_that_are_still_settling():
     # noise on both sides of the mean is no ramp: nothing is left out
     assert rules.settling([100, 104, 97, 103, 98, 102, 99], 3, 0.02) == 0
     assert rules.settling([100, 101, 99, 100, 102], 3, 0.03) == 0  # all within the precision
+
     def one_second(*rates: float) -> tuple[list[float], list[float]]:  # windows of one second each
         return list(rates), [1.0] * len(rates)
 
@@ -151,9 +177,12 @@ def test_repeated_runs_pool_into_one_row_whose_spread_widens_the_band():
     from tunekit.analysis import pooled
 
     def runs(*rates_by_run):
-        return rows_from_measurements([measurement(i, "end_to_end", "train", rate, num_workers=w, run=run,
-                                                   rate_interval=0.01)
-                                       for i, (w, rate, run) in enumerate(rates_by_run)])
+        return rows_from_measurements(
+            [
+                measurement(i, "end_to_end", "train", rate, num_workers=w, run=run, rate_interval=0.01)
+                for i, (w, rate, run) in enumerate(rates_by_run)
+            ]
+        )
 
     first = runs((4, 400, 0), (8, 410, 0))
     assert select_knee(first, SELECTION).knee.knobs.num_workers == 4
@@ -167,8 +196,9 @@ def test_repeated_runs_pool_into_one_row_whose_spread_widens_the_band():
     assert rules.band(rows, SELECTION) == pytest.approx(spread)
     choice = select_knee(rows, SELECTION)
     assert choice.knee.knobs.num_workers == 8 and "spread between repeated runs 5.3%" in choice.reason
-    assert rows[0].interval == pytest.approx(4.303 * spread / 2 ** 0.5)  # t for 2 degrees of freedom
+    assert rows[0].interval == pytest.approx(4.303 * spread / 2**0.5)  # t for 2 degrees of freedom
     # a repeat that failed adds nothing, and no repeat is a row of its own
-    failed = rows_from_measurements([measurement(4, "end_to_end", "train", None, status="crashed", num_workers=8, run=2,
-                                                 reason="killed")])
+    failed = rows_from_measurements(
+        [measurement(4, "end_to_end", "train", None, status="crashed", num_workers=8, run=2, reason="killed")]
+    )
     assert [r.number for r in pooled(both + failed)] == [0, 1]

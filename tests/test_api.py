@@ -21,9 +21,16 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tunekit", *args], capture_output=True, text=True, timeout=300)
 
 
-BAD_KNOBS = [("num_workers", 999, "999"), ("num_workers", -5, "-5"), ("pin_memory", "false", "'false'"),
-             ("grad_accum", 0, "0"), ("grad_accum", 2.7, "2.7"), ("compile", "fast", "fast"),
-             ("prefetch_factor", -1, "-1"), ("batch_size", "many", "many")]
+BAD_KNOBS = [
+    ("num_workers", 999, "999"),
+    ("num_workers", -5, "-5"),
+    ("pin_memory", "false", "'false'"),
+    ("grad_accum", 0, "0"),
+    ("grad_accum", 2.7, "2.7"),
+    ("compile", "fast", "fast"),
+    ("prefetch_factor", -1, "-1"),
+    ("batch_size", "many", "many"),
+]
 
 
 @pytest.mark.parametrize(("key", "value", "text"), BAD_KNOBS)
@@ -56,8 +63,11 @@ def test_a_zero_budget_is_refused_by_both(write_config, tmp_path: Path):
 
 def test_set_of_a_knob_holds_it_for_a_whole_sweep(write_config, tmp_path: Path):
     """--set num_workers=1 runs that value in a trial and holds it in a sweep: every trial of the sweep has it."""
-    cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1, 2], "search.batch_size": [4, 8],
-                                        "strategy": "grid", "trial.window_s": 0.3}))
+    cfg = write_config(
+        sleepy_config(
+            **{"search.num_workers": [0, 1, 2], "search.batch_size": [4, 8], "strategy": "grid", "trial.window_s": 0.3}
+        )
+    )
     run = _cli("sweep", str(cfg), "--set", "num_workers=1", "--out", str(tmp_path / "run"), "--quiet")
     assert run.returncode == 0, run.stderr
     resolved = yaml.safe_load((tmp_path / "run" / "config.resolved.yaml").read_text())

@@ -50,8 +50,16 @@ def test_time_breakdown_splits_each_trial_into_its_parts(tmp_path):
     breakdown = _load("time_breakdown").breakdown
     for n, stage, wall in ((0, "compute", 10.0), (1, "end_to_end", 20.0), (2, "end_to_end", 30.0)):
         (tmp_path / "trials" / str(n)).mkdir(parents=True)
-        m = {"status": "ok", "stage": stage, "launcher_wall_s": wall, "startup_s": 2.0, "cuda_init_s": 0.5,
-             "build_s": 1.5, "warmup_s": 2.0, "measured_s": wall / 2}
+        m = {
+            "status": "ok",
+            "stage": stage,
+            "launcher_wall_s": wall,
+            "startup_s": 2.0,
+            "cuda_init_s": 0.5,
+            "build_s": 1.5,
+            "warmup_s": 2.0,
+            "measured_s": wall / 2,
+        }
         (tmp_path / "trials" / str(n) / "measurement.json").write_text(json.dumps(m))
     (tmp_path / "trials" / "3").mkdir()
     (tmp_path / "trials" / "3" / "measurement.json").write_text(json.dumps({"status": "skipped", "stage": "x"}))
@@ -65,8 +73,9 @@ def test_time_breakdown_splits_each_trial_into_its_parts(tmp_path):
     assert rows["end_to_end"]["trials"] == 2 and rows["end_to_end"]["wall_s"] == 50.0
     # the loader's start and the teardown, where the worker timed them, leave "other"
     m = json.loads((tmp_path / "trials" / "2" / "measurement.json").read_text())
-    (tmp_path / "trials" / "2" / "measurement.json").write_text(json.dumps({**m, "loop_setup_s": 3.0,
-                                                                              "teardown_s": 4.0}))
+    (tmp_path / "trials" / "2" / "measurement.json").write_text(
+        json.dumps({**m, "loop_setup_s": 3.0, "teardown_s": 4.0})
+    )
     whole = {r["stage"]: r for r in breakdown(tmp_path)}["all"]
     assert (whole["loop_setup_s"], whole["teardown_s"], whole["other_s"]) == (3.0, 4.0, 6.0)
     sweep_wall = _load("time_breakdown").sweep_wall
@@ -89,10 +98,15 @@ def test_the_ddp_side_by_side_names_a_config_measured_twice_under_two_names():
     sbs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sbs)
     knobs = {"num_workers": 15, "prefetch_factor": 2, "pin_memory": False, "batch_size": 512, "ranks": 2}
-    configs = {"tunekit": knobs, "Lightning rule (15/rank)": dict(knobs),
-               "single-GPU knee per rank": {**knobs, "num_workers": 16}}
-    measured = {name: [Measurement(status="ok", rate=rate)] for name, rate in
-                zip(configs, (4803.0, 5045.0, 5053.0), strict=True)}
+    configs = {
+        "tunekit": knobs,
+        "Lightning rule (15/rank)": dict(knobs),
+        "single-GPU knee per rank": {**knobs, "num_workers": 16},
+    }
+    measured = {
+        name: [Measurement(status="ok", rate=rate)]
+        for name, rate in zip(configs, (4803.0, 5045.0, 5053.0), strict=True)
+    }
     rows = sbs._table(configs, measured)
     assert [r["same_as"] for r in rows] == [None, "tunekit", None]
     assert rows[1]["vs_tunekit"] == 5045.0 / 4803.0
@@ -102,6 +116,7 @@ def test_fidelity_compares_the_long_run_with_the_short_trials_on_either_side_of_
     """A host that slows steadily over the three runs (110, then 100, then 90 samples/s) moves the short trials
     around the long one: their mean over it is 1.0, and the drift column shows the host's move."""
     row = _load("trial_fidelity")._row
+
     def ok(rate: float) -> Measurement:
         return Measurement(status="ok", rate=rate)
 
@@ -120,10 +135,20 @@ def test_the_plan_replay_answers_from_the_recorded_trials_and_cuts_a_clear_miss_
     from tunekit.records import rows_from_measurements
 
     replay = _load("replay_plan").replay
-    cfg = config.from_dict(sleepy_config(**{"search.num_workers": [0, 2, 4], "search.batch_size": [8],
-                                            "search.pin_memory": [False], "search.prefetch_factor": [2],
-                                            "search.compile": ["none"], "trial.max_windows": 8,
-                                            "trial.measure_windows": 3, "trial.precision": 0.03}))
+    cfg = config.from_dict(
+        sleepy_config(
+            **{
+                "search.num_workers": [0, 2, 4],
+                "search.batch_size": [8],
+                "search.pin_memory": [False],
+                "search.prefetch_factor": [2],
+                "search.compile": ["none"],
+                "trial.max_windows": 8,
+                "trial.measure_windows": 3,
+                "trial.precision": 0.03,
+            }
+        )
+    )
 
     def rate(req) -> float:
         return 1000.0 if req.mode == "compute" else min(400.0, 100.0 * req.knobs.num_workers) or 80.0
@@ -132,30 +157,52 @@ def test_the_plan_replay_answers_from_the_recorded_trials_and_cuts_a_clear_miss_
     while reqs := plan.next_requests(cfg, rows, strategy="staged", cuda=False):
         req, n = reqs[0], len(rows)
         if req.skip:
-            m = {"number": n, "stage": req.stage, "mode": req.mode, "status": "skipped", "reason": req.skip,
-                 "params": req.knobs.to_dict()}
+            m = {
+                "number": n,
+                "stage": req.stage,
+                "mode": req.mode,
+                "status": "skipped",
+                "reason": req.skip,
+                "params": req.knobs.to_dict(),
+            }
         else:
             r = rate(req)
-            m = measurement(n, req.stage, req.mode, r, **{**req.knobs.to_dict(), "extra": None},
-                            rate_windows=[r * f for f in (0.99, 1.01) * 4], measured_s=8.0, trial_s=12.0)
+            m = measurement(
+                n,
+                req.stage,
+                req.mode,
+                r,
+                **{**req.knobs.to_dict(), "extra": None},
+                rate_windows=[r * f for f in (0.99, 1.01) * 4],
+                measured_s=8.0,
+                trial_s=12.0,
+            )
         (tmp_path / "trials" / str(n)).mkdir(parents=True)
         (tmp_path / "trials" / str(n) / "measurement.json").write_text(json.dumps(m))
         rows += rows_from_measurements([m])
     replayed, lines, seconds, missing = replay(tmp_path, cfg, cuda=False)
     assert missing is None and len(replayed) == len(rows)
     assert [(r.stage, r.knobs.num_workers, r.status) for r in replayed] == [
-        (r.stage, r.knobs.num_workers, r.status) for r in rows]
+        (r.stage, r.knobs.num_workers, r.status) for r in rows
+    ]
     # a clear miss stops after 2 windows (12 s less 6/8 of the 8 measured seconds): the loader ceiling (400/s
     # against the ~970 that reach the compute ceiling), PyTorch's defaults (80/s) and 2 workers (200/s) against
     # the band of ~400/s; the compute ceiling and 4 workers stop at 3, precise (1 % noise: 12 s less 5/8 of 8)
-    kept = {line.split(":")[0].split(" run  ")[1].split(",")[0]: line.split(": ")[1]
-            for line in lines if " run " in line}
+    kept = {
+        line.split(":")[0].split(" run  ")[1].split(",")[0]: line.split(": ")[1] for line in lines if " run " in line
+    }
     assert {k: v.split(", ", 1)[1] for k, v in kept.items()} == {
-        "compute    0 workers": "windows 3 of 8, 7.0 s", "loader     4 workers": "windows 2 of 8, 6.0 s",
-        "end_to_end 4 workers": "windows 3 of 8, 7.0 s", "end_to_end 0 workers": "windows 2 of 8, 6.0 s",
-        "end_to_end 2 workers": "windows 2 of 8, 6.0 s"}
+        "compute    0 workers": "windows 3 of 8, 7.0 s",
+        "loader     4 workers": "windows 2 of 8, 6.0 s",
+        "end_to_end 4 workers": "windows 3 of 8, 7.0 s",
+        "end_to_end 0 workers": "windows 2 of 8, 6.0 s",
+        "end_to_end 2 workers": "windows 2 of 8, 6.0 s",
+    }
     assert seconds == 7.0 * 2 + 6.0 * 3
-    first = next(p for p in sorted((tmp_path / "trials").iterdir(), key=lambda p: int(p.name))
-                 if json.loads((p / "measurement.json").read_text())["status"] == "ok")
+    first = next(
+        p
+        for p in sorted((tmp_path / "trials").iterdir(), key=lambda p: int(p.name))
+        if json.loads((p / "measurement.json").read_text())["status"] == "ok"
+    )
     (first / "measurement.json").unlink()  # the record lacks the first trial the plan asks for
     assert replay(tmp_path, cfg, cuda=False)[3] is not None

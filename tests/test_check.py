@@ -29,8 +29,7 @@ from tests.conftest import REPO, sleepy_config
 from tunekit import rules
 from tunekit.diagnosis import VERDICTS
 
-QUICK = {"warmup_steps": 1, "measure_windows": 3, "window_s": 0.3, "precision": 0.05, "max_windows": 5,
-         "timeout_s": 60}
+QUICK = {"warmup_steps": 1, "measure_windows": 3, "window_s": 0.3, "precision": 0.05, "max_windows": 5, "timeout_s": 60}
 STEP_S, SAMPLE_S = 0.0533, 0.005
 SLOWER = f"workload.dataset_args.sample_wait_s={2 * SAMPLE_S}"  # per-sample latency doubled
 
@@ -78,18 +77,33 @@ def committed(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
 
     root = tmp_path_factory.mktemp("check")
     cfg = root / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump(sleepy_config(**{
-        "workload.model_args.step_wait_s": STEP_S, "workload.dataset_args.sample_wait_s": SAMPLE_S,
-        "search.num_workers": [0, 1, 2, 3, 4], "search.prefetch_factor": [2, 4], "trial": QUICK,
-        "selection.tolerance": 0.05})))  # the answers lie a third apart: a wider floor keeps a loaded box quiet
+    cfg.write_text(
+        yaml.safe_dump(
+            sleepy_config(
+                **{
+                    "workload.model_args.step_wait_s": STEP_S,
+                    "workload.dataset_args.sample_wait_s": SAMPLE_S,
+                    "search.num_workers": [0, 1, 2, 3, 4],
+                    "search.prefetch_factor": [2, 4],
+                    "trial": QUICK,
+                    "selection.tolerance": 0.05,
+                }
+            )
+        )
+    )  # the answers lie a third apart: a wider floor keeps a loaded box quiet
     with pytest.MonkeyPatch.context() as mp:  # as conftest's autouse fixtures do for each test
         mp.chdir(REPO)
         real = _start.child_env
         mp.setattr(_start, "child_env", lambda: {k: v for k, v in real().items() if k != "PYTEST_CURRENT_TEST"})
         sweep = tunekit.sweep(str(cfg), out=root / "run")
     assert sweep.recommendation is not None and sweep.recommendation.num_workers == 1, sweep.reason
-    return SimpleNamespace(root=root, cfg=cfg, run=root / "run", rec=root / "run" / "recommended.yaml",
-                           trials_run=int((sweep.trials["status"] != "skipped").sum()))
+    return SimpleNamespace(
+        root=root,
+        cfg=cfg,
+        run=root / "run",
+        rec=root / "run" / "recommended.yaml",
+        trials_run=int((sweep.trials["status"] != "skipped").sum()),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +116,20 @@ def slower(committed: SimpleNamespace) -> SimpleNamespace:
         mp.chdir(REPO)
         real = _start.child_env
         mp.setattr(_start, "child_env", lambda: {k: v for k, v in real().items() if k != "PYTEST_CURRENT_TEST"})
-        code, out, err = _cli("check", str(committed.rec), "--config", str(committed.cfg), "--set", SLOWER,
-                              "--retune", "--quiet", "--junit", str(junit), "--out", str(committed.root / "slower"))
+        code, out, err = _cli(
+            "check",
+            str(committed.rec),
+            "--config",
+            str(committed.cfg),
+            "--set",
+            SLOWER,
+            "--retune",
+            "--quiet",
+            "--junit",
+            str(junit),
+            "--out",
+            str(committed.root / "slower"),
+        )
     return SimpleNamespace(code=code, out=out, err=err, junit=junit, run=committed.root / "slower" / "retune")
 
 
@@ -113,8 +139,9 @@ def test_the_committed_recommendation_holds(committed: SimpleNamespace):
     recorded = yaml.safe_load(committed.rec.read_text())["evidence"]
     assert recorded["machine"]["cpus"] and recorded["machine"]["memory_bytes"] and recorded["rate_interval"] > 0
     assert recorded["run"]["trials_run"] == committed.trials_run
-    code, out, err = _cli("check", str(committed.rec), "--config", str(committed.cfg), "--json",
-                          "--out", str(committed.root / "holds"))
+    code, out, err = _cli(
+        "check", str(committed.rec), "--config", str(committed.cfg), "--json", "--out", str(committed.root / "holds")
+    )
     assert code == 0, out + err
     result = json.loads(out)  # stdout holds the object alone
     assert result["status"] in ("holds", "faster") and result["line"].startswith("holds")
@@ -169,12 +196,34 @@ def test_retune_moves_the_knee_in_fewer_trials_than_the_sweep(committed: SimpleN
 def test_another_machine_exits_3_without_a_trial(committed: SimpleNamespace):
     """A recommendation tuned on another machine (its fingerprint edited): one line naming both, exit 3, nothing
     run; JUnit fails the machine case and skips the throughput one."""
-    other = _edited(committed.rec, committed.root / "other.yaml", gpu="NVIDIA H200", gpus=1, cpus=64,
-                    cpu="Intel(R) Xeon(R) Platinum 8480+")
+    other = _edited(
+        committed.rec,
+        committed.root / "other.yaml",
+        gpu="NVIDIA H200",
+        gpus=1,
+        cpus=64,
+        cpu="Intel(R) Xeon(R) Platinum 8480+",
+    )
     junit = committed.root / "other.xml"
-    run = subprocess.run([sys.executable, "-m", "tunekit", "check", str(other), "--config", str(committed.cfg),
-                          "--out", str(committed.root / "other"), "--junit", str(junit)],
-                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tunekit",
+            "check",
+            str(other),
+            "--config",
+            str(committed.cfg),
+            "--out",
+            str(committed.root / "other"),
+            "--junit",
+            str(junit),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert run.returncode == 3, run.stderr
     (line,) = run.stdout.splitlines()
     assert line.startswith("another machine: tuned on 1x NVIDIA H200, 64 CPUs") and "usable CPUs 64 → " in line
@@ -191,9 +240,17 @@ def test_a_script_is_checked_and_an_upgrade_named(committed: SimpleNamespace):
     script = committed.root / "train.py"
     script.write_text(SCRIPT)
     upgraded = _edited(committed.rec, committed.root / "upgraded.yaml", torch="2.3.0")
-    code, out, err = _cli("check", str(upgraded), "--script", f"{sys.executable} {script} -j {{num_workers}}",
-                          "--set", "device=cpu", *(f"--set=trial.{k}={v}" for k, v in QUICK.items()),
-                          "--out", str(committed.root / "script"))
+    code, out, err = _cli(
+        "check",
+        str(upgraded),
+        "--script",
+        f"{sys.executable} {script} -j {{num_workers}}",
+        "--set",
+        "device=cpu",
+        *(f"--set=trial.{k}={v}" for k, v in QUICK.items()),
+        "--out",
+        str(committed.root / "script"),
+    )
     assert code == 0, out + err
     (line,) = out.splitlines()
     assert line.startswith("holds") and "; since the sweep: torch 2.3.0 → " in line
@@ -216,13 +273,16 @@ def test_a_committed_h200_run_is_another_machine_here():
     assert result["machine"]["recorded"]["gpu"] == "NVIDIA H200" and result["machine"]["recorded"]["cpus"] == 16
 
 
-@pytest.mark.parametrize(("edit", "words"), [
-    (None, "cannot read recommendation"),
-    ({"rate": None}, "evidence.rate = None: expected a positive number"),
-    ({"rate": "fast"}, "evidence.rate = 'fast'"),
-    ({"unit": "tokens"}, "evidence.unit = tokens, but"),
-    ({"machine": [1, 2]}, "evidence.machine: expected a mapping"),
-])
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (None, "cannot read recommendation"),
+        ({"rate": None}, "evidence.rate = None: expected a positive number"),
+        ({"rate": "fast"}, "evidence.rate = 'fast'"),
+        ({"unit": "tokens"}, "evidence.unit = tokens, but"),
+        ({"machine": [1, 2]}, "evidence.machine: expected a mapping"),
+    ],
+)
 def test_a_bad_recommendation_is_one_line_and_exit_2(committed: SimpleNamespace, tmp_path: Path, edit, words):
     path = tmp_path / "recommended.yaml"
     if edit is not None:
@@ -236,8 +296,18 @@ def test_a_bad_recommendation_is_one_line_and_exit_2(committed: SimpleNamespace,
     assert not (tmp_path / "out").exists()
 
 
-MACHINE = {"device": "CPU: AMD EPYC", "gpu": None, "gpus": 0, "cpu": "AMD EPYC", "cpus": 2,
-           "memory_bytes": 25276071936, "torch": "2.14.1", "cuda": None, "driver": None, "python": "3.11.7"}
+MACHINE = {
+    "device": "CPU: AMD EPYC",
+    "gpu": None,
+    "gpus": 0,
+    "cpu": "AMD EPYC",
+    "cpus": 2,
+    "memory_bytes": 25276071936,
+    "torch": "2.14.1",
+    "cuda": None,
+    "driver": None,
+    "python": "3.11.7",
+}
 
 
 def _hand_edited(tmp_path: Path, text: str | bytes) -> tuple[Path, Path]:
@@ -253,22 +323,37 @@ def _good_text(**evidence: Any) -> str:
     from tunekit.recommended import recommendation_dict
 
     knobs = {"num_workers": 0, "pin_memory": False, "batch_size": 8}
-    return yaml.safe_dump(recommendation_dict(knobs, {"unit": "samples", "rate": 100.0, "machine": MACHINE,
-                                                      **evidence}), sort_keys=False)
+    return yaml.safe_dump(
+        recommendation_dict(knobs, {"unit": "samples", "rate": 100.0, "machine": MACHINE, **evidence}), sort_keys=False
+    )
 
 
-@pytest.mark.parametrize(("text", "words"), [
-    (_good_text().replace("dataloader:", "dataloaders:"), "dataloaders: not a section of a recommendation; allowed: "
-     "version, dataloader, training, config, script, evidence (did you mean dataloader?)"),
-    (_good_text().replace("  batch_size: 8\n", "  batch_size: 8\n  batch_size: 64\n"),
-     "invalid YAML: duplicate key 'batch_size' (a key may appear only once in a mapping)"),
-    (_good_text().replace("non_blocking: false", "non_blocking: true"),
-     "training.non_blocking = true with dataloader.pin_memory = false"),
-    (_good_text(machine={}), "evidence.machine: records nothing of the machine"),
-    (_good_text(machine={"torch": "2.14.1"}), "evidence.machine: records none of the hardware tunekit check compares "
-     "(device, gpu, gpus, cpu, cpus, memory_bytes)"),
-    (_good_text().replace("samples", "samples\u00e9").encode("latin-1"), "not valid UTF-8 (byte 0xe9 at offset "),
-], ids=["unknown-section", "duplicate-key", "non-blocking-unpinned", "empty-machine", "no-hardware", "not-utf8"])
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (
+            _good_text().replace("dataloader:", "dataloaders:"),
+            "dataloaders: not a section of a recommendation; allowed: "
+            "version, dataloader, training, config, script, evidence (did you mean dataloader?)",
+        ),
+        (
+            _good_text().replace("  batch_size: 8\n", "  batch_size: 8\n  batch_size: 64\n"),
+            "invalid YAML: duplicate key 'batch_size' (a key may appear only once in a mapping)",
+        ),
+        (
+            _good_text().replace("non_blocking: false", "non_blocking: true"),
+            "training.non_blocking = true with dataloader.pin_memory = false",
+        ),
+        (_good_text(machine={}), "evidence.machine: records nothing of the machine"),
+        (
+            _good_text(machine={"torch": "2.14.1"}),
+            "evidence.machine: records none of the hardware tunekit check compares "
+            "(device, gpu, gpus, cpu, cpus, memory_bytes)",
+        ),
+        (_good_text().replace("samples", "samples\u00e9").encode("latin-1"), "not valid UTF-8 (byte 0xe9 at offset "),
+    ],
+    ids=["unknown-section", "duplicate-key", "non-blocking-unpinned", "empty-machine", "no-hardware", "not-utf8"],
+)
 def test_a_hand_edited_recommendation_is_one_line_and_exit_2(tmp_path: Path, text: str | bytes, words: str):
     """What load_recommended refuses, tunekit check refuses the same way (and a fingerprint without hardware, which
     would pass for any machine): exit 2, one line naming the file, nothing run."""
@@ -285,8 +370,15 @@ def _outcome(rec: Path, status: str = "holds") -> Any:
     from tunekit._check import CheckOutcome, MachineCheck
 
     hardware = (("cpus", 64, 2),) if status == "other_machine" else ()
-    return CheckOutcome(status, f"{status}: as recorded", recommended=rec, unit="samples", recorded={"rate": 100.0},
-                        knobs={}, machine=MachineCheck(MACHINE, MACHINE, hardware, ()))
+    return CheckOutcome(
+        status,
+        f"{status}: as recorded",
+        recommended=rec,
+        unit="samples",
+        recorded={"rate": 100.0},
+        knobs={},
+        machine=MachineCheck(MACHINE, MACHINE, hardware, ()),
+    )
 
 
 def _unwritable(tmp_path: Path, kind: str) -> Path:
@@ -304,9 +396,15 @@ def _unwritable(tmp_path: Path, kind: str) -> Path:
     return tmp_path / "reports" / "check.xml"
 
 
-@pytest.mark.parametrize(("kind", "words"), [("missing folder", "does not exist"), ("a folder", "is a folder"),
-                                             ("folder is a file", "is not a folder"),
-                                             ("read-only folder", "cannot write in its folder")])
+@pytest.mark.parametrize(
+    ("kind", "words"),
+    [
+        ("missing folder", "does not exist"),
+        ("a folder", "is a folder"),
+        ("folder is a file", "is not a folder"),
+        ("read-only folder", "cannot write in its folder"),
+    ],
+)
 def test_a_junit_file_that_cannot_be_written_is_refused_before_the_trial(tmp_path: Path, monkeypatch, kind, words):
     """--junit FILE in a folder that does not exist or takes no file, or FILE a folder: refused in one line, exit 2,
     before anything is measured (the CI job learns of it now, not after the trial)."""
@@ -315,8 +413,9 @@ def test_a_junit_file_that_cannot_be_written_is_refused_before_the_trial(tmp_pat
     checked = []
     monkeypatch.setattr(_check, "check", lambda rec, *args, **kwargs: checked.append(rec) or _outcome(Path(rec)))
     junit = _unwritable(tmp_path, kind)
-    code, out, err = _cli("check", str(tmp_path / "recommended.yaml"), "--config", str(tmp_path / "cfg.yaml"),
-                          "--junit", str(junit))
+    code, out, err = _cli(
+        "check", str(tmp_path / "recommended.yaml"), "--config", str(tmp_path / "cfg.yaml"), "--junit", str(junit)
+    )
     assert code == 2 and not out and not checked, out + err
     (line,) = err.splitlines()
     assert line.startswith(f"tunekit: error: --junit {junit}: ") and words in line, line
@@ -335,8 +434,9 @@ def test_a_junit_write_that_fails_after_the_check_leaves_its_exit_code(tmp_path:
         return _outcome(Path(rec), status)
 
     monkeypatch.setattr(_check, "check", check)
-    code, out, err = _cli("check", str(tmp_path / "recommended.yaml"), "--config", str(tmp_path / "cfg.yaml"),
-                          "--junit", str(junit))
+    code, out, err = _cli(
+        "check", str(tmp_path / "recommended.yaml"), "--config", str(tmp_path / "cfg.yaml"), "--junit", str(junit)
+    )
     assert code == _check.EXIT_CODES[status], out + err
     assert out.splitlines() == [f"{status}: as recorded"]
     (warning,) = err.splitlines()
@@ -355,10 +455,15 @@ def test_the_comparison_rule():
     assert rules.check_margin(0.03, 0.01, None, 0.02, 0.01) == 0.03  # an older file: no recorded interval
     assert rules.check_margin(0.03, 0.08, None, 0.01, 0.01) == 0.08
     assert [rules.rate_check(100.0, r, 0.05) for r in (94.0, 96.0, 104.0, 106.0)] == [
-        "regressed", "holds", "holds", "faster"]
+        "regressed",
+        "holds",
+        "holds",
+        "faster",
+    ]
     hardware, software = rules.machine_changes(
         {"gpu": "NVIDIA H200", "gpus": 1, "cpus": 16, "memory_bytes": 100 * 2**30, "torch": "2.10", "driver": None},
-        {"gpu": "NVIDIA H200", "gpus": 1, "cpus": 16, "memory_bytes": 98 * 2**30, "torch": "2.11", "driver": "580"})
+        {"gpu": "NVIDIA H200", "gpus": 1, "cpus": 16, "memory_bytes": 98 * 2**30, "torch": "2.11", "driver": "580"},
+    )
     assert hardware == [] and software == [("torch", "2.10", "2.11")]  # RAM within 5 %, an unknown driver
     hardware, _ = rules.machine_changes({"gpus": 1, "cpus": 16}, {"gpus": 8, "cpus": 16, "cpu": "AMD"})
     assert hardware == [("gpus", 1, 8)]

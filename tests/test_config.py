@@ -33,14 +33,23 @@ def test_shipped_configs_load():
     for path in shipped:
         cfg = config.load(path, check_imports=False)
         assert cfg.workload.model and cfg.search.batch_size
-        paths.update({f"{path.name}: workload.{key}": getattr(cfg.workload, key) for key in config.IMPORT_PATH_KEYS
-                      if getattr(cfg.workload, key) is not None})
+        paths.update(
+            {
+                f"{path.name}: workload.{key}": getattr(cfg.workload, key)
+                for key in config.IMPORT_PATH_KEYS
+                if getattr(cfg.workload, key) is not None
+            }
+        )
     # every import path of every shipped config resolves: checked by the resolver config.load runs, in one
     # subprocess for all of them (test_unresolvable_import_paths checks that load runs it); a path that does not
     # resolve rides along, so a resolver that found nothing wrong with anything would fail here
     paths["control: workload.model"] = "tunekit.workloads.synthetic:no_such_model"
-    resolved = subprocess.run([sys.executable, "-m", "tunekit.worker", "--resolve", json.dumps(paths)],
-                              capture_output=True, text=True, timeout=300)
+    resolved = subprocess.run(
+        [sys.executable, "-m", "tunekit.worker", "--resolve", json.dumps(paths)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resolved.returncode == 0, resolved.stderr
     problems = json.loads(resolved.stdout.strip().splitlines()[-1])
     assert set(problems) == set(paths) and "no_such_model" in problems.pop("control: workload.model")
@@ -72,38 +81,40 @@ def test_auto_workers_spans_zero_to_twice_the_cpus(write_config):
 
 
 def test_every_problem_is_reported_at_once(write_config):
-    data = sleepy_config(**{
-        "device": "gpu",
-        "strategy": "random",
-        "colour": "blue",
-        "search.num_wokers": [1],
-        "search.batch_size": [8, "big"],
-        "search.prefetch_factor": [0],
-        "search.compile": ["fast"],
-        "search.pin_memory": ["yes"],
-        "trial.window_s": -1,
-        "selection.tolerance": 1.5,
-        "workload.precision": "fp8",
-        "workload.model": "not an import path",
-        "cost.per_hour": 0,
-    })
+    data = sleepy_config(
+        **{
+            "device": "gpu",
+            "strategy": "random",
+            "colour": "blue",
+            "search.num_wokers": [1],
+            "search.batch_size": [8, "big"],
+            "search.prefetch_factor": [0],
+            "search.compile": ["fast"],
+            "search.pin_memory": ["yes"],
+            "trial.window_s": -1,
+            "selection.tolerance": 1.5,
+            "workload.precision": "fp8",
+            "workload.model": "not an import path",
+            "cost.per_hour": 0,
+        }
+    )
     problems = _problems(write_config, data)
     text = "\n".join(problems)
     assert len(problems) == 13, text
     assert all(p.startswith(str(write_config(data))) for p in problems)
     expected = [
-        "device: \"gpu\" is not allowed; choose one of: auto, cpu, cuda, cuda:N",
-        "strategy: \"random\" is not allowed; choose one of: staged, grid",
+        'device: "gpu" is not allowed; choose one of: auto, cpu, cuda, cuda:N',
+        'strategy: "random" is not allowed; choose one of: staged, grid',
         "colour: unknown key",
         "search.num_wokers: unknown key (did you mean 'num_workers'?)",
-        "search.batch_size[1]: expected an integer, got a string \"big\"",
+        'search.batch_size[1]: expected an integer, got a string "big"',
         "search.prefetch_factor[0]: 0 is out of range; must be at least 1",
-        "search.compile[0]: \"fast\" is not allowed; choose one of: none, default, reduce-overhead",
+        'search.compile[0]: "fast" is not allowed; choose one of: none, default, reduce-overhead',
         "search.pin_memory[0]: expected true or false",
         "trial.window_s: -1.0 is out of range; must be greater than 0",
         "selection.tolerance: 1.5 is out of range; must be less than 1",
-        "workload.precision: \"fp8\" is not allowed; choose one of: fp32, bf16, fp16",
-        "workload.model: \"not an import path\" is not an import path",
+        'workload.precision: "fp8" is not allowed; choose one of: fp32, bf16, fp16',
+        'workload.model: "not an import path" is not an import path',
         "cost.per_hour: 0.0 is out of range; must be greater than 0",
     ]
     for fragment in expected:
@@ -126,12 +137,14 @@ def test_top_level_must_be_mapping(write_config):
 
 
 def test_unresolvable_import_paths(write_config):
-    data = sleepy_config(**{
-        "workload.dataset": "tunekit.workloads.synthetic:no_such_dataset",
-        "workload.loss": "torch.nn:Nonexistent",
-        "workload.optimizer": "no_such_module_xyz:SGD",
-        "workload.step": "tunekit.workloads.synthetic:__doc__",
-    })
+    data = sleepy_config(
+        **{
+            "workload.dataset": "tunekit.workloads.synthetic:no_such_dataset",
+            "workload.loss": "torch.nn:Nonexistent",
+            "workload.optimizer": "no_such_module_xyz:SGD",
+            "workload.step": "tunekit.workloads.synthetic:__doc__",
+        }
+    )
     problems = _problems(write_config, data)
     text = "\n".join(problems)
     assert len(problems) == 4, text
@@ -141,11 +154,13 @@ def test_unresolvable_import_paths(write_config):
 
 
 def test_target_effective_batch_checks(write_config):
-    problems = _problems(write_config, sleepy_config(**{"search.target_effective_batch": 12,
-                                                        "search.batch_size": [8, 16]}))
+    problems = _problems(
+        write_config, sleepy_config(**{"search.target_effective_batch": 12, "search.batch_size": [8, 16]})
+    )
     assert "not a multiple of any search.batch_size" in problems[0]
-    problems = _problems(write_config, sleepy_config(**{"search.target_effective_batch": 16,
-                                                        "search.grad_accum": [1, 2]}))
+    problems = _problems(
+        write_config, sleepy_config(**{"search.target_effective_batch": 16, "search.grad_accum": [1, 2]})
+    )
     assert "not both" in problems[0]
 
 
@@ -202,9 +217,16 @@ def test_user_knobs_are_validated_one_line_each(write_config):
     assert "lists a value twice" in line
     (line,) = extra({"workload.dataset_args.crop": {"values": [160], "changes_result": "yes"}})
     assert "changes_result: expected true or false" in line
-    cfg = config.from_dict(sleepy_config(**{"search.extra": {
-        "workload.dataset_args.crop": {"values": [224, 160], "changes_result": True},
-        "workload.precision": {"values": ["bf16", "fp32"], "changes_result": False}}}))
+    cfg = config.from_dict(
+        sleepy_config(
+            **{
+                "search.extra": {
+                    "workload.dataset_args.crop": {"values": [224, 160], "changes_result": True},
+                    "workload.precision": {"values": ["bf16", "fp32"], "changes_result": False},
+                }
+            }
+        )
+    )
     knobs = config.extra_knobs(cfg)
     assert [(k.key, k.baseline) for k in knobs] == [("workload.dataset_args.crop", 224), ("workload.precision", "fp32")]
 
@@ -213,19 +235,37 @@ def test_gpu_decode_on_a_cpu_device_is_a_config_error(write_config):
     images = {"workload.dataset": "tunekit.workloads.images:synthetic_jpeg", "workload.dataset_args": {}}
     (line,) = _problems(write_config, sleepy_config(**images, **{"workload.dataset_args.decode": "gpu"}))
     assert "workload.dataset_args.decode: gpu decodes on the CUDA device, but device is cpu" in line
-    (line,) = _problems(write_config, sleepy_config(**images, **{"search.extra": {
-        "workload.dataset_args.decode": {"values": ["cpu", "gpu"], "changes_result": False}}}))
+    (line,) = _problems(
+        write_config,
+        sleepy_config(
+            **images,
+            **{"search.extra": {"workload.dataset_args.decode": {"values": ["cpu", "gpu"], "changes_result": False}}},
+        ),
+    )
     assert "search.extra.workload.dataset_args.decode: gpu decodes on the CUDA device" in line
-    (line,) = _problems(write_config, sleepy_config(**{**images, "workload.dataset_args": {}}, **{"search.extra": {
-        "workload.dataset_args.decode": {"values": ["cpu", "gpu-overlap"], "changes_result": False}}}))
+    (line,) = _problems(
+        write_config,
+        sleepy_config(
+            **{**images, "workload.dataset_args": {}},
+            **{
+                "search.extra": {
+                    "workload.dataset_args.decode": {"values": ["cpu", "gpu-overlap"], "changes_result": False}
+                }
+            },
+        ),
+    )
     assert "search.extra.workload.dataset_args.decode: gpu-overlap decodes on the CUDA device" in line
 
 
 def test_worker_threads_need_tunekit_to_build_the_loader(write_config):
-    (line,) = _problems(write_config, sleepy_config(**{"workload.loader": "tests._workloads:own_loader",
-                                                       "search.worker_threads": [2]}))
-    assert line.endswith("search.worker_threads: workload.loader builds the whole DataLoader, so tunekit cannot set "
-                         "its workers' threads; set them in its worker_init_fn, or search them without "
-                         "workload.loader")
-    assert any("search.worker_threads" in p for p in _problems(write_config, sleepy_config(
-        **{"search.worker_threads": [0]})))
+    (line,) = _problems(
+        write_config, sleepy_config(**{"workload.loader": "tests._workloads:own_loader", "search.worker_threads": [2]})
+    )
+    assert line.endswith(
+        "search.worker_threads: workload.loader builds the whole DataLoader, so tunekit cannot set "
+        "its workers' threads; set them in its worker_init_fn, or search them without "
+        "workload.loader"
+    )
+    assert any(
+        "search.worker_threads" in p for p in _problems(write_config, sleepy_config(**{"search.worker_threads": [0]}))
+    )

@@ -20,21 +20,29 @@ def _tree(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[Path, Path]
     return root, proc_cgroup
 
 
-@pytest.mark.parametrize(("proc", "files", "quota"), [
-    # cgroup v2, the job's own cgroup: 2.5 CPUs of quota give 2 whole ones
-    ("0::/job/step\n", {"job/step/cpu.max": "250000 100000\n", "cpu.max": "max 100000\n"}, 2),
-    # cgroup v2 inside a container's namespace: the process's cgroup is the root
-    ("0::/\n", {"cpu.max": "400000 100000\n"}, 4),
-    # cgroup v2 without a limit
-    ("0::/\n", {"cpu.max": "max 100000\n"}, None),
-    # cgroup v1, the cpu controller mounted with cpuacct
-    ("12:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n",
-     {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "300000\n", "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n"},
-     3),
-    # cgroup v1 without a quota (-1); a quota under one CPU still leaves one
-    ("4:cpu:/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
-    ("4:cpu:/\n", {"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
-])
+@pytest.mark.parametrize(
+    ("proc", "files", "quota"),
+    [
+        # cgroup v2, the job's own cgroup: 2.5 CPUs of quota give 2 whole ones
+        ("0::/job/step\n", {"job/step/cpu.max": "250000 100000\n", "cpu.max": "max 100000\n"}, 2),
+        # cgroup v2 inside a container's namespace: the process's cgroup is the root
+        ("0::/\n", {"cpu.max": "400000 100000\n"}, 4),
+        # cgroup v2 without a limit
+        ("0::/\n", {"cpu.max": "max 100000\n"}, None),
+        # cgroup v1, the cpu controller mounted with cpuacct
+        (
+            "12:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n",
+            {
+                "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "300000\n",
+                "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+            },
+            3,
+        ),
+        # cgroup v1 without a quota (-1); a quota under one CPU still leaves one
+        ("4:cpu:/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ("4:cpu:/\n", {"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
+    ],
+)
 def test_a_cfs_quota_limits_the_usable_cpus(tmp_path: Path, proc: str, files: dict[str, str], quota: int | None):
     root, proc_cgroup = _tree(tmp_path, proc, files)
     budget = cpu_budget(root=root, proc_cgroup=proc_cgroup, environ={}, affinity=16)
@@ -56,8 +64,9 @@ def test_the_smallest_of_affinity_quota_and_slurm_is_usable(tmp_path: Path):
 
 
 def test_no_cgroup_files_and_no_slurm_leave_the_affinity(tmp_path: Path):
-    budget = cpu_budget(root=tmp_path / "none", proc_cgroup=tmp_path / "none", environ={"SLURM_CPUS_PER_TASK": ""},
-                        affinity=3)
+    budget = cpu_budget(
+        root=tmp_path / "none", proc_cgroup=tmp_path / "none", environ={"SLURM_CPUS_PER_TASK": ""}, affinity=3
+    )
     assert budget.limits == {"affinity": 3} and budget.usable == 3
 
 
@@ -84,7 +93,14 @@ def test_the_snapshot_reports_each_limit_and_the_text_names_the_one_that_set_it(
     cpu = snapshot()["cpu"]
     assert cpu["usable"] == min(cpu["limits"].values()) and cpu["limits"]["affinity"] == cpu["affinity"]
     assert cpu["limited_by"] in cpu["limits"]
-    quota = {"logical": 64, "physical": 32, "affinity": 64, "usable": 8, "limits": {"affinity": 64, "cgroup_quota": 8},
-             "limited_by": "cgroup_quota", "model": "X"}
+    quota = {
+        "logical": 64,
+        "physical": 32,
+        "affinity": 64,
+        "usable": 8,
+        "limits": {"affinity": 64, "cgroup_quota": 8},
+        "limited_by": "cgroup_quota",
+        "model": "X",
+    }
     text = dict(_host_pairs({"cpu": quota}))["CPU"]
     assert "8 usable, limited by its cgroup's CFS quota (64 CPUs of affinity)" in text

@@ -25,8 +25,9 @@ CEILINGS = [
 
 CASES = {
     "data-starved": measurement(10, "end_to_end", "train", 600, num_workers=4, data_wait_frac=0.6),
-    "cpu-preprocessing": measurement(10, "end_to_end", "train", 900, num_workers=16, data_wait_frac=0.4,
-                                     cpu_util_frac=0.97),
+    "cpu-preprocessing": measurement(
+        10, "end_to_end", "train", 900, num_workers=16, data_wait_frac=0.4, cpu_util_frac=0.97
+    ),
     "compute-bound": measurement(10, "end_to_end", "train", 1950, num_workers=8, data_wait_frac=0.02),
     "overhead-bound": measurement(10, "end_to_end", "train", 480, batch_size=16, num_workers=8, data_wait_frac=0.01),
     "memory-wall": measurement(10, "end_to_end", "train", 1900, num_workers=8, headroom=0.12),
@@ -34,30 +35,54 @@ CASES = {
     # 87 % of the compute ceiling with 3 % data wait and no small-batch penalty: no bound stands out
     "unattributed": measurement(10, "end_to_end", "train", 1740, num_workers=8, data_wait_frac=0.03),
     # decode: gpu (the dataset moves its batches itself): 73 % of the ceiling, the stream busy, no data wait
-    "gpu-preprocessing": measurement(10, "end_to_end", "train", 1460, num_workers=8, pin_memory=True,
-                                     data_wait_frac=0.04, gpu_busy_frac=0.995, input_on_device=True),
+    "gpu-preprocessing": measurement(
+        10,
+        "end_to_end",
+        "train",
+        1460,
+        num_workers=8,
+        pin_memory=True,
+        data_wait_frac=0.04,
+        gpu_busy_frac=0.995,
+        input_on_device=True,
+    ),
     # two ranks at 70 % of twice one GPU's throughput (trial 11), 40 % of a step in gradient sync, no data wait
-    "communication-bound": measurement(10, "end_to_end", "train", 2800, num_workers=8, ranks=2, data_wait_frac=0.02,
-                                       sync_share=0.4),
+    "communication-bound": measurement(
+        10, "end_to_end", "train", 2800, num_workers=8, ranks=2, data_wait_frac=0.02, sync_share=0.4
+    ),
     "shared-gpu": measurement(
-        10, "end_to_end", "train", 1500, num_workers=8, noise_cv=0.2, nvml={"throttle_reasons": ["hw_slowdown"]},
+        10,
+        "end_to_end",
+        "train",
+        1500,
+        num_workers=8,
+        noise_cv=0.2,
+        nvml={"throttle_reasons": ["hw_slowdown"]},
         device="cuda:0",
     ),
     # other processes kept 10 of the 16 usable CPUs busy during the windows
-    "shared-host": measurement(10, "end_to_end", "train", 1500, num_workers=8, other_cpu_cores=10.0,
-                               device="cuda:0"),
+    "shared-host": measurement(10, "end_to_end", "train", 1500, num_workers=8, other_cpu_cores=10.0, device="cuda:0"),
     # half the compute ceiling, hardly any data wait, the CPUs 97 % busy: the step itself is starved of CPU
-    "cpu-contention": measurement(10, "end_to_end", "train", 1000, num_workers=8, data_wait_frac=0.05,
-                                  cpu_util_frac=0.97),
+    "cpu-contention": measurement(
+        10, "end_to_end", "train", 1000, num_workers=8, data_wait_frac=0.05, cpu_util_frac=0.97
+    ),
 }
 
 
-FIX_WORDS = {"shared-gpu": "idle GPU", "shared-host": "machine is idle", "memory-wall": "accumulation",
-             "h2d-copy": "pin_memory=True",
-             "cpu-preprocessing": "on the GPU", "data-starved": "faster storage", "overhead-bound": "larger batch",
-             "compute-bound": "the model itself", "unattributed": "profile",
-             "communication-bound": "accumulate gradients", "gpu-preprocessing": "side CUDA stream",
-             "cpu-contention": "intra-op threads"}
+FIX_WORDS = {
+    "shared-gpu": "idle GPU",
+    "shared-host": "machine is idle",
+    "memory-wall": "accumulation",
+    "h2d-copy": "pin_memory=True",
+    "cpu-preprocessing": "on the GPU",
+    "data-starved": "faster storage",
+    "overhead-bound": "larger batch",
+    "compute-bound": "the model itself",
+    "unattributed": "profile",
+    "communication-bound": "accumulate gradients",
+    "gpu-preprocessing": "side CUDA stream",
+    "cpu-contention": "intra-op threads",
+}
 
 
 @pytest.mark.parametrize("name", VERDICTS)
@@ -75,14 +100,16 @@ def test_every_verdict_on_fixtures(name: str):
 
 
 @pytest.mark.parametrize("workers_rate,expected", [(580, "cpu-contention"), (900, "data-starved")])
-def test_a_zero_worker_trial_is_data_starved_unless_the_workers_measured_were_no_faster(workers_rate: float,
-                                                                                        expected: str):
+def test_a_zero_worker_trial_is_data_starved_unless_the_workers_measured_were_no_faster(
+    workers_rate: float, expected: str
+):
     """Loading in the main process, the loop waits 65 % of the time: adding workers is the data verdict's fix. When
     the run measured workers that kept the CPUs busy and were no faster (a 2-core box whose model also runs on the
     CPU), that fix is refuted by the run itself: the CPUs are shared, and the verdict says so with that trial."""
     zero = measurement(10, "end_to_end", "train", 600, data_wait_frac=0.65, cpu_util_frac=0.77)
-    workers = measurement(11, "end_to_end", "train", workers_rate, num_workers=4, data_wait_frac=0.08,
-                          cpu_util_frac=0.97)
+    workers = measurement(
+        11, "end_to_end", "train", workers_rate, num_workers=4, data_wait_frac=0.08, cpu_util_frac=0.97
+    )
     verdicts = trial_verdicts(rows_from_measurements([*CEILINGS, zero, workers]), SELECTION)
     assert verdicts[10].name == expected
     if expected == "cpu-contention":
@@ -126,8 +153,9 @@ def test_noisy_windows_blame_the_gpu_only_when_the_loop_does_not_wait_on_data():
     )
     verdict = trial_verdicts(rows_from_measurements([*CEILINGS, starved]), SELECTION)[10]
     assert verdict.name == "data-starved" and verdict.evidence["window noise (CV)"] == 0.55
-    gpu_bound = measurement(10, "end_to_end", "train", 1500, num_workers=8, data_wait_frac=0.02, noise_cv=0.2,
-                            device="cuda:0")
+    gpu_bound = measurement(
+        10, "end_to_end", "train", 1500, num_workers=8, data_wait_frac=0.02, noise_cv=0.2, device="cuda:0"
+    )
     verdict = trial_verdicts(rows_from_measurements([*CEILINGS, gpu_bound]), SELECTION)[10]
     assert verdict.name == "shared-gpu" and verdict.evidence["window noise (CV)"] == 0.2
 
@@ -211,8 +239,11 @@ def test_real_cpu_scenarios(tmp_path: Path):
     """Per-sample waits with one worker -> data-starved; a heavy step on cheap data -> compute-bound."""
     # half-second windows: 6 steps of the loader-bound pipeline (80 ms a batch), 8 of the 60-ms step
     slow_data = sleepy_config(
-        **{"workload.dataset_args": {"sample_wait_s": 0.01}, "workload.model_args": {"step_wait_s": 0.005},
-           "trial.window_s": 0.5}
+        **{
+            "workload.dataset_args": {"sample_wait_s": 0.01},
+            "workload.model_args": {"step_wait_s": 0.005},
+            "trial.window_s": 0.5,
+        }
     )
     cheap_data = sleepy_config(
         **{
@@ -272,8 +303,9 @@ def test_a_full_stream_below_the_ceiling_unpinned_is_h2d_copy_until_pinning_is_m
     assert alone.name == "h2d-copy" and alone.evidence["pinned"] == "not measured at this batch"
     assert alone.evidence["GPU busy (events)"] == 0.97
     # measured pinned at another batch only: still not measured for this one
-    other = measurement(11, "end_to_end", "train", 1900, batch_size=128, num_workers=8, pin_memory=True,
-                        gpu_busy_frac=0.99)
+    other = measurement(
+        11, "end_to_end", "train", 1900, batch_size=128, num_workers=8, pin_memory=True, gpu_busy_frac=0.99
+    )
     assert trial_verdicts(rows_from_measurements([*CEILINGS, copy, other]), SELECTION)[10].name == "h2d-copy"
 
 
@@ -331,11 +363,15 @@ def test_an_idle_stream_keeps_the_data_verdict():
 def _loader_bound(tmp_path: Path, dataset_args: dict, workers: int, first: int) -> dict:
     """A compute ceiling and one end-to-end trial of a sleepy model fed by ``dataset_args`` at ``workers``. The model
     (1 ms per step of 8) stays far above what the loaders deliver on any box up to a few dozen cores."""
-    cfg = sleepy_config(**{"workload.dataset_args": dataset_args, "workload.model_args": {"step_wait_s": 0.001},
-                           "trial.window_s": 0.5})  # a window: at least a whole round of the workers' batches
-    rows = rows_from_measurements([
-        _trial(tmp_path, cfg, first, "compute", batch_size=8),
-        _trial(tmp_path, cfg, first + 1, "train", num_workers=workers, prefetch_factor=2, batch_size=8)])
+    cfg = sleepy_config(
+        **{"workload.dataset_args": dataset_args, "workload.model_args": {"step_wait_s": 0.001}, "trial.window_s": 0.5}
+    )  # a window: at least a whole round of the workers' batches
+    rows = rows_from_measurements(
+        [
+            _trial(tmp_path, cfg, first, "compute", batch_size=8),
+            _trial(tmp_path, cfg, first + 1, "train", num_workers=workers, prefetch_factor=2, batch_size=8),
+        ]
+    )
     return trial_verdicts(rows, SELECTION)[first + 1]
 
 
@@ -356,20 +392,22 @@ def test_waiting_workers_are_data_starved_and_computing_workers_cpu_preprocessin
 
 
 def test_a_loader_ceiling_that_stopped_rising_on_busy_cpus_is_cpu_preprocessing():
-    ceilings = [measurement(20 + i, "loader", "loader", rate, num_workers=w, data_wait_frac=0.99)
-                for i, (w, rate) in enumerate([(2, 400), (4, 700), (8, 710)])]
+    ceilings = [
+        measurement(20 + i, "loader", "loader", rate, num_workers=w, data_wait_frac=0.99)
+        for i, (w, rate) in enumerate([(2, 400), (4, 700), (8, 710)])
+    ]
     trial = measurement(10, "end_to_end", "train", 690, num_workers=8, data_wait_frac=0.5, cpu_util_frac=0.6)
     verdict = trial_verdicts(rows_from_measurements([*CEILINGS, *ceilings, trial]), SELECTION)[10]
-    assert verdict.name == "cpu-preprocessing" and "710.0 at 8 workers vs 700.0 at 4" in verdict.evidence[
-        "loader ceiling"]
+    assert (
+        verdict.name == "cpu-preprocessing" and "710.0 at 8 workers vs 700.0 at 4" in verdict.evidence["loader ceiling"]
+    )
     rising = [*ceilings[:2], measurement(22, "loader", "loader", 1300, num_workers=8, data_wait_frac=0.99)]
     verdict = trial_verdicts(rows_from_measurements([*CEILINGS, *rising, trial]), SELECTION)[10]
     assert verdict.name == "data-starved"  # more workers still help: add them
 
 
 def test_the_run_names_the_memory_boundary_of_a_batch_over_the_headroom_limit():
-    ms = [*CEILINGS, measurement(3, "compute", "compute", 2150, batch_size=256, headroom=0.084),
-          CASES["compute-bound"]]
+    ms = [*CEILINGS, measurement(3, "compute", "compute", 2150, batch_size=256, headroom=0.084), CASES["compute-bound"]]
     rows = rows_from_measurements(ms)
     found = run_verdicts(rows, rows[-1], trial_verdicts(rows, SELECTION), SELECTION)
     wall = next(v for v in found if v.name == "memory-wall")
@@ -394,12 +432,23 @@ def test_storage_and_cpu_bound_loaders_get_their_verdict_and_fix_in_every_output
     import tunekit
 
     workers = [config.cpu_count(), 2 * config.cpu_count()]
-    cases = {"data-starved": ({"sample_wait_s": 0.02}, "faster storage"),
-             "cpu-preprocessing": ({"sample_wait_s": 0.0, "sample_cpu_s": 0.02}, "on the GPU")}
+    cases = {
+        "data-starved": ({"sample_wait_s": 0.02}, "faster storage"),
+        "cpu-preprocessing": ({"sample_wait_s": 0.0, "sample_cpu_s": 0.02}, "on the GPU"),
+    }
     for expected, (dataset_args, fix) in cases.items():
-        cfg = write_config(sleepy_config(**{
-            "workload.dataset_args": dataset_args, "workload.model_args": {"step_wait_s": 0.001},
-            "search.num_workers": workers, "strategy": "grid", "trial.window_s": 0.5}), name=f"{expected}.yaml")
+        cfg = write_config(
+            sleepy_config(
+                **{
+                    "workload.dataset_args": dataset_args,
+                    "workload.model_args": {"step_wait_s": 0.001},
+                    "search.num_workers": workers,
+                    "strategy": "grid",
+                    "trial.window_s": 0.5,
+                }
+            ),
+            name=f"{expected}.yaml",
+        )
         out = tmp_path / expected
         run = tunekit.sweep(cfg, out=out)
         assert run.recommendation is not None, run.reason
@@ -425,20 +474,39 @@ def test_pinning_is_judged_among_trials_of_the_same_user_knobs():
     work: no h2d-copy from the stream alone."""
     gpu = {"workload.dataset_args.decode": "gpu"}
     unpinned = measurement(10, "end_to_end", "train", 1000, num_workers=8, data_wait_frac=0.1)
-    pinned_gpu = measurement(11, "end_to_end", "train", 1800, num_workers=8, pin_memory=True, data_wait_frac=0.02,
-                             extra=gpu, input_on_device=True)
+    pinned_gpu = measurement(
+        11,
+        "end_to_end",
+        "train",
+        1800,
+        num_workers=8,
+        pin_memory=True,
+        data_wait_frac=0.02,
+        extra=gpu,
+        input_on_device=True,
+    )
     verdicts = trial_verdicts(rows_from_measurements([*CEILINGS, unpinned, pinned_gpu]), SELECTION)
     assert verdicts[10].name != "h2d-copy"
-    busy_gpu = measurement(12, "end_to_end", "train", 1460, num_workers=8, data_wait_frac=0.04, gpu_busy_frac=0.995,
-                           extra=gpu, input_on_device=True)
+    busy_gpu = measurement(
+        12,
+        "end_to_end",
+        "train",
+        1460,
+        num_workers=8,
+        data_wait_frac=0.04,
+        gpu_busy_frac=0.995,
+        extra=gpu,
+        input_on_device=True,
+    )
     assert trial_verdicts(rows_from_measurements([*CEILINGS, busy_gpu]), SELECTION)[12].name == "gpu-preprocessing"
 
 
 def test_a_noisy_run_without_a_gpu_is_shared_host_with_cpu_advice():
     """On a 2-core box other processes kept busy, the windows scattered 20-50 %: the verdict names the host, and
     its advice says nothing of nvidia-smi or a GPU."""
-    noisy = measurement(10, "end_to_end", "train", 1500, num_workers=8, noise_cv=0.35, device="cpu",
-                        data_wait_frac=0.05)
+    noisy = measurement(
+        10, "end_to_end", "train", 1500, num_workers=8, noise_cv=0.35, device="cpu", data_wait_frac=0.05
+    )
     verdict = trial_verdicts(rows_from_measurements([*CEILINGS, noisy]), SELECTION)[10]
     assert verdict.name == "shared-host" and "nvidia-smi" not in verdict.fix and "GPU" not in verdict.fix
 
@@ -450,9 +518,17 @@ def test_the_shm_warning_is_sized_from_the_measured_batch_for_any_workload():
     from tunekit import config
     from tunekit.env import sweep_warnings
 
-    cfg = config.from_dict({"name": "t", "device": "cpu", "workload": {
-        "model": "tunekit.workloads.synthetic:sleepy_model", "dataset": "tunekit.workloads.synthetic:sleepy_dataset"},
-        "search": {"num_workers": [0, 8], "prefetch_factor": [2, 4], "batch_size": [64, 128]}})
+    cfg = config.from_dict(
+        {
+            "name": "t",
+            "device": "cpu",
+            "workload": {
+                "model": "tunekit.workloads.synthetic:sleepy_model",
+                "dataset": "tunekit.workloads.synthetic:sleepy_dataset",
+            },
+            "search": {"num_workers": [0, 8], "prefetch_factor": [2, 4], "batch_size": [64, 128]},
+        }
+    )
     env = {"cpu": {"affinity": 16}, "shm": {"total_bytes": 8 * 2**20}}
     assert not any("/dev/shm" in w for w in sweep_warnings(cfg, env))
     rows = rows_from_measurements([measurement(0, "compute", "compute", 100.0, batch_bytes=2 * 2**20)])
@@ -463,7 +539,9 @@ def test_the_shm_warning_is_sized_from_the_measured_batch_for_any_workload():
 def test_a_trial_out_of_shared_memory_says_so():
     from tunekit.launch import classify_error
 
-    log = ("ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory "
-           "(shm).\nRuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error.")
+    log = (
+        "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory "
+        "(shm).\nRuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error."
+    )
     status, reason = classify_error(log)
     assert status == "crashed" and "ran out of shared memory (/dev/shm)" in reason and "--shm-size" in reason

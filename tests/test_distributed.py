@@ -18,13 +18,17 @@ from tunekit.records import rows_from_measurements
 
 # each rank: 8 samples per 50 ms step (160/s), two workers deliver 1000/s: the model is the bound, so two ranks
 # should give twice one rank's throughput, less what the gradient all-reduce costs
-SLEEPY = {"workload.model_args": {"step_wait_s": 0.05}, "workload.dataset_args": {"sample_wait_s": 0.002},
-          "launch.nproc_per_node": 2}
+SLEEPY = {
+    "workload.model_args": {"step_wait_s": 0.05},
+    "workload.dataset_args": {"sample_wait_s": 0.002},
+    "launch.nproc_per_node": 2,
+}
 
 
 def _spec(cfg: dict, **knobs) -> TrialSpec:
-    return TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(**knobs),
-                     config=config.from_dict(cfg).to_dict())
+    return TrialSpec(
+        number=0, stage="single", mode="train", knobs=Knobs(**knobs), config=config.from_dict(cfg).to_dict()
+    )
 
 
 def test_two_ranks_give_twice_one_rank(tmp_path: Path):
@@ -63,8 +67,12 @@ def _trial_processes(trial_dir: Path) -> list[psutil.Process]:
 def test_timeout_kills_torchrun_every_rank_and_their_workers(tmp_path: Path):
     pids = tmp_path / "pids"
     pids.mkdir()
-    cfg = sleepy_config(**{**SLEEPY, "workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0,
-                                                               "hang_at": 3, "pid_dir": str(pids)}})
+    cfg = sleepy_config(
+        **{
+            **SLEEPY,
+            "workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "hang_at": 3, "pid_dir": str(pids)},
+        }
+    )
     # 20 s: torchrun and two fresh interpreters importing torch serve samples within 3 s on a quick 2-core box (a
     # crashing rank's whole trial takes 3.3 s), and took over 12 s on a slow one (import torch 4 s, three
     # processes on 2 cores); then one hangs, and the timeout must end torchrun, both ranks and their workers
@@ -112,9 +120,11 @@ def test_a_rank_torchrun_stopped_with_sigterm_is_not_blamed_for_the_one_that_rep
 
     spec = _spec(sleepy_config(**SLEEPY), num_workers=0, batch_size=4, ranks=2)
     write_json_atomic(tmp_path / "spec.json", spec.to_dict())
-    log = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\nFailures:\n[1]:\n  time      : x\n"
-           "  host      : h\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 7)\n"
-           "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 8)\n")
+    log = (
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\nFailures:\n[1]:\n  time      : x\n"
+        "  host      : h\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 7)\n"
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 8)\n"
+    )
     alone = rank_failure(tmp_path / "measurement.json", log)
     assert alone is not None and alone.reason.startswith("rank 1 (local rank 1) exited with code 1"), alone
     reported = failed_measurement(spec, "crashed", "rank 1: RuntimeError: rank one's step broke", failed_at=1.0)
@@ -150,9 +160,12 @@ def test_launch_config_is_checked():
 def test_torchrun_command_per_launch():
     one = config.from_dict(sleepy_config()).to_dict()
     assert worker_command(TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(), config=one))[-2:] == [
-        "-m", "tunekit.worker"]
-    nodes = config.from_dict(sleepy_config(**{"launch.nnodes": 2, "launch.nproc_per_node": 2,
-                                              "launch.rdzv_endpoint": "node0:29400"})).to_dict()
+        "-m",
+        "tunekit.worker",
+    ]
+    nodes = config.from_dict(
+        sleepy_config(**{"launch.nnodes": 2, "launch.nproc_per_node": 2, "launch.rdzv_endpoint": "node0:29400"})
+    ).to_dict()
     cmd = worker_command(TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(ranks=4), config=nodes))
     assert "torch.distributed.run" in cmd and "--nproc-per-node=2" in cmd and "--nnodes=2" in cmd
     assert "--master-addr=node0" in cmd and "--master-port=29400" in cmd and "--node-rank=0" in cmd
@@ -160,17 +173,21 @@ def test_torchrun_command_per_launch():
 
 def test_plan_runs_the_job_on_every_rank_then_the_knee_on_one_gpu():
     cfg = config.from_dict(sleepy_config(**{"launch.nproc_per_node": 2, "search.batch_size": [8]}))
-    rows = rows_from_measurements([measurement(0, "compute", "compute", 400, batch_size=8),
-                                   measurement(1, "loader", "loader", 200, batch_size=8),
-                                   measurement(2, "loader", "loader", 400, batch_size=8, num_workers=2)])
+    rows = rows_from_measurements(
+        [
+            measurement(0, "compute", "compute", 400, batch_size=8),
+            measurement(1, "loader", "loader", 200, batch_size=8),
+            measurement(2, "loader", "loader", 400, batch_size=8, num_workers=2),
+        ]
+    )
     first = next_requests(cfg, rows, strategy="staged", cuda=False)
     assert first[0].stage == "end_to_end" and first[0].knobs.ranks == 2 and first[0].knobs.num_workers == 2
-    rows += rows_from_measurements([measurement(3, "end_to_end", "train", 700, batch_size=8, num_workers=2,
-                                                ranks=2)])
+    rows += rows_from_measurements([measurement(3, "end_to_end", "train", 700, batch_size=8, num_workers=2, ranks=2)])
     second = next_requests(cfg, rows, strategy="staged", cuda=False)  # the defaults, on every rank too
     assert second[0].knobs.ranks == 2 and second[0].knobs.loader_defaults
-    rows += rows_from_measurements([measurement(4, "end_to_end", "train", 300, batch_size=8, ranks=2,
-                                                data_wait_frac=0.6)])
+    rows += rows_from_measurements(
+        [measurement(4, "end_to_end", "train", 300, batch_size=8, ranks=2, data_wait_frac=0.6)]
+    )
     scaling = next_requests(cfg, rows, strategy="staged", cuda=False)
     assert [(r.stage, r.knobs.ranks, r.knobs.num_workers) for r in scaling] == [("scaling", 1, 2)]
     rows += rows_from_measurements([measurement(5, "scaling", "train", 380, batch_size=8, num_workers=2)])
@@ -178,13 +195,26 @@ def test_plan_runs_the_job_on_every_rank_then_the_knee_on_one_gpu():
 
 
 def test_a_grid_under_launch_ends_with_its_knee_on_one_gpu():
-    cfg = config.from_dict(sleepy_config(**{"launch.nproc_per_node": 2, "search.batch_size": [8],
-                                            "search.num_workers": [0, 2]}))
+    cfg = config.from_dict(
+        sleepy_config(**{"launch.nproc_per_node": 2, "search.batch_size": [8], "search.num_workers": [0, 2]})
+    )
     grid = next_requests(cfg, [], strategy="grid", cuda=False)
     assert {r.knobs.ranks for r in grid} == {2} and estimate_total(cfg, [], strategy="grid", cuda=False) == 3
-    rows = rows_from_measurements([measurement(i, "grid", "train", rate, batch_size=8, ranks=2,
-                                               num_workers=r.knobs.num_workers, prefetch_factor=r.knobs.prefetch_factor)
-                                   for i, (r, rate) in enumerate(zip(grid, (300, 700), strict=True))])
+    rows = rows_from_measurements(
+        [
+            measurement(
+                i,
+                "grid",
+                "train",
+                rate,
+                batch_size=8,
+                ranks=2,
+                num_workers=r.knobs.num_workers,
+                prefetch_factor=r.knobs.prefetch_factor,
+            )
+            for i, (r, rate) in enumerate(zip(grid, (300, 700), strict=True))
+        ]
+    )
     scaling = next_requests(cfg, rows, strategy="grid", cuda=False)
     assert [(r.stage, r.knobs.ranks, r.knobs.num_workers) for r in scaling] == [("scaling", 1, 2)]
     rows += rows_from_measurements([measurement(2, "scaling", "train", 380, batch_size=8, num_workers=2)])
@@ -208,13 +238,35 @@ def test_two_nodes_of_one_rank_on_localhost(tmp_path: Path):
 
     from tunekit.launch import release_nodes
 
-    raw = sleepy_config(**{**SLEEPY, "launch.nproc_per_node": 1, "launch.nnodes": 2, "trial.window_s": 0.5,
-                           "launch.rdzv_endpoint": f"127.0.0.1:{_free_port()}"})
+    raw = sleepy_config(
+        **{
+            **SLEEPY,
+            "launch.nproc_per_node": 1,
+            "launch.nnodes": 2,
+            "trial.window_s": 0.5,
+            "launch.rdzv_endpoint": f"127.0.0.1:{_free_port()}",
+        }
+    )
     path = tmp_path / "two-nodes.yaml"
     path.write_text(yaml.safe_dump(raw))
-    follower = subprocess.Popen([sys.executable, "-m", "tunekit", "node", str(path), "--node-rank", "1", "--out",
-                                 str(tmp_path / "node1"), "--idle-timeout", "120"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    follower = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tunekit",
+            "node",
+            str(path),
+            "--node-rank",
+            "1",
+            "--out",
+            str(tmp_path / "node1"),
+            "--idle-timeout",
+            "120",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         m = run_trial(_spec(raw, num_workers=2, prefetch_factor=2, batch_size=8, ranks=2), tmp_path / "t", 120)
         assert m.status == "ok", m
@@ -232,8 +284,15 @@ def test_two_nodes_of_one_rank_on_localhost(tmp_path: Path):
 def test_a_node_that_never_joins_fails_the_trial_at_the_join_timeout_saying_so(tmp_path: Path):
     """Two nodes configured, no `tunekit node` started: the trial fails after launch.join_timeout_s (3 s here), not
     the trial's timeout (120 s), and says how many nodes joined."""
-    raw = sleepy_config(**{**SLEEPY, "launch.nproc_per_node": 1, "launch.nnodes": 2, "launch.join_timeout_s": 3,
-                           "launch.rdzv_endpoint": f"127.0.0.1:{_free_port()}"})
+    raw = sleepy_config(
+        **{
+            **SLEEPY,
+            "launch.nproc_per_node": 1,
+            "launch.nnodes": 2,
+            "launch.join_timeout_s": 3,
+            "launch.rdzv_endpoint": f"127.0.0.1:{_free_port()}",
+        }
+    )
     t0 = time.monotonic()
     m = run_trial(_spec(raw, num_workers=0, batch_size=8, ranks=2), tmp_path / "t", 120)
     assert m.status == "crashed" and "1 of 2 nodes had joined" in m.reason and "tunekit node" in m.reason, m.reason
@@ -241,16 +300,37 @@ def test_a_node_that_never_joins_fails_the_trial_at_the_join_timeout_saying_so(t
 
 
 def _rank_result(rank: int, node: int, rate: float, node_peak: int) -> dict:
-    return {"rate_windows": [rate, rate], "seconds_windows": [1.0, 1.0], "rate": rate,
-            "measured_items": rate * 2,
-            "params": {"num_workers": 2}, "host": f"h/{node}", "local_rank": 0, "cpu_count": 4,
-            "cpu_util_cores": 1.0, "worker_cpu_s": 1.0, "measured_s": 2.0, "step_time_s": 0.1 + rank / 100,
-            "data_wait_frac": 0.1 * rank, "gpu_busy_frac": None, "system_cpu_pct": 50.0, "items_per_batch_mean": 8,
-            "items_per_batch_cv": 0.0, "headroom": 0.5, "headroom_basis": "host",
-            "device_mem_peak_allocated_bytes": None, "device_mem_peak_reserved_bytes": None,
-            "node_mem_peak_bytes": node_peak, "host_mem_total_bytes": 100,
-            "node_processes": 3, "nvml_util_gpu_pct": None, "epochs_ended": 0, "epoch_boundary_in_trial": False,
-            "warnings": [], "host_mem_peak_bytes": node_peak}
+    return {
+        "rate_windows": [rate, rate],
+        "seconds_windows": [1.0, 1.0],
+        "rate": rate,
+        "measured_items": rate * 2,
+        "params": {"num_workers": 2},
+        "host": f"h/{node}",
+        "local_rank": 0,
+        "cpu_count": 4,
+        "cpu_util_cores": 1.0,
+        "worker_cpu_s": 1.0,
+        "measured_s": 2.0,
+        "step_time_s": 0.1 + rank / 100,
+        "data_wait_frac": 0.1 * rank,
+        "gpu_busy_frac": None,
+        "system_cpu_pct": 50.0,
+        "items_per_batch_mean": 8,
+        "items_per_batch_cv": 0.0,
+        "headroom": 0.5,
+        "headroom_basis": "host",
+        "device_mem_peak_allocated_bytes": None,
+        "device_mem_peak_reserved_bytes": None,
+        "node_mem_peak_bytes": node_peak,
+        "host_mem_total_bytes": 100,
+        "node_processes": 3,
+        "nvml_util_gpu_pct": None,
+        "epochs_ended": 0,
+        "epoch_boundary_in_trial": False,
+        "warnings": [],
+        "host_mem_peak_bytes": node_peak,
+    }
 
 
 def test_merge_sums_throughput_and_takes_the_fullest_node():
@@ -268,9 +348,18 @@ def test_merge_keeps_the_rate_over_whole_epochs_at_the_slowest_ranks_boundary():
     180 + 2) = 115/s, not the steady 180/s (rank 0's own parts were kept and the rate rebuilt from the windows)."""
     from tunekit.worker._dist import merge
 
-    ranks = [{**_rank_result(rank, 0, rate, 10), "rate_in_epoch": rate, "boundary_s": cost, "epoch_items": 320.0,
-              "boundaries_s": [cost + 1, cost], "epoch_boundaries": 2, "rate_whole_epoch": 1.0}
-             for rank, rate, cost in ((0, 100.0, 1.0), (1, 80.0, 2.0))]
+    ranks = [
+        {
+            **_rank_result(rank, 0, rate, 10),
+            "rate_in_epoch": rate,
+            "boundary_s": cost,
+            "epoch_items": 320.0,
+            "boundaries_s": [cost + 1, cost],
+            "epoch_boundaries": 2,
+            "rate_whole_epoch": 1.0,
+        }
+        for rank, rate, cost in ((0, 100.0, 1.0), (1, 80.0, 2.0))
+    ]
     m = merge(ranks)
     assert m["rate_in_epoch"] == 180.0 and m["boundary_s"] == 2.0 and m["epoch_items"] == 640.0
     assert m["rate"] == m["rate_whole_epoch"] == pytest.approx(640 / (640 / 180 + 2.0))
@@ -283,7 +372,10 @@ def test_gradient_sync_alone_is_not_an_input_bound():
     from tunekit import rules
 
     ceiling, *_ = rows_from_measurements([measurement(0, "compute", "compute", 400)])
-    synced, waiting = rows_from_measurements([
-        measurement(1, "end_to_end", "train", 560, ranks=2, data_wait_frac=0.0, sync_share=0.3),
-        measurement(2, "end_to_end", "train", 560, ranks=2, data_wait_frac=0.3)])
+    synced, waiting = rows_from_measurements(
+        [
+            measurement(1, "end_to_end", "train", 560, ranks=2, data_wait_frac=0.0, sync_share=0.3),
+            measurement(2, "end_to_end", "train", 560, ranks=2, data_wait_frac=0.3),
+        ]
+    )
     assert not rules.input_bound(synced, ceiling) and rules.input_bound(waiting, ceiling)

@@ -20,9 +20,7 @@ HAS_NVIDIA_SMI = shutil.which("nvidia-smi") is not None
 
 def _run_python(code: str) -> str:
     """Run ``code`` in a fresh interpreter and return its stripped stdout."""
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
-    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     return proc.stdout.strip()
 
 
@@ -259,9 +257,15 @@ def test_multi_rank_sweep_warns_of_gpus_without_nvlink():
     from tunekit import config
     from tunekit.env import sweep_warnings
 
-    env = {"nvml": {"interconnect": [{"gpus": [0, 1], "nvlink": False, "pcie_path": "one PCIe switch"},
-                                     {"gpus": [0, 2], "nvlink": False, "pcie_path": "one PCIe switch"},
-                                     {"gpus": [1, 2], "nvlink": True, "pcie_path": "one PCIe switch"}]}}
+    env = {
+        "nvml": {
+            "interconnect": [
+                {"gpus": [0, 1], "nvlink": False, "pcie_path": "one PCIe switch"},
+                {"gpus": [0, 2], "nvlink": False, "pcie_path": "one PCIe switch"},
+                {"gpus": [1, 2], "nvlink": True, "pcie_path": "one PCIe switch"},
+            ]
+        }
+    }
     two = config.from_dict(sleepy_config(**{"launch.nproc_per_node": 2}))
     warnings = [w for w in sweep_warnings(two, env) if "NVLink" in w]
     assert len(warnings) == 1 and "GPUs 0 and 1" in warnings[0] and "one PCIe switch" in warnings[0]

@@ -31,16 +31,28 @@ layer's input gradient left out."""
 
 
 def _linear_config(**overrides) -> dict:
-    return sleepy_config(**{
-        "workload.model": "tests._workloads:linear_stack", "workload.model_args": {},
-        "workload.dataset": "tunekit.workloads.synthetic:tensor_dataset",
-        "workload.dataset_args": {"shape": [WIDTHS[0]], "num_samples": 1024},
-        "trial.window_s": 0.2, "trial.warmup_steps": 1, **overrides})
+    return sleepy_config(
+        **{
+            "workload.model": "tests._workloads:linear_stack",
+            "workload.model_args": {},
+            "workload.dataset": "tunekit.workloads.synthetic:tensor_dataset",
+            "workload.dataset_args": {"shape": [WIDTHS[0]], "num_samples": 1024},
+            "trial.window_s": 0.2,
+            "trial.warmup_steps": 1,
+            **overrides,
+        }
+    )
 
 
 def _spec(cfg: dict, number: int, mode: str, probe_peak: bool = False, **knobs) -> TrialSpec:
-    return TrialSpec(number=number, stage="single", mode=mode, knobs=Knobs(**knobs),
-                     config=config.from_dict(cfg).to_dict(), probe_peak=probe_peak)
+    return TrialSpec(
+        number=number,
+        stage="single",
+        mode=mode,
+        knobs=Knobs(**knobs),
+        config=config.from_dict(cfg).to_dict(),
+        probe_peak=probe_peak,
+    )
 
 
 def test_a_linear_stack_counts_its_known_flops_and_the_trial_asked_measures_the_peak(tmp_path: Path):
@@ -60,8 +72,9 @@ def test_a_linear_stack_counts_its_known_flops_and_the_trial_asked_measures_the_
 
 
 def _built(model: str):
-    return build(config.from_dict(_linear_config(**{"workload.model": model})), Knobs(batch_size=4),
-                 torch.device("cpu"))
+    return build(
+        config.from_dict(_linear_config(**{"workload.model": model})), Knobs(batch_size=4), torch.device("cpu")
+    )
 
 
 def _step(on_device) -> TrialStep:
@@ -75,16 +88,20 @@ def test_a_count_leaves_no_gradient_and_one_that_fails_is_a_reason():
     # input gradient
     forward = 2 * sum(a * b for a, b in zip(WIDTHS, WIDTHS[1:], strict=False))
     assert count_flops(_step(lambda: (batch, 4.0)), built, step_updates=False) == {
-        "flops_per_item": pytest.approx(LINEAR_FLOPS, rel=0.01), "flops_reason": None,
-        "flops_backward_ratio": pytest.approx((LINEAR_FLOPS - forward) / forward, rel=0.01)}
+        "flops_per_item": pytest.approx(LINEAR_FLOPS, rel=0.01),
+        "flops_reason": None,
+        "flops_backward_ratio": pytest.approx((LINEAR_FLOPS - forward) / forward, rel=0.01),
+    }
     assert all(p.grad is None for p in built.model.parameters())
 
     def broken():
         raise RuntimeError("no batch\nsecond line")
 
-    assert count_flops(_step(broken), built, False) == {"flops_per_item": None,
-                                                        "flops_reason": "counting failed: RuntimeError: no batch",
-                                                        "flops_backward_ratio": None}
+    assert count_flops(_step(broken), built, False) == {
+        "flops_per_item": None,
+        "flops_reason": "counting failed: RuntimeError: no batch",
+        "flops_backward_ratio": None,
+    }
     assert count_flops(_step(None), built, False)["flops_reason"] == "a loader trial runs no model"
     elementwise = count_flops(_step(lambda: (batch, 4.0)), _built("tests._workloads:no_matmul_model"), False)
     assert elementwise["flops_per_item"] is None and "no matrix multiply" in elementwise["flops_reason"]
@@ -138,7 +155,7 @@ def test_a_grouped_convolutions_backward_counts_twice_its_forward(name: str):
     analytic = _analytic_forward(model, x)
     forward, total = counted(lambda: model(x).float().square().mean())
     assert forward == pytest.approx(analytic, rel=0.01)
-    assert total == pytest.approx(3 * analytic, rel=0.10), (total / analytic)
+    assert total == pytest.approx(3 * analytic, rel=0.10), total / analytic
     low, high = rules.FLOP_BACKWARD_BAND
     assert low <= (total - forward) / forward <= high
 
@@ -194,16 +211,22 @@ def _run(peak: float, ratio: float | None = 2.0, **cfg_overrides):
     """A ResNet-like run on an H200 whose compute trial at batch 512 measured the matmul peak: the knee (8 workers)
     within 2 % of the best (16), the PyTorch defaults a fifth of it; ``ratio``: each count's backward over its
     forward."""
-    cfg = config.from_dict(sleepy_config(**{"search.batch_size": [256, 512], "search.num_workers": [0, 8, 16],
-                                            **cfg_overrides}))
+    cfg = config.from_dict(
+        sleepy_config(**{"search.batch_size": [256, 512], "search.num_workers": [0, 8, 16], **cfg_overrides})
+    )
     probe = {"matmul_peak_flops": peak, "matmul_peak_precision": "bf16"}
     GPU = {**globals()["GPU"], "flops_backward_ratio": ratio}
-    rows = rows_from_measurements([
-        measurement(0, "compute", "compute", 5000, batch_size=512, flops_per_item=FLOPS, **GPU, **probe),
-        measurement(1, "compute", "compute", 4000, batch_size=256, flops_per_item=FLOPS, **GPU),
-        measurement(2, "end_to_end", "train", 1000, batch_size=512, data_wait_frac=0.8, flops_per_item=FLOPS, **GPU),
-        measurement(3, "end_to_end", "train", 4800, batch_size=512, num_workers=8, flops_per_item=FLOPS, **GPU),
-        measurement(4, "end_to_end", "train", 4900, batch_size=512, num_workers=16, flops_per_item=FLOPS, **GPU)])
+    rows = rows_from_measurements(
+        [
+            measurement(0, "compute", "compute", 5000, batch_size=512, flops_per_item=FLOPS, **GPU, **probe),
+            measurement(1, "compute", "compute", 4000, batch_size=256, flops_per_item=FLOPS, **GPU),
+            measurement(
+                2, "end_to_end", "train", 1000, batch_size=512, data_wait_frac=0.8, flops_per_item=FLOPS, **GPU
+            ),
+            measurement(3, "end_to_end", "train", 4800, batch_size=512, num_workers=8, flops_per_item=FLOPS, **GPU),
+            measurement(4, "end_to_end", "train", 4900, batch_size=512, num_workers=16, flops_per_item=FLOPS, **GPU),
+        ]
+    )
     return summarize(cfg, rows, strategy="staged")
 
 
@@ -212,40 +235,57 @@ def test_the_share_and_the_output_per_money_in_the_report_the_evidence_and_the_c
     knee = s.choice.knee
     assert (knee.number, s.choice.best.number, s.defaults.number) == (3, 4, 2)
     assert s.flop_share(knee) == pytest.approx(4800 * FLOPS / 500e12)
-    said = ("Model FLOP utilisation: the knee 23.0%, its compute ceiling (batch 512) 24.0% of this device's "
-            "measured matmul peak (24.0 GFLOP per sample, forward and backward, counted with FlopCounterMode, "
-            "grouped convolutions' backward corrected; peak 500.0 TFLOP/s in bf16, trial 0; datasheet 989.0 "
-            "TFLOP/s).")
+    said = (
+        "Model FLOP utilisation: the knee 23.0%, its compute ceiling (batch 512) 24.0% of this device's "
+        "measured matmul peak (24.0 GFLOP per sample, forward and backward, counted with FlopCounterMode, "
+        "grouped convolutions' backward corrected; peak 500.0 TFLOP/s in bf16, trial 0; datasheet 989.0 "
+        "TFLOP/s)."
+    )
     assert flop_summary(s) == said
     md = report_md(s, [], {})
     assert said in md
     assert "**8 workers, prefetch 2, not pinned, batch 512** — 4,800,000 samples per unit of money at 4800.0 " in md
-    assert "- matmul peak in bf16: 500.0 TFLOP/s sustained on NVIDIA H200 (cuda:0), measured in trial 0; datasheet " \
-           "989.0 TFLOP/s" in md
+    assert (
+        "- matmul peak in bf16: 500.0 TFLOP/s sustained on NVIDIA H200 (cuda:0), measured in trial 0; datasheet "
+        "989.0 TFLOP/s" in md
+    )
     trial_1 = next(line for line in md.splitlines() if line.startswith("| 1 | compute"))
     assert "| 19.2% |" in trial_1  # the share at each batch (and compile mode): a column of the trials table
     costs = _costs(s)
     assert "samples per unit of money" in costs[0]
-    assert costs[2].startswith("| knee | 3 | 4800.0 | 4,800,000 | ") and costs[3].startswith("| best | 4 | 4900.0 | "
-                                                                                               "4,900,000 | ")
+    assert costs[2].startswith("| knee | 3 | 4800.0 | 4,800,000 | ") and costs[3].startswith(
+        "| best | 4 | 4900.0 | 4,900,000 | "
+    )
     evidence = yaml.safe_load(recommendation_yaml(s))["evidence"]
     assert list(evidence)[:4] == ["unit", "items_per_money", "rate", "flop_share"]
     assert evidence["items_per_money"] == 4_800_000 and evidence["best_items_per_money"] == 4_900_000
     assert evidence["defaults_items_per_money"] == 1_000_000
     assert evidence["flop_share"] == pytest.approx(0.2304)
-    assert evidence["model_flops"] == {"flops_per_item": FLOPS, "flops_reason": None,
-                                       "uncertain_backward_ratio": None, "share_of_peak": 0.2304,
-                                       "ceiling_share_of_peak": 0.24, "ceiling_trial": 0, "matmul_peak_flops": 500e12,
-                                       "matmul_peak_precision": "bf16", "matmul_peak_trial": 0,
-                                       "datasheet_flops": 989e12}
-    assert money_summary(s) == ("4,800,000 samples per unit of money at 4800.0 samples/s (cost.per_hour 3.6); best "
-                                "4,900,000, defaults 1,000,000.")
+    assert evidence["model_flops"] == {
+        "flops_per_item": FLOPS,
+        "flops_reason": None,
+        "uncertain_backward_ratio": None,
+        "share_of_peak": 0.2304,
+        "ceiling_share_of_peak": 0.24,
+        "ceiling_trial": 0,
+        "matmul_peak_flops": 500e12,
+        "matmul_peak_precision": "bf16",
+        "matmul_peak_trial": 0,
+        "datasheet_flops": 989e12,
+    }
+    assert money_summary(s) == (
+        "4,800,000 samples per unit of money at 4800.0 samples/s (cost.per_hour 3.6); best "
+        "4,900,000, defaults 1,000,000."
+    )
     assert money_summary(_run(500e12)) is None  # no price, no money
-    tokens = flop_summary(_run(500e12, **{"workload.unit": "tokens", "workload.count": "tunekit.workloads.text:"
-                                                                                          "count_tokens"}))
-    assert "forward and backward, counted with FlopCounterMode, grouped convolutions' backward corrected, on one " \
-           "batch, its padding's work included: shares " \
-           "of executed FLOPs" in tokens  # the tokens counted are not the positions the model computed on
+    tokens = flop_summary(
+        _run(500e12, **{"workload.unit": "tokens", "workload.count": "tunekit.workloads.text:count_tokens"})
+    )
+    assert (
+        "forward and backward, counted with FlopCounterMode, grouped convolutions' backward corrected, on one "
+        "batch, its padding's work included: shares "
+        "of executed FLOPs" in tokens
+    )  # the tokens counted are not the positions the model computed on
 
 
 def test_the_compute_bound_fix_turns_on_the_share_of_the_peak():
@@ -259,5 +299,7 @@ def test_the_compute_bound_fix_turns_on_the_share_of_the_peak():
     no_peak = _run(0.0)  # no figure: the share is unknown, the fix the general one, and the report says why
     assert no_peak.flop_share(no_peak.choice.knee) is None
     assert "of the device's measured matmul peak" not in no_peak.trial_verdicts[3].evidence
-    assert flop_summary(no_peak) == "Model FLOP utilisation: not known: no matmul peak of this device (no trial " \
-                                    "measured it)."
+    assert (
+        flop_summary(no_peak) == "Model FLOP utilisation: not known: no matmul peak of this device (no trial "
+        "measured it)."
+    )

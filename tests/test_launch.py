@@ -28,15 +28,18 @@ QUICK = {"window_s": 0.4, "measure_windows": 2, "precision": None, "warmup_steps
 def _raw(tmp_path: Path, fault: str, python: str = sys.executable, **trial: Any) -> dict[str, Any]:
     """A script config of the faulty script; its lingering helpers write their pids to tmp_path/pids."""
     command = [python, str(FAULTY), "-j", "{num_workers}", "-b", "{batch_size}", "--fault", fault]
-    return {"name": "faulty", "device": "cpu",
-            "script": {"command": command, "cwd": str(tmp_path.parent), "env": {"FAULTY_PIDS": str(tmp_path / "pids")}},
-            "search": {"num_workers": [0, 2], "batch_size": [8], "pin_memory": [False]}, "trial": {**QUICK, **trial}}
+    return {
+        "name": "faulty",
+        "device": "cpu",
+        "script": {"command": command, "cwd": str(tmp_path.parent), "env": {"FAULTY_PIDS": str(tmp_path / "pids")}},
+        "search": {"num_workers": [0, 2], "batch_size": [8], "pin_memory": [False]},
+        "trial": {**QUICK, **trial},
+    }
 
 
 def _trial(tmp_path: Path, fault: str, workers: int = 2, **trial: Any):
     cfg = config.from_dict(_raw(tmp_path, fault, **trial), source=str(tmp_path / "cfg.yaml")).to_dict()
-    spec = TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(num_workers=workers, batch_size=8),
-                     config=cfg)
+    spec = TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(num_workers=workers, batch_size=8), config=cfg)
     return launch.run_trial(spec, tmp_path / "t", 60)
 
 
@@ -82,10 +85,13 @@ def test_only_the_scripts_own_process_runs_the_meter(tmp_path: Path):
     assert "after batch 3 of its training loader" in m.reason, m.reason
 
 
-@pytest.mark.parametrize("fault, words", [
-    ("exit5", "the script exited with code 5 after batch 2 of its training loader"),
-    ("nobatch", "the script exited with code 0 before its training loader's first batch"),
-])
+@pytest.mark.parametrize(
+    "fault, words",
+    [
+        ("exit5", "the script exited with code 5 after batch 2 of its training loader"),
+        ("nobatch", "the script exited with code 0 before its training loader's first batch"),
+    ],
+)
 def test_a_script_that_ends_says_where_it_was(tmp_path: Path, fault: str, words: str):
     """os._exit and an exit before the first batch leave no record: the script's marks say where it was (they read
     "exit code 5: the trial failed without a message" and "the worker exited 0 but wrote no measurement.json");
@@ -150,8 +156,12 @@ def test_a_killed_sweep_leaves_nothing_once_its_folder_is_held_again(tmp_path: P
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump({**_raw(tmp_path, "gil"), "budget": {"max_trials": 3}}))
     out = tmp_path / "run"
-    sweep = subprocess.Popen([sys.executable, "-m", "tunekit", "sweep", str(cfg_path), "--out", str(out)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "tunekit", "sweep", str(cfg_path), "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not _pids(tmp_path) and time.monotonic() < deadline and sweep.poll() is None:
@@ -170,11 +180,14 @@ def test_a_killed_sweep_leaves_nothing_once_its_folder_is_held_again(tmp_path: P
             sweep.wait()
 
 
-@pytest.mark.parametrize("command, words", [
-    (["pyhton", "train.py"], '"pyhton" is not found on PATH; did you mean python'),
-    (["./notexec.py"], '"./notexec.py" is not executable (no exec bit)'),
-    (["{num_workers}", "train.py"], 'the program "{num_workers}" is a placeholder'),
-])
+@pytest.mark.parametrize(
+    "command, words",
+    [
+        (["pyhton", "train.py"], '"pyhton" is not found on PATH; did you mean python'),
+        (["./notexec.py"], '"./notexec.py" is not executable (no exec bit)'),
+        (["{num_workers}", "train.py"], 'the program "{num_workers}" is a placeholder'),
+    ],
+)
 def test_a_command_that_cannot_start_is_refused_before_any_trial(tmp_path: Path, command: list[str], words: str):
     (tmp_path / "notexec.py").write_text("print('hi')\n")
     raw = {"name": "x", "script": {"command": command, "cwd": str(tmp_path)}}
@@ -207,5 +220,7 @@ except TunekitError as exc:
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     line = [x for x in out.stdout.splitlines() if x.startswith("ERROR")]
-    assert line and f"{tmp_path / 't' / 'worker.log'}: cannot write the trial's log" in line[0], (out.stdout,
-                                                                                                  out.stderr[-2000:])
+    assert line and f"{tmp_path / 't' / 'worker.log'}: cannot write the trial's log" in line[0], (
+        out.stdout,
+        out.stderr[-2000:],
+    )

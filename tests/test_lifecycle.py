@@ -33,8 +33,9 @@ EXIT_INTERRUPTED = 130  # cli.main: a KeyboardInterrupt (Ctrl-C, or SIGTERM/SIGH
 
 
 def _tunekit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tunekit", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "tunekit", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
 
 
 def _sweep_cmd(config: Path, out: Path, *extra: str) -> list[str]:
@@ -97,8 +98,9 @@ def budget_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     outlasts 3 s, so the budget stops the sweep after its first trial or so."""
     base = tmp_path_factory.mktemp("budget")
     config, out = base / "cfg.yaml", base / "run"
-    config.write_text(yaml.safe_dump(sleepy_config(**{"search.num_workers": [0, 2], "trial.window_s": 0.3}),
-                                     sort_keys=False))
+    config.write_text(
+        yaml.safe_dump(sleepy_config(**{"search.num_workers": [0, 2], "trial.window_s": 0.3}), sort_keys=False)
+    )
     extra = ("--strategy", "staged", "--budget-min", "0.05")
     result = _tunekit("sweep", str(config), "--out", str(out), *extra)
     return {"config": config, "out": out, "result": result, "args": extra}
@@ -144,14 +146,28 @@ def test_the_time_budget_ends_with_the_baseline_it_kept_room_for(monkeypatch: py
         took = 0.0 if req.skip else 60.0 if (req.stage, k.num_workers) == ("end_to_end", 6) else 20.0
         clock[0] += took
         rate = {"compute": 400.0, "loader": 100.0 * k.num_workers}.get(req.mode, 80.0 if not k.num_workers else 400.0)
-        m = measurement(len(sweep.rows), req.stage, req.mode, None if req.skip else rate,
-                        status="skipped" if req.skip else "ok", launcher_wall_s=took, **k.to_dict())
+        m = measurement(
+            len(sweep.rows),
+            req.stage,
+            req.mode,
+            None if req.skip else rate,
+            status="skipped" if req.skip else "ok",
+            launcher_wall_s=took,
+            **k.to_dict(),
+        )
         return TrialRow.from_measurement(Measurement.from_dict(m))
 
     monkeypatch.setattr(driver, "_run_one", run_one)
     cfg = config.from_dict(sleepy_config(**{"search.num_workers": [0, 2, 6, 8], "search.pin_memory": [False]}))
-    sweep = driver._RunningSweep(cfg=cfg, run_dir=tmp_path, strategy="staged", runs=None, rows=[], cuda=False,
-                          console=Console(file=io.StringIO()))
+    sweep = driver._RunningSweep(
+        cfg=cfg,
+        run_dir=tmp_path,
+        strategy="staged",
+        runs=None,
+        rows=[],
+        cuda=False,
+        console=Console(file=io.StringIO()),
+    )
     driver._run_trials(sweep, driver._Budget(minutes=2.5, max_trials=60))
     run = [(r.stage, r.knobs.num_workers) for r in sweep.rows if r.status == "ok"]
     assert run[-2:] == [("end_to_end", 6), ("end_to_end", 0)], run  # the start, then the owed baseline
@@ -166,15 +182,23 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _signal_mid_trial(cmd: list[str], out: Path, pids: Path, trial: int, sig: signal.Signals,
-                      logs: Path) -> tuple[int, list[int]]:
+def _signal_mid_trial(
+    cmd: list[str], out: Path, pids: Path, trial: int, sig: signal.Signals, logs: Path
+) -> tuple[int, list[int]]:
     """Start the sweep, wait until trial ``trial`` has its two DataLoader workers serving samples, send ``sig`` to
     the sweep process alone; return its exit code and the pids of the trial's worker and loader workers."""
     with open(logs / "stdout", "w") as so, open(logs / "stderr", "w") as se:
         # as a terminal's foreground job: a test run started in the background inherits SIGINT ignored (the shell's
         # rule for background jobs), and a sweep rightly keeps an inherited SIG_IGN
-        proc = subprocess.Popen(cmd, stdout=so, stderr=se, stdin=subprocess.DEVNULL, cwd=REPO,
-                                start_new_session=True, preexec_fn=_default_sigint)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=so,
+            stderr=se,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+            start_new_session=True,
+            preexec_fn=_default_sigint,
+        )
     try:
         pid_file = out / "trials" / str(trial) / "worker.pid"
         _wait_for(pid_file.exists, 120, f"trial {trial} to start", proc)
@@ -213,11 +237,17 @@ def _interrupt_config(write_config, pids: Path, batches: list[int]) -> Path:
     # 2 loader workers at 10 ms per sample: a batch of 32 takes a worker 0.32 s, so a batch-32 trial has ~5 s of
     # pipeline fill, warm-up and windows (>= 1.5 s each) left after its workers start serving: the signal lands
     # inside it even when a loaded 2-core host is slow to see the workers
-    return write_config(sleepy_config(**{
-        "workload.dataset_args": {"sample_wait_s": 0.01, "pid_dir": str(pids)},
-        "search.num_workers": [2], "search.batch_size": batches, "search.prefetch_factor": [2],
-        "trial.window_s": 1.5,
-    }))
+    return write_config(
+        sleepy_config(
+            **{
+                "workload.dataset_args": {"sample_wait_s": 0.01, "pid_dir": str(pids)},
+                "search.num_workers": [2],
+                "search.batch_size": batches,
+                "search.prefetch_factor": [2],
+                "trial.window_s": 1.5,
+            }
+        )
+    )
 
 
 @pytest.mark.slow
@@ -270,8 +300,9 @@ def test_ctrl_c_mid_first_trial_kills_its_process_tree_and_still_writes_outputs(
     pids.mkdir()
     config = _interrupt_config(write_config, pids, [32])
     out = tmp_path / "run"
-    rc, victims = _signal_mid_trial(_sweep_cmd(config, out, "--strategy", "grid"), out, pids, 0, signal.SIGINT,
-                                    tmp_path)
+    rc, victims = _signal_mid_trial(
+        _sweep_cmd(config, out, "--strategy", "grid"), out, pids, 0, signal.SIGINT, tmp_path
+    )
     assert rc == EXIT_INTERRUPTED, (tmp_path / "stderr").read_text()
     _assert_no_survivors(out, victims)
     meta = json.loads((out / "sweep.json").read_text())
@@ -298,11 +329,16 @@ def in_process_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict:
     comes first runs the sweep with the CPUs to itself."""
     base = tmp_path_factory.mktemp("inproc")
     config, out = base / "cfg.yaml", base / "run"
-    cfg = sleepy_config(**{
-        "workload.model_args": {"step_wait_s": 0.005}, "workload.dataset_args": {"sample_wait_s": 0.001},
-        "search.num_workers": [2], "search.batch_size": [4, 8], "search.target_effective_batch": TARGET,
-        "trial.window_s": 0.2,
-    })
+    cfg = sleepy_config(
+        **{
+            "workload.model_args": {"step_wait_s": 0.005},
+            "workload.dataset_args": {"sample_wait_s": 0.001},
+            "search.num_workers": [2],
+            "search.batch_size": [4, 8],
+            "search.target_effective_batch": TARGET,
+            "trial.window_s": 0.2,
+        }
+    )
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     code = textwrap.dedent(f"""
         import json, sys
@@ -318,7 +354,7 @@ def in_process_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout + proc.stderr
-    return {"out": out, "output": proc.stdout + proc.stderr, **json.loads(lines[-1][len("RESULT "):])}
+    return {"out": out, "output": proc.stdout + proc.stderr, **json.loads(lines[-1][len("RESULT ") :])}
 
 
 @pytest.mark.alone
@@ -373,9 +409,17 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-_VALID = {"dataloader": {"batch_size": 8, "num_workers": 2, "prefetch_factor": 2, "pin_memory": False,
-                         "persistent_workers": True},
-          "training": {"non_blocking": False, "grad_accum": 1, "compile": "none"}, "evidence": {}}
+_VALID = {
+    "dataloader": {
+        "batch_size": 8,
+        "num_workers": 2,
+        "prefetch_factor": 2,
+        "pin_memory": False,
+        "persistent_workers": True,
+    },
+    "training": {"non_blocking": False, "grad_accum": 1, "compile": "none"},
+    "evidence": {},
+}
 
 
 def _with_batch(value) -> str:
@@ -384,14 +428,18 @@ def _with_batch(value) -> str:
     return yaml.safe_dump(data)
 
 
-@pytest.mark.parametrize("content", [
-    None,  # no file at all
-    "dataloader: [batch_size: 8\ntraining: {",
-    yaml.safe_dump({k: v for k, v in _VALID.items() if k != "dataloader"}),
-    _with_batch("eight"),
-    _with_batch(8.5),  # must not be truncated to 8
-    _with_batch(True),  # YAML true must not become batch 1
-], ids=["missing", "invalid-yaml", "no-dataloader", "batch-size-text", "batch-size-float", "batch-size-bool"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        None,  # no file at all
+        "dataloader: [batch_size: 8\ntraining: {",
+        yaml.safe_dump({k: v for k, v in _VALID.items() if k != "dataloader"}),
+        _with_batch("eight"),
+        _with_batch(8.5),  # must not be truncated to 8
+        _with_batch(True),  # YAML true must not become batch 1
+    ],
+    ids=["missing", "invalid-yaml", "no-dataloader", "batch-size-text", "batch-size-float", "batch-size-bool"],
+)
 def test_load_recommended_errors_are_one_line_naming_the_file(tmp_path: Path, content: str | None):
     path = tmp_path / "recommended.yaml"
     if content is not None:

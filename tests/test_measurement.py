@@ -32,9 +32,14 @@ RECORD_MODULE = Path(inspect.getsourcefile(Measurement) or "").resolve()
 """The module that defines the record (and its one adapter), wherever the package keeps it."""
 METHODS = {"to_dict", "held"}
 """What a reader may use of a record besides its fields: the dict it writes, and which fields its file held."""
-V1_NAMES = {"samples_per_s": "rate", "samples_per_s_windows": "rate_windows", "measured_samples": "measured_items",
-            "sample_time_s": "item_time_s", "worker_cpu_per_sample_s": "worker_cpu_per_item_s",
-            "worker_wall_per_sample_s": "worker_wall_per_item_s"}
+V1_NAMES = {
+    "samples_per_s": "rate",
+    "samples_per_s_windows": "rate_windows",
+    "measured_samples": "measured_items",
+    "sample_time_s": "item_time_s",
+    "worker_cpu_per_sample_s": "worker_cpu_per_item_s",
+    "worker_wall_per_sample_s": "worker_wall_per_item_s",
+}
 
 
 # --- the docs and the record ----------------------------------------------------------------------------------
@@ -64,19 +69,29 @@ def test_the_documented_fields_are_the_record_s():
     distributed_md = _field_tables(REPO / "docs" / "distributed.md", "The measurement")
     assert distributed_md <= FIELDS, f"docs/distributed.md names fields the record lacks: {distributed_md - FIELDS}"
     documented = measurement_md | distributed_md
-    assert documented == FIELDS, (f"documented, not in the record: {sorted(documented - FIELDS)}; in the record, "
-                                  f"not documented: {sorted(FIELDS - documented)}")
+    assert documented == FIELDS, (
+        f"documented, not in the record: {sorted(documented - FIELDS)}; in the record, "
+        f"not documented: {sorted(FIELDS - documented)}"
+    )
 
 
 def test_every_field_has_a_docstring_and_a_default_but_status():
     source = ast.parse(RECORD_MODULE.read_text())
     cls = next(n for n in source.body if isinstance(n, ast.ClassDef) and n.name == "Measurement")
-    documented = {stmt.target.id for stmt, after in zip(cls.body, cls.body[1:], strict=False)
-                  if isinstance(stmt, ast.AnnAssign) and isinstance(after, ast.Expr)
-                  and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)}
+    documented = {
+        stmt.target.id
+        for stmt, after in zip(cls.body, cls.body[1:], strict=False)
+        if isinstance(stmt, ast.AnnAssign)
+        and isinstance(after, ast.Expr)
+        and isinstance(after.value, ast.Constant)
+        and isinstance(after.value.value, str)
+    }
     assert documented == FIELDS
-    required = {f.name for f in dataclasses.fields(Measurement)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    required = {
+        f.name
+        for f in dataclasses.fields(Measurement)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
     assert required == {"status"}
 
 
@@ -96,8 +111,13 @@ def _is_measurement(node: ast.AST) -> bool:
         return _is_measurement(node.body) or _is_measurement(node.orelse)
     if isinstance(node, ast.Call):
         f = node.func
-        name = f.id if isinstance(f, ast.Name) else f"{getattr(f.value, 'id', '')}.{f.attr}" if isinstance(
-            f, ast.Attribute) else ""
+        name = (
+            f.id
+            if isinstance(f, ast.Name)
+            else f"{getattr(f.value, 'id', '')}.{f.attr}"
+            if isinstance(f, ast.Attribute)
+            else ""
+        )
         return name in ("Measurement", "Measurement.from_dict", "failed_measurement", "skipped_measurement")
     return False
 
@@ -109,9 +129,11 @@ def _aliases(scope: ast.AST) -> set[str]:
     for node in ast.walk(scope):
         if isinstance(node, ast.Assign):
             for target in node.targets:
-                pairs = (zip(target.elts, node.value.elts, strict=False)
-                         if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
-                         else [(target, node.value)])
+                pairs = (
+                    zip(target.elts, node.value.elts, strict=False)
+                    if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                    else [(target, node.value)]
+                )
                 names |= {t.id for t, v in pairs if isinstance(t, ast.Name) and _is_measurement(v)}
         elif isinstance(node, ast.arg) and node.annotation is not None:
             # one record (``Measurement``, ``Measurement | None``), not a sequence of them, which is sliced
@@ -142,7 +164,7 @@ def _reads(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_the_scan_finds_key_reads_and_unknown_fields():
-    code = '''
+    code = """
 def f(row, other):
     m = row.measurement
     a = row.measurement.get("data_wait_frac")
@@ -150,7 +172,7 @@ def f(row, other):
     c = m.samples_per_s
     d, e = row.measurement, other
     return d.get("x"), m.rate, row.measurement.cpu_count, e.get("fine")
-'''
+"""
     found = [line for line, _ in _reads(ast.parse(code))]
     assert found == [4, 5, 6, 8]
 
@@ -180,16 +202,30 @@ def _kept(old: dict, new: dict) -> None:
 
 
 def test_a_version_1_dict_round_trips_with_every_value():
-    old = {"status": "ok", "reason": "", "number": 3, "stage": "end_to_end", "mode": "train",
-           "params": {"num_workers": 2, "batch_size": 8}, "unit": "tokens", "samples_per_s": 1234.5,
-           "samples_per_s_windows": [1200.0, 1250.0], "measured_samples": 4938, "sample_time_s": 0.00081,
-           "worker_cpu_per_sample_s": 0.002, "worker_wall_per_sample_s": 0.004, "gpu_busy_frac": None,
-           "nvml": {"samples": 12}, "per_rank": [{"rank": 0, "samples_per_s": 600.0, "worker_cpu_per_sample_s": 1e-3}],
-           "a_field_from_elsewhere": {"kept": True}}
+    old = {
+        "status": "ok",
+        "reason": "",
+        "number": 3,
+        "stage": "end_to_end",
+        "mode": "train",
+        "params": {"num_workers": 2, "batch_size": 8},
+        "unit": "tokens",
+        "samples_per_s": 1234.5,
+        "samples_per_s_windows": [1200.0, 1250.0],
+        "measured_samples": 4938,
+        "sample_time_s": 0.00081,
+        "worker_cpu_per_sample_s": 0.002,
+        "worker_wall_per_sample_s": 0.004,
+        "gpu_busy_frac": None,
+        "nvml": {"samples": 12},
+        "per_rank": [{"rank": 0, "samples_per_s": 600.0, "worker_cpu_per_sample_s": 1e-3}],
+        "a_field_from_elsewhere": {"kept": True},
+    }
     m = Measurement.from_dict(old)
     assert (m.rate, m.rate_windows, m.measured_items, m.item_time_s) == (1234.5, [1200.0, 1250.0], 4938, 0.00081)
-    assert m.worker_cpu_per_item_s == 0.002 and m.per_rank == [{"rank": 0, "rate": 600.0,
-                                                                 "worker_cpu_per_item_s": 1e-3}]
+    assert m.worker_cpu_per_item_s == 0.002 and m.per_rank == [
+        {"rank": 0, "rate": 600.0, "worker_cpu_per_item_s": 1e-3}
+    ]
     assert m.other == {"a_field_from_elsewhere": {"kept": True}}
     new = m.to_dict()
     _kept(old, new)
@@ -264,8 +300,10 @@ def _study_db(path: Path, *measurements: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with sqlite3.connect(path) as con:
         con.execute("CREATE TABLE trial_user_attributes (trial_id INTEGER, key TEXT, value_json TEXT)")
-        con.executemany("INSERT INTO trial_user_attributes VALUES (?, 'measurement', ?)",
-                        [(i, json.dumps(m)) for i, m in enumerate(measurements)])
+        con.executemany(
+            "INSERT INTO trial_user_attributes VALUES (?, 'measurement', ?)",
+            [(i, json.dumps(m)) for i, m in enumerate(measurements)],
+        )
     con.close()
 
 
@@ -277,7 +315,8 @@ def _checkout(root: Path) -> Path:
     (root / "results" / "showcase" / "trials" / "0").mkdir(parents=True)
     (root / ".gitignore").write_text("/results/*\n!/results/README.md\n")
     (root / "results" / "README.md").write_text(
-        "| folder | what |\n| --- | --- |\n| [`showcase/`](#showcase) | the committed run |\n")
+        "| folder | what |\n| --- | --- |\n| [`showcase/`](#showcase) | the committed run |\n"
+    )
     (root / "results" / "showcase" / "trials" / "0" / "measurement.json").write_text(json.dumps(good))
     _study_db(root / "results" / "showcase" / "study.db", good)
     git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
@@ -300,7 +339,10 @@ def test_only_committed_runs_are_read_not_a_sweep_s_own_output(tmp_path: Path):
     Outside a git checkout, the folders results/README.md lists are the committed runs."""
     repo = _checkout(tmp_path / "repo")
     assert [p.relative_to(repo).as_posix() for p in committed_files(repo)] == [
-        "results/README.md", "results/showcase/study.db", "results/showcase/trials/0/measurement.json"]
+        "results/README.md",
+        "results/showcase/study.db",
+        "results/showcase/trials/0/measurement.json",
+    ]
     read = _committed(repo)
     assert read == [measurement(0, "compute", "compute", 400.0)] * 2  # the file, then its study row
     for old in read:
@@ -308,8 +350,9 @@ def test_only_committed_runs_are_read_not_a_sweep_s_own_output(tmp_path: Path):
 
     archive = tmp_path / "archive"  # the same tree without its .git: an unpacked archive
     shutil.copytree(repo, archive, ignore=shutil.ignore_patterns(".git"))
-    assert committed_files(archive) == [archive / p.relative_to(repo) for p in committed_files(repo)
-                                        if p.parent != repo / "results"]
+    assert committed_files(archive) == [
+        archive / p.relative_to(repo) for p in committed_files(repo) if p.parent != repo / "results"
+    ]
     assert _committed(archive) == read
 
 
@@ -328,11 +371,15 @@ def test_a_committed_measurement_that_does_not_round_trip_fails(tmp_path: Path):
 
 
 def test_failed_and_skipped_trials_are_records():
-    spec = TrialSpec(number=4, stage="end_to_end", mode="train", knobs=Knobs(num_workers=2, prefetch_factor=2),
-                     config={})
+    spec = TrialSpec(
+        number=4, stage="end_to_end", mode="train", knobs=Knobs(num_workers=2, prefetch_factor=2), config={}
+    )
     failed = failed_measurement(spec, "oom", "CUDA out of memory", exception="OutOfMemoryError", failed_at=1.5)
     assert isinstance(failed, Measurement) and (failed.status, failed.exception, failed.failed_at) == (
-        "oom", "OutOfMemoryError", 1.5)
+        "oom",
+        "OutOfMemoryError",
+        1.5,
+    )
     assert failed.rate is None and failed.params == spec.knobs.to_dict() and failed.number == 4
     skipped = skipped_measurement(spec, "the loader alone is too slow").to_dict()
     assert skipped["status"] == "skipped" and skipped["rate"] is None and skipped["version"] == MEASUREMENT_VERSION

@@ -39,7 +39,6 @@ def test_inside_the_windows_pss_is_read_rarely_and_growth_still_counts(monkeypat
         monitor.stop()
 
 
-
 def test_processes_that_come_and_go_inside_the_windows_leave_samples_out_rather_than_read_pss(monkeypatch):
     """Loader workers without persistent_workers restart at every epoch's end: the tree's processes change between
     samples. An estimate across that change would count a new process's shared pages whole, and a PSS read at each
@@ -67,6 +66,7 @@ def test_processes_that_come_and_go_inside_the_windows_leave_samples_out_rather_
         for child in children:
             child.kill()
         monitor.stop()
+
 
 def test_the_fork_server_counts_only_for_the_process_it_forked(monkeypatch):
     """TUNEKIT_FORKED_FROM names the server in the child it forked; a process the trial starts (a wrapper script's

@@ -6,22 +6,37 @@ from tunekit.launch import classify_error
 
 # Error texts as torch, CUDA and the allocators print them.
 CASES = [
-    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
-     "139.81 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has 138.74 GiB memory in use.",
-     "oom"),
+    (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "139.81 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has 138.74 GiB memory "
+        "in use.",
+        "oom",
+    ),
     ("RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported", "oom"),
     ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "oom"),
-    ("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
-     "you tried to allocate 1125899906842624 bytes.", "oom"),
-    ("RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 80000000000 bytes. "
-     "Error code 12 (Cannot allocate memory)", "oom"),
+    (
+        "RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
+        "you tried to allocate 1125899906842624 bytes.",
+        "oom",
+    ),
+    (
+        "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 80000000000 bytes. "
+        "Error code 12 (Cannot allocate memory)",
+        "oom",
+    ),
     ("MemoryError", "oom"),
-    ("RuntimeError: CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be "
-     "asynchronously reported at some other API call", "illegal_access"),
+    (
+        "RuntimeError: CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be "
+        "asynchronously reported at some other API call",
+        "illegal_access",
+    ),
     ("RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed. ", "crashed"),
     ("RuntimeError: DataLoader worker (pid(s) 4242, 4243) exited unexpectedly", "crashed"),
-    ("ValueError: Caught ValueError in DataLoader worker process 1.\nOriginal Traceback (most recent call last):\n"
-     "  File \"x.py\", line 3, in __getitem__\nValueError: sample 3 is corrupt", "crashed"),
+    (
+        "ValueError: Caught ValueError in DataLoader worker process 1.\nOriginal Traceback (most recent call last):\n"
+        '  File "x.py", line 3, in __getitem__\nValueError: sample 3 is corrupt',
+        "crashed",
+    ),
     ("Traceback (most recent call last):\n  File \"a.py\", line 1\nKeyError: 'label'", "crashed"),
 ]
 

@@ -11,11 +11,15 @@ from tunekit.records import rows_from_measurements
 
 
 def _cfg(**overrides):
-    base = {"search.num_workers": [0, 2, 6, 8], "search.batch_size": [8, 16, 32], "search.pin_memory": [False, True],
-            "search.prefetch_factor": [2, 4], "search.compile": ["none", "default"]}
+    base = {
+        "search.num_workers": [0, 2, 6, 8],
+        "search.batch_size": [8, 16, 32],
+        "search.pin_memory": [False, True],
+        "search.prefetch_factor": [2, 4],
+        "search.compile": ["none", "default"],
+    }
     base.update(overrides)
     return config.from_dict(sleepy_config(**base))
-
 
 
 _m = functools.partial(measurement, batch_size=8)
@@ -43,8 +47,10 @@ def test_compute_stage_walks_down_from_the_largest_batch_past_ooms_until_one_fal
 def test_stages_follow_in_order_and_pruning_skips_hopeless_worker_counts():
     cfg = _cfg(**{"search.batch_size": [8]})
     ms = [_m(0, "compute", "compute", 400)]
-    ms += [_m(i + 1, "loader", "loader", rate, num_workers=w, pin_memory=True)
-           for i, (w, rate) in enumerate([(0, 80), (2, 200), (6, 600), (8, 800)])]
+    ms += [
+        _m(i + 1, "loader", "loader", rate, num_workers=w, pin_memory=True)
+        for i, (w, rate) in enumerate([(0, 80), (2, 200), (6, 600), (8, 800)])
+    ]
     rows = rows_from_measurements(ms)
     start = plan.next_requests(cfg, rows, strategy="staged", cuda=True)[0]
     # 6 workers: the fewest whose loader ceiling (600/s) reaches the compute ceiling (400/s), pinned first
@@ -60,15 +66,23 @@ def test_stages_follow_in_order_and_pruning_skips_hopeless_worker_counts():
     assert plan.next_requests(cfg, rows, strategy="staged", cuda=True)[0].knobs.num_workers == 8  # to confirm
     # 2 workers: the loader alone gives 200/s, far below 97 % of 400/s -> skipped with its evidence
     rows += rows_from_measurements([_m(12, "end_to_end", "train", 400, num_workers=8, pin_memory=True)])
-    requests = plan.next_requests(cfg, rows + rows_from_measurements([
-        _m(13, "end_to_end", "train", 400, num_workers=8)]), strategy="staged", cuda=True)
+    requests = plan.next_requests(
+        cfg,
+        rows + rows_from_measurements([_m(13, "end_to_end", "train", 400, num_workers=8)]),
+        strategy="staged",
+        cuda=True,
+    )
     assert requests[0].knobs.num_workers == 2 and requests[0].skip and "200.0 samples/s" in requests[0].skip
     assert requests[0].knobs.pin_memory  # the loader ceiling was measured pinned: it bounds pinned trials only
-    unpinned = _maybe_skip(plan.Request("end_to_end", "train", requests[0].knobs.__class__(
-        num_workers=2, prefetch_factor=2, batch_size=8)), rows, cfg)
+    unpinned = _maybe_skip(
+        plan.Request(
+            "end_to_end", "train", requests[0].knobs.__class__(num_workers=2, prefetch_factor=2, batch_size=8)
+        ),
+        rows,
+        cfg,
+    )
     assert unpinned.skip is None
-    defaults = _maybe_skip(plan.Request("end_to_end", "train", requests[0].knobs.__class__(batch_size=8)),
-                                rows, cfg)
+    defaults = _maybe_skip(plan.Request("end_to_end", "train", requests[0].knobs.__class__(batch_size=8)), rows, cfg)
     assert defaults.skip is None  # PyTorch defaults are always measured
 
 
@@ -77,11 +91,21 @@ def test_pruning_uses_the_runs_noise_not_one_noisy_best_trial():
     ms = [_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 320, num_workers=2, pin_memory=True)]
     best = _m(2, "end_to_end", "train", 400, num_workers=8, pin_memory=True)
     best["noise_cv"] = 0.30  # one wild window: under its own noise, 2 workers' 320/s ceiling would look reachable
-    ms += [best, _m(3, "end_to_end", "train", 390, num_workers=8), _m(4, "end_to_end", "train", 385, num_workers=6,
-                                                                     pin_memory=True)]
+    ms += [
+        best,
+        _m(3, "end_to_end", "train", 390, num_workers=8),
+        _m(4, "end_to_end", "train", 385, num_workers=6, pin_memory=True),
+    ]
     rows = rows_from_measurements(ms)
-    req = _maybe_skip(plan.Request("end_to_end", "train", rows[-1].knobs.__class__(
-        num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=8)), rows, cfg)
+    req = _maybe_skip(
+        plan.Request(
+            "end_to_end",
+            "train",
+            rows[-1].knobs.__class__(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=8),
+        ),
+        rows,
+        cfg,
+    )
     # run noise = median CV of the upper half (0.30, 0.01) -> 0.155: needed = 400 * 0.845 = 338 > 320 * 1.03
     assert req.skip and "338.0 needed" in req.skip
 
@@ -97,9 +121,14 @@ def test_grid_has_every_valid_combination():
 
 def test_single_end_to_end_config_still_gets_prefetch_and_compile_stages():
     cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.batch_size": [8]})
-    rows = rows_from_measurements([_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 800, num_workers=8),
-                                   _m(2, "end_to_end", "train", 390, num_workers=8),
-                                   _m(3, "end_to_end", "train", 80)])  # the defaults, always run
+    rows = rows_from_measurements(
+        [
+            _m(0, "compute", "compute", 400),
+            _m(1, "loader", "loader", 800, num_workers=8),
+            _m(2, "end_to_end", "train", 390, num_workers=8),
+            _m(3, "end_to_end", "train", 80),
+        ]
+    )  # the defaults, always run
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
     assert [(r.stage, r.knobs.prefetch_factor) for r in nxt] == [("prefetch", 4)]
 
@@ -109,10 +138,14 @@ def test_prefetch_is_skipped_when_the_knee_keeps_the_cpus_busy(cpu_busy: float, 
     """A knee that waits on data 40 % of the time: deeper prefetch is tried while CPUs are free, and skipped with
     the evidence when the trial already keeps them over CPU_SATURATED busy (the same CPU time makes the batches)."""
     cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.batch_size": [8]})
-    rows = rows_from_measurements([_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 300, num_workers=8),
-                                   _m(2, "end_to_end", "train", 290, num_workers=8, data_wait_frac=0.4,
-                                      cpu_util_frac=cpu_busy),
-                                   _m(3, "end_to_end", "train", 80)])
+    rows = rows_from_measurements(
+        [
+            _m(0, "compute", "compute", 400),
+            _m(1, "loader", "loader", 300, num_workers=8),
+            _m(2, "end_to_end", "train", 290, num_workers=8, data_wait_frac=0.4, cpu_util_frac=cpu_busy),
+            _m(3, "end_to_end", "train", 80),
+        ]
+    )
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
     assert [(r.stage, r.knobs.prefetch_factor) for r in nxt] == [("prefetch", 4)]
     assert (nxt[0].skip is None) == runs
@@ -122,30 +155,50 @@ def test_prefetch_is_skipped_when_the_knee_keeps_the_cpus_busy(cpu_busy: float, 
 
 def test_defaults_run_even_when_zero_workers_is_not_searched():
     cfg = _cfg(**{"search.num_workers": [4, 8], "search.pin_memory": [False], "search.batch_size": [8]})
-    rows = rows_from_measurements([_m(0, "compute", "compute", 400),
-                                   *[_m(i + 1, "loader", "loader", 800, num_workers=w) for i, w in enumerate([4, 8])],
-                                   _m(3, "end_to_end", "train", 390, num_workers=8),
-                                   _m(4, "end_to_end", "train", 385, num_workers=4)])
+    rows = rows_from_measurements(
+        [
+            _m(0, "compute", "compute", 400),
+            *[_m(i + 1, "loader", "loader", 800, num_workers=w) for i, w in enumerate([4, 8])],
+            _m(3, "end_to_end", "train", 390, num_workers=8),
+            _m(4, "end_to_end", "train", 385, num_workers=4),
+        ]
+    )
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
-    assert (nxt[0].stage, nxt[0].knobs.num_workers, nxt[0].knobs.pin_memory, nxt[0].skip) == \
-        ("end_to_end", 0, False, None)
+    assert (nxt[0].stage, nxt[0].knobs.num_workers, nxt[0].knobs.pin_memory, nxt[0].skip) == (
+        "end_to_end",
+        0,
+        False,
+        None,
+    )
 
 
 def test_grid_with_a_target_effective_batch_builds_the_pairs():
-    cfg = _cfg(**{"search.num_workers": [0], "search.batch_size": [8, 16, 32], "search.compile": ["none"],
-                  "search.target_effective_batch": 32})
-    shapes = {(r.knobs.batch_size, r.knobs.grad_accum) for r in plan.next_requests(cfg, [], strategy="grid",
-                                                                                  cuda=False)}
+    cfg = _cfg(
+        **{
+            "search.num_workers": [0],
+            "search.batch_size": [8, 16, 32],
+            "search.compile": ["none"],
+            "search.target_effective_batch": 32,
+        }
+    )
+    shapes = {
+        (r.knobs.batch_size, r.knobs.grad_accum) for r in plan.next_requests(cfg, [], strategy="grid", cuda=False)
+    }
     assert shapes == {(8, 4), (16, 2), (32, 1)}
 
 
 def _data_bound_rows(knee_rate):
     """batch 32 chosen by the compute ceiling; 8 workers end to end at batch 32 give knee_rate."""
-    return rows_from_measurements([
-        _m(0, "compute", "compute", 300, batch_size=8), _m(1, "compute", "compute", 600, batch_size=16),
-        _m(2, "compute", "compute", 1000, batch_size=32), _m(3, "loader", "loader", 900, num_workers=8, batch_size=32),
-        _m(4, "end_to_end", "train", knee_rate, num_workers=8, batch_size=32),
-        _m(5, "end_to_end", "train", 80, batch_size=32)])
+    return rows_from_measurements(
+        [
+            _m(0, "compute", "compute", 300, batch_size=8),
+            _m(1, "compute", "compute", 600, batch_size=16),
+            _m(2, "compute", "compute", 1000, batch_size=32),
+            _m(3, "loader", "loader", 900, num_workers=8, batch_size=32),
+            _m(4, "end_to_end", "train", knee_rate, num_workers=8, batch_size=32),
+            _m(5, "end_to_end", "train", 80, batch_size=32),
+        ]
+    )
 
 
 def test_a_data_bound_knee_tries_smaller_batches_while_they_keep_up():
@@ -158,31 +211,45 @@ def test_a_data_bound_knee_tries_smaller_batches_while_they_keep_up():
     # batch 8's compute ceiling (300/s) cannot reach 97 % of 420/s: skipped with that evidence
     assert (nxt[0].stage, nxt[0].knobs.batch_size) == ("batch", 8)
     assert nxt[0].skip and "compute ceiling at batch 8 is 300.0 samples/s" in nxt[0].skip
-    rows += rows_from_measurements([{**_m(7, "batch", "train", None, num_workers=8, batch_size=8),
-                                     "status": "skipped"}])
+    rows += rows_from_measurements(
+        [{**_m(7, "batch", "train", None, num_workers=8, batch_size=8), "status": "skipped"}]
+    )
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
     assert [(r.stage, r.knobs.batch_size, r.knobs.compile) for r in nxt] == [("compile", 16, "default")]
 
 
 @pytest.mark.parametrize("rate8,within", [(640, True), (300, False)])
 def test_stage_4b_measures_the_ceiling_of_a_batch_the_compute_stage_did_not_reach_once_it_keeps_within_the_band(
-        rate8: float, within: bool):
+    rate8: float, within: bool
+):
     """The compute stage stopped at batch 16 (out of the band of batch 32), so batch 8 has no ceiling: stage 4b tries
     it end to end first (the knee runs far below any ceiling); within the band, its ceiling comes next (the knee may
     land there, and the verdicts and later stages read it), before batch 4; out of it, no ceiling is measured. A
     ceiling that then fails (out of memory) ends the stage."""
-    cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.prefetch_factor": [2],
-                  "search.batch_size": [4, 8, 16, 32]})
-    rows = rows_from_measurements([
-        _m(0, "compute", "compute", 1000, batch_size=32), _m(1, "compute", "compute", 700, batch_size=16)])
+    cfg = _cfg(
+        **{
+            "search.num_workers": [8],
+            "search.pin_memory": [False],
+            "search.prefetch_factor": [2],
+            "search.batch_size": [4, 8, 16, 32],
+        }
+    )
+    rows = rows_from_measurements(
+        [_m(0, "compute", "compute", 1000, batch_size=32), _m(1, "compute", "compute", 700, batch_size=16)]
+    )
     assert plan.next_requests(cfg, rows, strategy="staged", cuda=False)[0].stage == "loader"  # batch 8 not asked
-    rows += rows_from_measurements([
-        _m(2, "loader", "loader", 900, num_workers=8, batch_size=32),
-        _m(3, "end_to_end", "train", 600, num_workers=8, batch_size=32),
-        _m(4, "end_to_end", "train", 80, batch_size=32), _m(5, "batch", "train", 650, num_workers=8, batch_size=16)])
+    rows += rows_from_measurements(
+        [
+            _m(2, "loader", "loader", 900, num_workers=8, batch_size=32),
+            _m(3, "end_to_end", "train", 600, num_workers=8, batch_size=32),
+            _m(4, "end_to_end", "train", 80, batch_size=32),
+            _m(5, "batch", "train", 650, num_workers=8, batch_size=16),
+        ]
+    )
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
     assert [(r.stage, r.mode, r.knobs.batch_size, r.knobs.num_workers, r.skip) for r in nxt] == [
-        ("batch", "train", 8, 8, None)]
+        ("batch", "train", 8, 8, None)
+    ]
     rows += rows_from_measurements([_m(6, "batch", "train", rate8, num_workers=8, batch_size=8)])
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
     if not within:
@@ -191,6 +258,7 @@ def test_stage_4b_measures_the_ceiling_of_a_batch_the_compute_stage_did_not_reac
     assert [(r.stage, r.mode, r.knobs.batch_size, r.knobs.num_workers) for r in nxt] == [("compute", "compute", 8, 0)]
     rows += rows_from_measurements([_m(7, "compute", "compute", 680, batch_size=8)])
     from tunekit.analysis import choose_batch
+
     assert choose_batch([r for r in rows if r.stage == "compute"], cfg.selection) == 32  # the stages' batch stays
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
     assert [(r.stage, r.knobs.batch_size) for r in nxt] == [("batch", 4)]
@@ -209,15 +277,15 @@ def test_the_compute_stage_judges_each_batch_against_the_larger_ones_only():
     rows, asked = [], []
     while (req := plan.next_requests(cfg, rows, strategy="staged", cuda=False)[0]).stage == "compute":
         asked.append(req.knobs.batch_size)
-        rows += rows_from_measurements([_m(len(rows), "compute", "compute", rates[req.knobs.batch_size],
-                                           batch_size=req.knobs.batch_size)])
+        rows += rows_from_measurements(
+            [_m(len(rows), "compute", "compute", rates[req.knobs.batch_size], batch_size=req.knobs.batch_size)]
+        )
     assert asked == [64, 32, 16, 8] and req.knobs.batch_size == 16
 
 
 def test_a_smaller_batch_that_falls_behind_ends_the_batch_stage():
     cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.prefetch_factor": [2]})
-    rows = _data_bound_rows(400) + rows_from_measurements([_m(6, "batch", "train", 350, num_workers=8,
-                                                              batch_size=16)])
+    rows = _data_bound_rows(400) + rows_from_measurements([_m(6, "batch", "train", 350, num_workers=8, batch_size=16)])
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
     assert [(r.stage, r.knobs.batch_size) for r in nxt] == [("compile", 32)]
 
@@ -231,35 +299,66 @@ def test_a_compute_bound_knee_keeps_its_batch():
 def test_a_much_faster_smaller_batch_does_not_end_the_stage_at_the_larger_one():
     """Each batch is judged against itself and larger batches: batch 16 beating batch 32 by far must not make
     batch 32 look as if it fell behind, which would end the stage before batch 8."""
-    cfg = _cfg(**{"search.num_workers": [8], "search.pin_memory": [False], "search.prefetch_factor": [2],
-                  "search.batch_size": [8, 16, 32, 64]})
-    rows = rows_from_measurements([
-        _m(0, "compute", "compute", 700, batch_size=8), _m(1, "compute", "compute", 800, batch_size=16),
-        _m(2, "compute", "compute", 900, batch_size=32), _m(3, "compute", "compute", 1000, batch_size=64),
-        _m(4, "loader", "loader", 900, num_workers=8, batch_size=64),
-        _m(5, "end_to_end", "train", 400, num_workers=8, batch_size=64),
-        _m(6, "end_to_end", "train", 80, batch_size=64),
-        _m(7, "batch", "train", 410, num_workers=8, batch_size=32), _m(8, "batch", "train", 600, num_workers=8,
-                                                                      batch_size=16)])
+    cfg = _cfg(
+        **{
+            "search.num_workers": [8],
+            "search.pin_memory": [False],
+            "search.prefetch_factor": [2],
+            "search.batch_size": [8, 16, 32, 64],
+        }
+    )
+    rows = rows_from_measurements(
+        [
+            _m(0, "compute", "compute", 700, batch_size=8),
+            _m(1, "compute", "compute", 800, batch_size=16),
+            _m(2, "compute", "compute", 900, batch_size=32),
+            _m(3, "compute", "compute", 1000, batch_size=64),
+            _m(4, "loader", "loader", 900, num_workers=8, batch_size=64),
+            _m(5, "end_to_end", "train", 400, num_workers=8, batch_size=64),
+            _m(6, "end_to_end", "train", 80, batch_size=64),
+            _m(7, "batch", "train", 410, num_workers=8, batch_size=32),
+            _m(8, "batch", "train", 600, num_workers=8, batch_size=16),
+        ]
+    )
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
     assert [(r.stage, r.knobs.batch_size, r.skip) for r in nxt] == [("batch", 8, None)]
 
 
 def test_no_pruning_against_trials_that_leave_too_little_headroom():
     cfg = _cfg(**{"search.batch_size": [8]})
-    ms = [_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 100, num_workers=2, pin_memory=True),
-          _m(2, "end_to_end", "train", 400, headroom=0.02, num_workers=8, pin_memory=True)]
+    ms = [
+        _m(0, "compute", "compute", 400),
+        _m(1, "loader", "loader", 100, num_workers=2, pin_memory=True),
+        _m(2, "end_to_end", "train", 400, headroom=0.02, num_workers=8, pin_memory=True),
+    ]
     rows = rows_from_measurements(ms)
-    req = _maybe_skip(plan.Request("end_to_end", "train", rows[-1].knobs.__class__(
-        num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=8)), rows, cfg)
+    req = _maybe_skip(
+        plan.Request(
+            "end_to_end",
+            "train",
+            rows[-1].knobs.__class__(num_workers=2, prefetch_factor=2, pin_memory=True, batch_size=8),
+        ),
+        rows,
+        cfg,
+    )
     assert req.skip is None  # the 8-worker trial cannot be the knee: it is no yardstick for 2 workers, which may fit
 
 
 def test_compile_is_skipped_with_evidence_when_the_knee_waits_on_data():
-    cfg = _cfg(**{"search.batch_size": [8], "search.num_workers": [0, 8], "search.pin_memory": [False],
-                  "search.prefetch_factor": [2]})
-    base = [_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 800, num_workers=0),
-            _m(2, "loader", "loader", 800, num_workers=8), _m(4, "end_to_end", "train", 80, data_wait_frac=0.8)]
+    cfg = _cfg(
+        **{
+            "search.batch_size": [8],
+            "search.num_workers": [0, 8],
+            "search.pin_memory": [False],
+            "search.prefetch_factor": [2],
+        }
+    )
+    base = [
+        _m(0, "compute", "compute", 400),
+        _m(1, "loader", "loader", 800, num_workers=0),
+        _m(2, "loader", "loader", 800, num_workers=8),
+        _m(4, "end_to_end", "train", 80, data_wait_frac=0.8),
+    ]
     starved = rows_from_measurements([*base, _m(3, "end_to_end", "train", 200, num_workers=8, data_wait_frac=0.5)])
     (req,) = plan.next_requests(cfg, starved, strategy="staged", cuda=False)
     assert req.stage == "compile" and req.knobs.compile == "default"
@@ -295,8 +394,14 @@ def test_plan_from_the_ceilings_runs_fewer_trials_and_keeps_the_knee():
     """Worker counts 0 ... 16 on the known-knee workload. The plan used to run every count whose loader ceiling could
     reach the band, most workers first: 16, 12, 8, 6 and the defaults (5 end to end, 2 skipped). From the ceilings it
     starts at 6 (the fewest whose loader ceiling reaches the compute ceiling), confirms at 8, and skips 12 and 16."""
-    cfg = _cfg(**{"search.num_workers": [0, 2, 6, 8, 12, 16], "search.batch_size": [8], "search.compile": ["none"],
-                  "search.prefetch_factor": [2, 4]})
+    cfg = _cfg(
+        **{
+            "search.num_workers": [0, 2, 6, 8, 12, 16],
+            "search.batch_size": [8],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2, 4],
+        }
+    )
     rows, choice = _simulate(cfg)
     e2e = [r for r in rows if r.stage == "end_to_end"]
     assert [r.knobs.num_workers for r in e2e if r.status == "ok"] == [6, 0, 8]  # the start, the defaults, one up
@@ -310,13 +415,26 @@ def test_plan_from_the_ceilings_runs_fewer_trials_and_keeps_the_knee():
 def test_walking_down_stops_once_a_count_falls_out_of_the_band():
     """Optimistic loader ceilings (all above the compute ceiling from 4 workers): the start is 4; once 3 workers fall
     out of the band end to end, 2 and 1 are skipped with that evidence, not run."""
-    cfg = _cfg(**{"search.num_workers": [0, 1, 2, 3, 4, 5], "search.batch_size": [8], "search.pin_memory": [False],
-                  "search.compile": ["none"], "search.prefetch_factor": [2]})
+    cfg = _cfg(
+        **{
+            "search.num_workers": [0, 1, 2, 3, 4, 5],
+            "search.batch_size": [8],
+            "search.pin_memory": [False],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2],
+        }
+    )
     ms = [_m(0, "compute", "compute", 400)]
-    ms += [_m(i + 1, "loader", "loader", rate, num_workers=w) for i, (w, rate) in
-           enumerate([(0, 100), (1, 380), (2, 380), (3, 380), (4, 800), (5, 900)])]
-    ms += [_m(10, "end_to_end", "train", 80), _m(11, "end_to_end", "train", 400, num_workers=4),
-           _m(12, "end_to_end", "train", 401, num_workers=5), _m(13, "end_to_end", "train", 300, num_workers=3)]
+    ms += [
+        _m(i + 1, "loader", "loader", rate, num_workers=w)
+        for i, (w, rate) in enumerate([(0, 100), (1, 380), (2, 380), (3, 380), (4, 800), (5, 900)])
+    ]
+    ms += [
+        _m(10, "end_to_end", "train", 80),
+        _m(11, "end_to_end", "train", 400, num_workers=4),
+        _m(12, "end_to_end", "train", 401, num_workers=5),
+        _m(13, "end_to_end", "train", 300, num_workers=3),
+    ]
     (req,) = plan.next_requests(cfg, rows_from_measurements(ms), strategy="staged", cuda=False)
     assert (req.knobs.num_workers, req.stage) == (2, "end_to_end")
     assert req.skip and "3 workers (trial 13, 300.0 samples/s) already fell out of the band" in req.skip
@@ -325,13 +443,24 @@ def test_walking_down_stops_once_a_count_falls_out_of_the_band():
 def test_a_count_above_the_start_that_falls_out_of_the_band_says_nothing_of_the_counts_below_it():
     """6 workers start the walk within the band; 8, the count above that confirms the plateau, falls out of it (noise
     or oversubscription). 2 workers, below the start, are judged by their own loader ceiling, not by 8's rate."""
-    cfg = _cfg(**{"search.batch_size": [8], "search.pin_memory": [False], "search.compile": ["none"],
-                  "search.prefetch_factor": [2]})
+    cfg = _cfg(
+        **{
+            "search.batch_size": [8],
+            "search.pin_memory": [False],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2],
+        }
+    )
     ms = [_m(0, "compute", "compute", 400)]
-    ms += [_m(i + 1, "loader", "loader", rate, num_workers=w) for i, (w, rate) in
-           enumerate([(0, 100), (2, 200), (6, 600), (8, 800)])]
-    ms += [_m(10, "end_to_end", "train", 400, num_workers=6), _m(11, "end_to_end", "train", 80),
-           _m(12, "end_to_end", "train", 300, num_workers=8)]
+    ms += [
+        _m(i + 1, "loader", "loader", rate, num_workers=w)
+        for i, (w, rate) in enumerate([(0, 100), (2, 200), (6, 600), (8, 800)])
+    ]
+    ms += [
+        _m(10, "end_to_end", "train", 400, num_workers=6),
+        _m(11, "end_to_end", "train", 80),
+        _m(12, "end_to_end", "train", 300, num_workers=8),
+    ]
     (req,) = plan.next_requests(cfg, rows_from_measurements(ms), strategy="staged", cuda=False)
     assert (req.knobs.num_workers, req.stage) == (2, "end_to_end")
     assert req.skip and "the loader alone gives 200.0 samples/s at 2 workers" in req.skip
@@ -341,8 +470,14 @@ def test_loader_ceilings_are_measured_only_where_they_decide_the_start():
     """A CPU-bound loader (the showcase's shape): the most workers' ceiling stays below the compute ceiling, so the
     walk starts there and no other loader count is measured; each is skipped with that evidence. Once 16 workers
     pinned fall out of the band, fewer workers are not tried pinned, while the unpinned walk goes on."""
-    cfg = _cfg(**{"search.num_workers": [0, 2, 8, 12, 16], "search.batch_size": [8], "search.compile": ["none"],
-                  "search.prefetch_factor": [2]})
+    cfg = _cfg(
+        **{
+            "search.num_workers": [0, 2, 8, 12, 16],
+            "search.batch_size": [8],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2],
+        }
+    )
     rows = rows_from_measurements([_m(0, "compute", "compute", 4900)])
     (first,) = plan.next_requests(cfg, rows, strategy="staged", cuda=True)
     assert (first.stage, first.knobs.num_workers, first.knobs.pin_memory, first.skip) == ("loader", 16, True, None)
@@ -350,16 +485,25 @@ def test_loader_ceilings_are_measured_only_where_they_decide_the_start():
     skipped = plan.next_requests(cfg, rows, strategy="staged", cuda=True)
     assert sorted(r.knobs.num_workers for r in skipped) == [0, 2, 8, 12]
     assert all(r.stage == "loader" and "below the compute ceiling" in r.skip for r in skipped)
-    rows += rows_from_measurements([{**_m(2 + i, "loader", "loader", None, **r.knobs.to_dict()), "status": "skipped",
-                                     "reason": r.skip} for i, r in enumerate(skipped)])
-    rows += rows_from_measurements([_m(10, "end_to_end", "train", 300),
-                                    _m(11, "end_to_end", "train", 2500, num_workers=16, pin_memory=True),
-                                    _m(12, "end_to_end", "train", 2950, num_workers=16)])
+    rows += rows_from_measurements(
+        [
+            {**_m(2 + i, "loader", "loader", None, **r.knobs.to_dict()), "status": "skipped", "reason": r.skip}
+            for i, r in enumerate(skipped)
+        ]
+    )
+    rows += rows_from_measurements(
+        [
+            _m(10, "end_to_end", "train", 300),
+            _m(11, "end_to_end", "train", 2500, num_workers=16, pin_memory=True),
+            _m(12, "end_to_end", "train", 2950, num_workers=16),
+        ]
+    )
     (nxt,) = plan.next_requests(cfg, rows, strategy="staged", cuda=True)
     assert (nxt.knobs.num_workers, nxt.knobs.pin_memory) == (12, True)
     assert nxt.skip and "16 workers pinned (trial 11, 2500.0 samples/s) already fell out of the band" in nxt.skip
-    rows += rows_from_measurements([{**_m(13, "end_to_end", "train", None, **nxt.knobs.to_dict()),
-                                     "status": "skipped", "reason": nxt.skip}])
+    rows += rows_from_measurements(
+        [{**_m(13, "end_to_end", "train", None, **nxt.knobs.to_dict()), "status": "skipped", "reason": nxt.skip}]
+    )
     (unpinned,) = plan.next_requests(cfg, rows, strategy="staged", cuda=True)
     assert (unpinned.knobs.num_workers, unpinned.knobs.pin_memory, unpinned.skip) == (12, False, None)
 
@@ -367,8 +511,15 @@ def test_loader_ceilings_are_measured_only_where_they_decide_the_start():
 def test_loader_bisection_finds_the_fewest_workers_that_reach_the_compute_ceiling():
     """Loader ceilings of 100/s per worker against a 400/s model: the most workers reach it, so the stage bisects the
     counts, measuring 16, then 4, 2 and 3 (log2 of the counts), and skips the rest with the start it found."""
-    cfg = _cfg(**{"search.num_workers": [0, 1, 2, 3, 4, 6, 8, 12, 16], "search.batch_size": [8],
-                  "search.compile": ["none"], "search.prefetch_factor": [2], "search.pin_memory": [False]})
+    cfg = _cfg(
+        **{
+            "search.num_workers": [0, 1, 2, 3, 4, 6, 8, 12, 16],
+            "search.batch_size": [8],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2],
+            "search.pin_memory": [False],
+        }
+    )
     rows = rows_from_measurements([_m(0, "compute", "compute", 400)])
     measured = []
     while True:
@@ -384,8 +535,13 @@ def test_loader_bisection_finds_the_fewest_workers_that_reach_the_compute_ceilin
 
 def test_a_trial_needs_the_band_of_the_best_so_far_and_a_loader_ceiling_the_compute_ceiling():
     cfg = _cfg(**{"search.batch_size": [8]})
-    rows = rows_from_measurements([_m(0, "compute", "compute", 400), _m(1, "end_to_end", "train", 80),
-                                   _m(2, "end_to_end", "train", 300, num_workers=8)])
+    rows = rows_from_measurements(
+        [
+            _m(0, "compute", "compute", 400),
+            _m(1, "end_to_end", "train", 80),
+            _m(2, "end_to_end", "train", 300, num_workers=8),
+        ]
+    )
     Knobs = rows[0].knobs.__class__
     e2e = plan.Request("end_to_end", "train", Knobs(num_workers=2, prefetch_factor=2, batch_size=8))
     assert plan.needed_rate(cfg, rows, e2e) == pytest.approx(300 * (1 - 0.03))  # quiet trials: the tolerance
@@ -401,28 +557,56 @@ def test_a_trial_needs_the_band_of_the_best_so_far_and_a_loader_ceiling_the_comp
 
 def test_user_knobs_run_at_an_input_bound_knee_and_are_skipped_at_a_compute_bound_one():
     extra = {"workload.dataset_args.sample_wait_s": {"values": [0.005, 0.001], "changes_result": False}}
-    cfg = _cfg(**{"search.num_workers": [0, 8], "search.batch_size": [8], "search.pin_memory": [False],
-                  "search.compile": ["none"], "search.prefetch_factor": [2], "search.extra": extra})
-    base = [_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 900, num_workers=8),
-            _m(5, "loader", "loader", 60), _m(2, "end_to_end", "train", 80)]
+    cfg = _cfg(
+        **{
+            "search.num_workers": [0, 8],
+            "search.batch_size": [8],
+            "search.pin_memory": [False],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2],
+            "search.extra": extra,
+        }
+    )
+    base = [
+        _m(0, "compute", "compute", 400),
+        _m(1, "loader", "loader", 900, num_workers=8),
+        _m(5, "loader", "loader", 60),
+        _m(2, "end_to_end", "train", 80),
+    ]
     bound = rows_from_measurements([*base, _m(3, "end_to_end", "train", 390, num_workers=8)])
     (req,) = plan.next_requests(cfg, bound, strategy="staged", cuda=False)
     assert req.stage == "extra" and req.skip and "the input pipeline is not the bound" in req.skip
-    starved = rows_from_measurements([*base, _m(3, "end_to_end", "train", 200, num_workers=8,
-                                                data_wait_frac=0.5)])
+    starved = rows_from_measurements([*base, _m(3, "end_to_end", "train", 200, num_workers=8, data_wait_frac=0.5)])
     (req,) = plan.next_requests(cfg, starved, strategy="staged", cuda=False)
     assert req.stage == "extra" and req.skip is None
     assert dict(req.knobs.extra) == {"workload.dataset_args.sample_wait_s": 0.001} and req.knobs.num_workers == 8
-    faster = starved + rows_from_measurements([_m(4, "extra", "train", 395, num_workers=8,
-                                                  extra=dict(req.knobs.extra))])
+    faster = starved + rows_from_measurements(
+        [_m(4, "extra", "train", 395, num_workers=8, extra=dict(req.knobs.extra))]
+    )
     (fewer,) = plan.next_requests(cfg, faster, strategy="staged", cuda=False)
     assert (fewer.stage, fewer.knobs.num_workers, fewer.knobs.extra) == ("extra", 0, req.knobs.extra)
-    threads = _cfg(**{"search.num_workers": [0, 8], "search.batch_size": [8], "search.pin_memory": [False],
-                      "search.compile": ["none"], "search.prefetch_factor": [2], "search.threads": [2]})
+    threads = _cfg(
+        **{
+            "search.num_workers": [0, 8],
+            "search.batch_size": [8],
+            "search.pin_memory": [False],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2],
+            "search.threads": [2],
+        }
+    )
     (req,) = plan.next_requests(threads, starved, strategy="staged", cuda=False)
     assert (req.stage, req.knobs.threads, req.knobs.num_workers, req.skip) == ("extra", 2, 8, None)
-    workers = _cfg(**{"search.num_workers": [0, 8], "search.batch_size": [8], "search.pin_memory": [False],
-                      "search.compile": ["none"], "search.prefetch_factor": [2], "search.worker_threads": [2]})
+    workers = _cfg(
+        **{
+            "search.num_workers": [0, 8],
+            "search.batch_size": [8],
+            "search.pin_memory": [False],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2],
+            "search.worker_threads": [2],
+        }
+    )
     (req,) = plan.next_requests(workers, starved, strategy="staged", cuda=False)
     assert (req.stage, req.knobs.worker_threads, req.knobs.num_workers, req.skip) == ("extra", 2, 8, None)
     grid = plan.next_requests(workers, [], strategy="grid", cuda=False)  # worker threads only where workers run
@@ -430,20 +614,43 @@ def test_user_knobs_run_at_an_input_bound_knee_and_are_skipped_at_a_compute_boun
 
 
 def test_a_count_without_its_own_loader_ceiling_is_bounded_by_the_next_count_measured_above():
-    cfg = _cfg(**{"search.num_workers": [0, 2, 4, 8], "search.batch_size": [8], "search.pin_memory": [False],
-                  "search.compile": ["none"], "search.prefetch_factor": [2]})
-    rows = rows_from_measurements([_m(0, "compute", "compute", 400), _m(1, "loader", "loader", 150, num_workers=4),
-                                   _m(2, "end_to_end", "train", 400, num_workers=8)])
-    req = _maybe_skip(plan.Request("end_to_end", "train", rows[0].knobs.__class__(
-        num_workers=2, prefetch_factor=2, batch_size=8)), rows, cfg)
+    cfg = _cfg(
+        **{
+            "search.num_workers": [0, 2, 4, 8],
+            "search.batch_size": [8],
+            "search.pin_memory": [False],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2],
+        }
+    )
+    rows = rows_from_measurements(
+        [
+            _m(0, "compute", "compute", 400),
+            _m(1, "loader", "loader", 150, num_workers=4),
+            _m(2, "end_to_end", "train", 400, num_workers=8),
+        ]
+    )
+    req = _maybe_skip(
+        plan.Request("end_to_end", "train", rows[0].knobs.__class__(num_workers=2, prefetch_factor=2, batch_size=8)),
+        rows,
+        cfg,
+    )
     assert req.skip and "150.0 samples/s at 4 workers, more than 2 (trial 1)" in req.skip
 
 
 def test_a_failed_loader_at_the_most_workers_hands_the_bisection_to_the_next_count():
-    cfg = _cfg(**{"search.num_workers": [0, 2, 4, 8], "search.batch_size": [8], "search.pin_memory": [False],
-                  "search.compile": ["none"], "search.prefetch_factor": [2]})
-    rows = rows_from_measurements([_m(0, "compute", "compute", 400),
-                                   _m(1, "loader", "loader", None, status="oom", num_workers=8)])
+    cfg = _cfg(
+        **{
+            "search.num_workers": [0, 2, 4, 8],
+            "search.batch_size": [8],
+            "search.pin_memory": [False],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2],
+        }
+    )
+    rows = rows_from_measurements(
+        [_m(0, "compute", "compute", 400), _m(1, "loader", "loader", None, status="oom", num_workers=8)]
+    )
     (req,) = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
     assert (req.stage, req.knobs.num_workers, req.skip) == ("loader", 4, None)
 
@@ -453,13 +660,25 @@ def test_fewer_workers_after_a_user_knob_are_found_by_bisection():
     12) for the fewest within the band: 4, then 2, then 0 (out of the band) — three trials where a walk down one
     count at a time takes five — and stops at 2."""
     extra = {"workload.dataset_args.sample_wait_s": {"values": [0.005, 0.001], "changes_result": False}}
-    cfg = _cfg(**{"search.num_workers": [0, 2, 4, 8, 12, 16], "search.batch_size": [8], "search.pin_memory": [False],
-                  "search.compile": ["none"], "search.prefetch_factor": [2], "search.extra": extra})
+    cfg = _cfg(
+        **{
+            "search.num_workers": [0, 2, 4, 8, 12, 16],
+            "search.batch_size": [8],
+            "search.pin_memory": [False],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2],
+            "search.extra": extra,
+        }
+    )
     fast = {"workload.dataset_args.sample_wait_s": 0.001}
-    ms = [_m(0, "compute", "compute", 1000), _m(1, "loader", "loader", 500, num_workers=16),
-          _m(2, "end_to_end", "train", 50), _m(3, "end_to_end", "train", 480, num_workers=16, data_wait_frac=0.4),
-          _m(4, "end_to_end", "train", 350, num_workers=12, data_wait_frac=0.5),
-          _m(5, "extra", "train", 900, num_workers=16, extra=fast)]
+    ms = [
+        _m(0, "compute", "compute", 1000),
+        _m(1, "loader", "loader", 500, num_workers=16),
+        _m(2, "end_to_end", "train", 50),
+        _m(3, "end_to_end", "train", 480, num_workers=16, data_wait_frac=0.4),
+        _m(4, "end_to_end", "train", 350, num_workers=12, data_wait_frac=0.5),
+        _m(5, "extra", "train", 900, num_workers=16, extra=fast),
+    ]
     rates = {4: 890, 2: 880, 0: 600, 8: 905, 12: 900}
     asked = []
     while reqs := plan.next_requests(cfg, rows_from_measurements(ms), strategy="staged", cuda=False):
@@ -472,26 +691,40 @@ def test_fewer_workers_after_a_user_knob_are_found_by_bisection():
         ms.append(_m(len(ms), "extra", "train", rates[k.num_workers], num_workers=k.num_workers, extra=fast))
     assert asked == [4, 2, 0]
     from tunekit.analysis import select_knee
+
     knee = select_knee(rows_from_measurements(ms), cfg.selection).knee
     assert (knee.knobs.num_workers, dict(knee.knobs.extra)) == (2, fast)
 
 
 @pytest.mark.parametrize("knob_rate,rechecked", [(930, True), (700, False)])
 def test_a_knobs_knee_at_a_smaller_batch_is_tried_at_the_sweeps_batch_once_the_model_is_the_bound(
-        knob_rate: float, rechecked: bool):
+    knob_rate: float, rechecked: bool
+):
     """Stage 4b moved the knee from batch 16 to 8 while the loader held both back; a user knob then lifts the
     input bound. At 930 samples/s the knee reaches 97 % of batch 8's ceiling (960): the model is the bound, and
     batch 16's ceiling is higher (1000), so the knob's config is tried at 16, once. At 700 (73 %) the input
     pipeline is still the bound and no larger batch is tried."""
     extra = {"workload.dataset_args.sample_wait_s": {"values": [0.005, 0.001], "changes_result": False}}
-    cfg = _cfg(**{"search.num_workers": [8], "search.batch_size": [8, 16], "search.pin_memory": [False],
-                  "search.compile": ["none"], "search.prefetch_factor": [2], "search.extra": extra})
+    cfg = _cfg(
+        **{
+            "search.num_workers": [8],
+            "search.batch_size": [8, 16],
+            "search.pin_memory": [False],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2],
+            "search.extra": extra,
+        }
+    )
     fast = {"workload.dataset_args.sample_wait_s": 0.001}
-    ms = [_m(0, "compute", "compute", 1000, batch_size=16), _m(1, "compute", "compute", 960),
-          _m(2, "loader", "loader", 500, num_workers=8, batch_size=16),
-          _m(3, "end_to_end", "train", 480, num_workers=8, batch_size=16, data_wait_frac=0.4),
-          _m(4, "end_to_end", "train", 50, batch_size=16), _m(5, "batch", "train", 485, num_workers=8),
-          _m(6, "extra", "train", knob_rate, num_workers=8, extra=fast)]
+    ms = [
+        _m(0, "compute", "compute", 1000, batch_size=16),
+        _m(1, "compute", "compute", 960),
+        _m(2, "loader", "loader", 500, num_workers=8, batch_size=16),
+        _m(3, "end_to_end", "train", 480, num_workers=8, batch_size=16, data_wait_frac=0.4),
+        _m(4, "end_to_end", "train", 50, batch_size=16),
+        _m(5, "batch", "train", 485, num_workers=8),
+        _m(6, "extra", "train", knob_rate, num_workers=8, extra=fast),
+    ]
     rows = rows_from_measurements(ms)
     assert _finished._Finished(cfg, rows, cuda=False).batch == 16
     nxt = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
@@ -499,10 +732,12 @@ def test_a_knobs_knee_at_a_smaller_batch_is_tried_at_the_sweeps_batch_once_the_m
         assert nxt == []
         return
     assert [(r.stage, r.knobs.batch_size, r.knobs.num_workers, dict(r.knobs.extra)) for r in nxt] == [
-        ("extra", 16, 8, fast)]
+        ("extra", 16, 8, fast)
+    ]
     rows += rows_from_measurements([_m(7, "extra", "train", 990, num_workers=8, batch_size=16, extra=fast)])
     assert plan.next_requests(cfg, rows, strategy="staged", cuda=False) == []  # once
     from tunekit.analysis import select_knee
+
     assert select_knee(rows, cfg.selection).knee.knobs.batch_size == 16  # 990 is beyond the band of 930
 
 
@@ -519,8 +754,15 @@ def test_the_baseline_is_owed_once_the_batch_is_final_and_only_by_staged_sweeps(
 
 
 def _script_cfg(tmp_path, own_batch=False, **overrides):
-    raw = sleepy_config(**{"search.num_workers": [0, 2, 6, 8], "search.batch_size": [8], "search.compile": ["none"],
-                           "search.prefetch_factor": [2], **overrides})
+    raw = sleepy_config(
+        **{
+            "search.num_workers": [0, 2, 6, 8],
+            "search.batch_size": [8],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2],
+            **overrides,
+        }
+    )
     del raw["workload"]
     command = "python train.py -j {num_workers}" + ("" if own_batch else " -b {batch_size}")
     raw["script"] = {"command": command, "cwd": str(tmp_path), "own_batch": own_batch}
@@ -538,14 +780,14 @@ def test_a_scripts_own_settings_run_after_the_walks_start_raced_against_its_band
     assert order[first_e2e + 1][0] == "baseline", order  # right after the start
     assert sum(1 for stage, _ in order if stage == "baseline") == 1
     assert choice.knee is not None and choice.knee.stage != "baseline"
-    before = rows[:next(i for i, r in enumerate(rows) if r.stage == "baseline")]
+    before = rows[: next(i for i, r in enumerate(rows) if r.stage == "baseline")]
     (req,) = plan.next_requests(cfg, before, strategy="staged", cuda=False)
     assert req.stage == "baseline" and req.knobs.batch_size == 8
     needed = plan.needed_rate(cfg, before, req)
     assert needed is not None and needed == _finished.band_target(before, cfg.selection)  # raced
     # a budget that ends the sweep here runs the script's own settings, then nothing else
     assert plan.baseline(cfg, before, strategy="staged", cuda=False).stage == "baseline"
-    after = rows[:next(i for i, r in enumerate(rows) if r.stage == "baseline") + 1]
+    after = rows[: next(i for i, r in enumerate(rows) if r.stage == "baseline") + 1]
     assert plan.baseline(cfg, after, strategy="staged", cuda=False).knobs.loader_defaults  # then the defaults
 
 
@@ -589,18 +831,26 @@ def test_the_repeats_alternate_the_scripts_own_settings_the_knee_and_the_best(tm
     knee, best = choice.knee.knobs.num_workers, choice.best.knobs.num_workers
     assert (knee, best) == (6, 8)
     assert [(r.stage, r.knobs.num_workers, r.run) for r in rows if r.run] == [
-        ("baseline", 2, 1), ("end_to_end", 6, 1), ("end_to_end", 8, 1),
-        ("baseline", 2, 2), ("end_to_end", 6, 2), ("end_to_end", 8, 2)]
+        ("baseline", 2, 1),
+        ("end_to_end", 6, 1),
+        ("end_to_end", 8, 1),
+        ("baseline", 2, 2),
+        ("end_to_end", 6, 2),
+        ("end_to_end", 8, 2),
+    ]
     assert len(choice.knee.runs) == 3 and choice.knee.rate == pytest.approx(406 * 1.004)
 
 
 def test_a_repeat_of_a_config_the_script_ran_otherwise_is_asked_once():
     """A script that halves the workers it is given: asked 2, it ran 1. Its repeat is asked as its first trial was
     (2 workers, run 1), and once that ran (1 worker again) it is done, not asked forever."""
-    cfg = config.from_dict(sleepy_config(**{"strategy": "grid", "search.num_workers": [0, 2],
-                                            "selection.repeats": 1}))
-    rows = rows_from_measurements([_m(0, "grid", "train", 100, num_workers=0),
-                                   _m(1, "grid", "train", 200, num_workers=1, asked={"num_workers": 2})])
+    cfg = config.from_dict(sleepy_config(**{"strategy": "grid", "search.num_workers": [0, 2], "selection.repeats": 1}))
+    rows = rows_from_measurements(
+        [
+            _m(0, "grid", "train", 100, num_workers=0),
+            _m(1, "grid", "train", 200, num_workers=1, asked={"num_workers": 2}),
+        ]
+    )
     (repeat,) = [r for r in plan.next_requests(cfg, rows, strategy="grid", cuda=False) if r.knobs.num_workers]
     assert (repeat.run, repeat.knobs.num_workers) == (1, 2)
     rows += rows_from_measurements([_m(2, "grid", "train", 196, num_workers=1, asked={"num_workers": 2}, run=1)])

@@ -20,15 +20,23 @@ GIB = 2**30
 
 RUN = [
     measurement(0, "compute", "compute", 1000, step_time_s=0.064, device_mem_peak_reserved_bytes=10 * GIB, **_DEVICE),
-    measurement(1, "compute", "compute", 1600, batch_size=128, step_time_s=0.08,
-                device_mem_peak_reserved_bytes=20 * GIB, **_DEVICE),
+    measurement(
+        1,
+        "compute",
+        "compute",
+        1600,
+        batch_size=128,
+        step_time_s=0.08,
+        device_mem_peak_reserved_bytes=20 * GIB,
+        **_DEVICE,
+    ),
     measurement(2, "compute", "compute", None, status="oom", batch_size=256, **_DEVICE),
     measurement(3, "end_to_end", "train", 200, data_wait_frac=0.8, gpu_busy_frac=0.2, nvml_util_gpu_pct=30.0),
-    measurement(4, "end_to_end", "train", 900, num_workers=8, data_wait_frac=0.1, gpu_busy_frac=0.85,
-                nvml_util_gpu_pct=80.0),
+    measurement(
+        4, "end_to_end", "train", 900, num_workers=8, data_wait_frac=0.1, gpu_busy_frac=0.85, nvml_util_gpu_pct=80.0
+    ),
     measurement(5, "end_to_end", "train", None, status="crashed", num_workers=16),
-    measurement(6, "compile", "train", 1000, num_workers=8, compile="default", compile_s=50.0,
-                nvml_util_gpu_pct=85.0),
+    measurement(6, "compile", "train", 1000, num_workers=8, compile="default", compile_s=50.0, nvml_util_gpu_pct=85.0),
     measurement(7, "compile", "train", 850, num_workers=8, compile="max-autotune", compile_s=200.0),
 ]
 
@@ -157,7 +165,8 @@ def test_a_knee_at_a_smaller_batch_is_marked_on_the_swept_workers_axis():
     assert sorted(p.workers for s in swept for p in s.points) == [0, 8, 16]
     # the batch-256 trial is drawn too, as a series of its own named by its batch
     assert [(s.label, [p.trial for p in s.points]) for s in plot.series if s.other_batch] == [
-        ("pin_memory=off, prefetch=2, batch 256", [3])]
+        ("pin_memory=off, prefetch=2, batch 256", [3])
+    ]
     assert plot.knee_label == "knee: 16 workers, batch 256, 100.0% of best"
     assert plot.best_label == "best (batch 256)"
 
@@ -170,12 +179,16 @@ def test_the_workers_plot_labels_series_by_the_user_defined_knobs_they_set():
     from tunekit.report.plots._data import workers_data
 
     key = "workload.dataset_args.sample_wait_s"
-    cfg = config.from_dict(sleepy_config(**{"search.extra": {key: {"values": [0.005, 0.001],
-                                                                   "changes_result": False}}}))
-    rows = rows_from_measurements([
-        measurement(0, "end_to_end", "train", 100, batch_size=8),
-        measurement(1, "end_to_end", "train", 300, num_workers=2, batch_size=8),
-        measurement(2, "extra", "train", 400, num_workers=2, batch_size=8, extra={key: 0.001})])
+    cfg = config.from_dict(
+        sleepy_config(**{"search.extra": {key: {"values": [0.005, 0.001], "changes_result": False}}})
+    )
+    rows = rows_from_measurements(
+        [
+            measurement(0, "end_to_end", "train", 100, batch_size=8),
+            measurement(1, "end_to_end", "train", 300, num_workers=2, batch_size=8),
+            measurement(2, "extra", "train", 400, num_workers=2, batch_size=8, extra={key: 0.001}),
+        ]
+    )
     labels = [s.label for s in workers_data(rows, select(cfg, rows), "t").series]
     assert "pin_memory=off, prefetch=2, dataset_args.sample_wait_s=0.001" in labels
     assert "pin_memory=off, prefetch=2" in labels
@@ -190,16 +203,21 @@ def test_the_workers_plot_draws_skipped_configs_at_their_bound_and_the_knees_own
 
     from tunekit.report.plots._draw import draw_workers, log_scale, workers_figure
 
-    ms = [measurement(0, "compute", "compute", 3000, batch_size=512),
-          measurement(1, "compute", "compute", 2900, batch_size=256),
-          measurement(2, "loader", "loader", 40000, num_workers=16, batch_size=512),
-          measurement(3, "loader", "loader", 150, num_workers=2, batch_size=512),
-          measurement(4, "end_to_end", "train", 2500, num_workers=16, batch_size=512),
-          measurement(5, "end_to_end", "train", 100, num_workers=0, batch_size=512),
-          {**measurement(6, "end_to_end", "train", None, status="skipped", num_workers=2, batch_size=512),
-           "skip_bound": 150.0, "skip_bound_trial": 3},
-          measurement(7, "end_to_end", "train", 2600, num_workers=8, batch_size=512),
-          measurement(8, "batch", "train", 2700, num_workers=8, batch_size=256)]
+    ms = [
+        measurement(0, "compute", "compute", 3000, batch_size=512),
+        measurement(1, "compute", "compute", 2900, batch_size=256),
+        measurement(2, "loader", "loader", 40000, num_workers=16, batch_size=512),
+        measurement(3, "loader", "loader", 150, num_workers=2, batch_size=512),
+        measurement(4, "end_to_end", "train", 2500, num_workers=16, batch_size=512),
+        measurement(5, "end_to_end", "train", 100, num_workers=0, batch_size=512),
+        {
+            **measurement(6, "end_to_end", "train", None, status="skipped", num_workers=2, batch_size=512),
+            "skip_bound": 150.0,
+            "skip_bound_trial": 3,
+        },
+        measurement(7, "end_to_end", "train", 2600, num_workers=8, batch_size=512),
+        measurement(8, "batch", "train", 2700, num_workers=8, batch_size=256),
+    ]
     rows = rows_from_measurements(ms)
     choice = select_knee([r for r in rows if r.stage in ("end_to_end", "batch")], SELECTION)
     plot = plots.workers_data(rows, choice, "t")
@@ -232,8 +250,9 @@ def test_drawing_leaves_the_callers_matplotlib_alone(run, tmp_path: Path):
     mine = plt.figure()
     try:
         results = plots.render_all(tmp_path, *run, "t", 0.1)
-        assert [r.path for r in results if r.path] and all((tmp_path / r.path.removeprefix("plots/")).stat().st_size
-                                                           for r in results if r.path)
+        assert [r.path for r in results if r.path] and all(
+            (tmp_path / r.path.removeprefix("plots/")).stat().st_size for r in results if r.path
+        )
         assert matplotlib.get_backend() == "svg" and plt.fignum_exists(mine.number)
     finally:
         plt.close(mine)
@@ -252,12 +271,15 @@ def test_the_scripts_own_settings_are_marked_and_each_point_carries_its_interval
     from tunekit.report.plots._data import batch_data, fractions_data
     from tunekit.report.plots._draw import fractions_figure, workers_figure
 
-    rows = rows_from_measurements([
-        measurement(0, "compute", "compute", 3000, batch_size=32),
-        measurement(1, "compute", "compute", 5000, batch_size=64),
-        measurement(2, "baseline", "train", 900, num_workers=2, batch_size=32, rate_interval=0.04),
-        measurement(3, "end_to_end", "train", 1800, num_workers=4, batch_size=32, rate_interval=0.04),
-        measurement(4, "end_to_end", "train", 2600, num_workers=8, batch_size=32)])  # no interval: its windows
+    rows = rows_from_measurements(
+        [
+            measurement(0, "compute", "compute", 3000, batch_size=32),
+            measurement(1, "compute", "compute", 5000, batch_size=64),
+            measurement(2, "baseline", "train", 900, num_workers=2, batch_size=32, rate_interval=0.04),
+            measurement(3, "end_to_end", "train", 1800, num_workers=4, batch_size=32, rate_interval=0.04),
+            measurement(4, "end_to_end", "train", 2600, num_workers=8, batch_size=32),
+        ]
+    )  # no interval: its windows
     choice = select_knee(rows, Selection(tolerance=0.03, min_headroom=0.1))
     plot = workers_data(rows, choice, "t")
     assert plot.own_label == "your script: 2 workers, batch 32" and plot.own.trial == 2
@@ -267,10 +289,13 @@ def test_the_scripts_own_settings_are_marked_and_each_point_carries_its_interval
     assert plot.own_label in workers_figure(plot)[1].get_legend_handles_labels()[1]
     batch = batch_data(rows, choice, "t", min_headroom=0.1)
     assert batch.own == 32 and batch.own_label == "your script: 2 workers, batch 32"
-    few = rows_from_measurements([measurement(0, "end_to_end", "train", 300, num_workers=0),
-                                  measurement(1, "end_to_end", "train", 500, num_workers=1)])
-    fig, ax = fractions_figure(fractions_data(few, select_knee(few, Selection(tolerance=0.03, min_headroom=0.1)),
-                                              "t"))
+    few = rows_from_measurements(
+        [
+            measurement(0, "end_to_end", "train", 300, num_workers=0),
+            measurement(1, "end_to_end", "train", 500, num_workers=1),
+        ]
+    )
+    fig, ax = fractions_figure(fractions_data(few, select_knee(few, Selection(tolerance=0.03, min_headroom=0.1)), "t"))
     ax.figure.canvas.draw()
     ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
     assert ticks and all(t == int(t) for t in ticks), ticks  # 0 and 1 workers: no 0.2, 0.4, ... ticks

@@ -28,8 +28,9 @@ EXIT_INTERRUPTED = 130
 
 
 def _tunekit(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tunekit", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "tunekit", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
 
 
 # --- tunekit env ------------------------------------------------------------------------------------------------
@@ -63,17 +64,33 @@ def test_env_without_out_saves_results_env_json_in_the_current_folder(tmp_path: 
 def trial_config(write_config) -> Path:
     """The known-answer workload: 8 samples per 20-ms step (400/s for the model alone), 10 ms a sample (2 workers:
     200/s for the loader alone)."""
-    return write_config(sleepy_config(**{"workload.model_args": {"step_wait_s": 0.02},
-                                         "workload.dataset_args": {"sample_wait_s": 0.01},
-                                         "trial.window_s": 0.3}))
+    return write_config(
+        sleepy_config(
+            **{
+                "workload.model_args": {"step_wait_s": 0.02},
+                "workload.dataset_args": {"sample_wait_s": 0.01},
+                "trial.window_s": 0.3,
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("mode,bound", [("compute", 400.0), ("loader", 200.0)])
-def test_trial_mode_measures_the_model_or_the_loader_alone(trial_config: Path, tmp_path: Path, mode: str,
-                                                           bound: float):
+def test_trial_mode_measures_the_model_or_the_loader_alone(trial_config: Path, tmp_path: Path, mode: str, bound: float):
     out = tmp_path / "run"
-    done = _tunekit("trial", str(trial_config), "--mode", mode, "--set", "num_workers=2", "--set", "batch_size=8",
-                    "--out", str(out), cwd=REPO)
+    done = _tunekit(
+        "trial",
+        str(trial_config),
+        "--mode",
+        mode,
+        "--set",
+        "num_workers=2",
+        "--set",
+        "batch_size=8",
+        "--out",
+        str(out),
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr
     assert f"({mode})" in done.stderr and "samples/s:" in done.stdout
     m = json.loads((out / "trials" / "0" / "measurement.json").read_text())
@@ -86,8 +103,11 @@ def test_trial_mode_measures_the_model_or_the_loader_alone(trial_config: Path, t
 
 
 def test_a_failed_trial_exits_1_and_writes_results_name_trial_without_out(write_config, tmp_path: Path):
-    cfg = write_config(sleepy_config(name="broken", **{
-        "workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "raise_at": 3}}))
+    cfg = write_config(
+        sleepy_config(
+            name="broken", **{"workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "raise_at": 3}}
+        )
+    )
     done = _tunekit("trial", str(cfg), "--set", "num_workers=1", "--set", "batch_size=16", cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.startswith("status: crashed — ") and "sample 3 is corrupt" in done.stdout
@@ -106,8 +126,12 @@ def quiet_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """``tunekit sweep CONFIG --quiet`` with no ``--out``, run from an empty folder: a grid of 0 and 1 workers."""
     cwd = tmp_path_factory.mktemp("cwd")
     config = tmp_path_factory.mktemp("config") / "promised.yaml"
-    config.write_text(yaml.safe_dump(sleepy_config(name=NAME, **{
-        "search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid"}), sort_keys=False))
+    config.write_text(
+        yaml.safe_dump(
+            sleepy_config(name=NAME, **{"search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid"}),
+            sort_keys=False,
+        )
+    )
     result = _tunekit("sweep", str(config), "--quiet", cwd=cwd)
     assert result.returncode == 0, result.stderr
     return {"cwd": cwd, "config": config, "out": cwd / "results" / NAME, "result": result}
@@ -115,8 +139,15 @@ def quiet_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_a_sweep_without_out_writes_results_name_under_the_current_folder(quiet_run: dict):
     out = quiet_run["out"]
-    for name in ("recommended.yaml", "report.md", "trials.csv", "study.db", "config.resolved.yaml", "env.json",
-                 "sweep.json"):
+    for name in (
+        "recommended.yaml",
+        "report.md",
+        "trials.csv",
+        "study.db",
+        "config.resolved.yaml",
+        "env.json",
+        "sweep.json",
+    ):
         assert (out / name).exists(), name
     assert len(pd.read_csv(out / "trials.csv")) == 2 and len(study_trials(out)) == 2
     assert f"-> {Path('results') / NAME / 'recommended.yaml'}" in quiet_run["result"].stdout
@@ -145,10 +176,12 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("phase,held", [("opening the run", "tunekit.driver:snapshot"),
-                                        ("writing outputs", "tunekit.report:write_outputs")])
+@pytest.mark.parametrize(
+    "phase,held", [("opening the run", "tunekit.driver:snapshot"), ("writing outputs", "tunekit.report:write_outputs")]
+)
 def test_sighup_while_opening_the_run_or_writing_outputs_exits_130_and_keeps_the_run(
-        quiet_run: dict, tmp_path: Path, phase: str, held: str):
+    quiet_run: dict, tmp_path: Path, phase: str, held: str
+):
     """A resumed sweep (nothing left to run) gets SIGHUP (a closed terminal) while it opens the run or while it
     writes the outputs, each held open by tests/_hold_at.py: exit 130 with one line, no process of the run left,
     the study and the outputs written before intact (atomic writes), the folder's lock free; after the outputs'
@@ -158,10 +191,21 @@ def test_sighup_while_opening_the_run_or_writing_outputs_exits_130_and_keeps_the
     before = [(t.number, t.value) for t in study_trials(out)]
     recommended = (out / "recommended.yaml").read_text()
     marker = tmp_path / "held"
-    cmd = [sys.executable, "-m", "tests._hold_at", held, str(marker), "sweep", str(quiet_run["config"]), "--out",
-           str(out), "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests._hold_at",
+        held,
+        str(marker),
+        "sweep",
+        str(quiet_run["config"]),
+        "--out",
+        str(out),
+        "--quiet",
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 120
         while not marker.exists():
@@ -191,15 +235,19 @@ def test_sighup_while_opening_the_run_or_writing_outputs_exits_130_and_keeps_the
     # interrupted (the README's promise: the finished trials' outputs are written, exit 130)
     assert not lines, stderr  # --quiet: the outcome only, on stdout
     assert json.loads((out / "sweep.json").read_text())["interrupted"] is True
-    assert tunekit.load_recommended(out / "recommended.yaml").evidence["rate"] == tunekit.load_recommended(
-        quiet_run["out"] / "recommended.yaml").evidence["rate"]
+    assert (
+        tunekit.load_recommended(out / "recommended.yaml").evidence["rate"]
+        == tunekit.load_recommended(quiet_run["out"] / "recommended.yaml").evidence["rate"]
+    )
 
     for name in ("recommended.yaml", "report.md", "trials.csv"):
         (out / name).unlink()
     resumed = _tunekit("sweep", str(quiet_run["config"]), "--out", str(out), "--quiet", cwd=REPO)
     assert resumed.returncode == 0, resumed.stderr
     assert [(t.number, t.value) for t in study_trials(out)] == before  # nothing ran again
-    again, first = tunekit.load_recommended(out / "recommended.yaml"), tunekit.load_recommended(quiet_run["out"] /
-                                                                                              "recommended.yaml")
+    again, first = (
+        tunekit.load_recommended(out / "recommended.yaml"),
+        tunekit.load_recommended(quiet_run["out"] / "recommended.yaml"),
+    )
     assert again.dataloader_kwargs() == first.dataloader_kwargs() and again.evidence["rate"] == first.evidence["rate"]
     assert len(pd.read_csv(out / "trials.csv")) == 2 and (out / "report.md").exists()

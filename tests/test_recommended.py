@@ -16,8 +16,13 @@ from tunekit.recommended import recommendation_dict
 
 PINNED = {
     "version": 2,
-    "dataloader": {"batch_size": 32, "num_workers": 8, "prefetch_factor": 4, "pin_memory": True,
-                   "persistent_workers": True},
+    "dataloader": {
+        "batch_size": 32,
+        "num_workers": 8,
+        "prefetch_factor": 4,
+        "pin_memory": True,
+        "persistent_workers": True,
+    },
     "training": {"non_blocking": True, "grad_accum": 2, "compile": "reduce-overhead"},
     "evidence": {},
 }
@@ -25,8 +30,13 @@ PINNED = {
 
 IN_PROCESS = {
     "version": 2,
-    "dataloader": {"batch_size": 16, "num_workers": 0, "prefetch_factor": None, "pin_memory": False,
-                   "persistent_workers": False},
+    "dataloader": {
+        "batch_size": 16,
+        "num_workers": 0,
+        "prefetch_factor": None,
+        "pin_memory": False,
+        "persistent_workers": False,
+    },
     "training": {"non_blocking": False, "grad_accum": 1, "compile": "none"},
     "evidence": {},
 }
@@ -56,16 +66,18 @@ EXPECTED_TRAINING_ARGUMENTS = {
 
 EXPECTED_LIGHTNING = {"pinned": {"accumulate_grad_batches": 2}, "in_process": {"accumulate_grad_batches": 1}}
 
-TRAINING_ARGUMENTS_NAMES = frozenset({
-    "per_device_train_batch_size",
-    "dataloader_num_workers",
-    "dataloader_prefetch_factor",
-    "dataloader_pin_memory",
-    "dataloader_persistent_workers",
-    "gradient_accumulation_steps",
-    "torch_compile",
-    "torch_compile_mode",
-})
+TRAINING_ARGUMENTS_NAMES = frozenset(
+    {
+        "per_device_train_batch_size",
+        "dataloader_num_workers",
+        "dataloader_prefetch_factor",
+        "dataloader_pin_memory",
+        "dataloader_persistent_workers",
+        "gradient_accumulation_steps",
+        "torch_compile",
+        "torch_compile_mode",
+    }
+)
 """``transformers.TrainingArguments`` parameters, as checked by hand in its reference (main_classes/trainer) and
 src/transformers/training_args.py; used only where transformers is not installed (it is in the test extra)."""
 
@@ -81,22 +93,49 @@ def _load(tmp_path: Path, content: dict[str, Any]) -> tunekit.Recommended:
 
 
 def test_the_fixtures_have_the_shape_tunekit_writes():
-    pinned = {"batch_size": 32, "num_workers": 8, "prefetch_factor": 4, "pin_memory": True, "grad_accum": 2,
-              "compile": "reduce-overhead"}
-    in_process = {"batch_size": 16, "num_workers": 0, "prefetch_factor": 2, "pin_memory": False, "grad_accum": 1,
-                  "compile": "none"}
+    pinned = {
+        "batch_size": 32,
+        "num_workers": 8,
+        "prefetch_factor": 4,
+        "pin_memory": True,
+        "grad_accum": 2,
+        "compile": "reduce-overhead",
+    }
+    in_process = {
+        "batch_size": 16,
+        "num_workers": 0,
+        "prefetch_factor": 2,
+        "pin_memory": False,
+        "grad_accum": 1,
+        "compile": "none",
+    }
     assert recommendation_dict(pinned, {}) == PINNED
     assert recommendation_dict(in_process, {}) == IN_PROCESS
 
 
 def test_old_and_new_files_give_the_evidence_under_version_2_s_names(tmp_path: Path):
     """A recommended.yaml without ``version`` (every run before version 2) named the rates samples_per_s."""
-    old = {**{k: v for k, v in PINNED.items() if k != "version"}, "evidence": {
-        "unit": "tokens", "samples_per_s": 10.0, "best_samples_per_s": 11.0, "defaults_samples_per_s": 2.0,
-        "samples_per_dollar": 5.0, "verdict": "compute-bound",
-        "distributed": {"ranks": 2, "per_gpu_samples_per_s": 5.0, "single_gpu_samples_per_s": 6.0}}}
-    new = {"unit": "tokens", "rate": 10.0, "best_rate": 11.0, "defaults_rate": 2.0, "items_per_money": 5.0,
-           "verdict": "compute-bound", "distributed": {"ranks": 2, "per_gpu_rate": 5.0, "single_gpu_rate": 6.0}}
+    old = {
+        **{k: v for k, v in PINNED.items() if k != "version"},
+        "evidence": {
+            "unit": "tokens",
+            "samples_per_s": 10.0,
+            "best_samples_per_s": 11.0,
+            "defaults_samples_per_s": 2.0,
+            "samples_per_dollar": 5.0,
+            "verdict": "compute-bound",
+            "distributed": {"ranks": 2, "per_gpu_samples_per_s": 5.0, "single_gpu_samples_per_s": 6.0},
+        },
+    }
+    new = {
+        "unit": "tokens",
+        "rate": 10.0,
+        "best_rate": 11.0,
+        "defaults_rate": 2.0,
+        "items_per_money": 5.0,
+        "verdict": "compute-bound",
+        "distributed": {"ranks": 2, "per_gpu_rate": 5.0, "single_gpu_rate": 6.0},
+    }
     assert _load(tmp_path, old).evidence == new
     assert _load(tmp_path, {**PINNED, "evidence": new}).evidence == new
     committed = sorted((Path(__file__).parent.parent / "results").glob("*/recommended.yaml"))
@@ -128,8 +167,9 @@ def test_training_arguments_build_real_training_arguments(tmp_path: Path, case: 
     assert args.per_device_train_batch_size == expected["per_device_train_batch_size"]
     assert args.dataloader_prefetch_factor == expected.get("dataloader_prefetch_factor")
     with pytest.raises(ValueError, match="dataloader_prefetch_factor"):  # the check the mapping must keep out of
-        transformers.TrainingArguments(output_dir=str(tmp_path / "out"),
-                                       **{**kwargs, "dataloader_num_workers": 0, "dataloader_prefetch_factor": 2})
+        transformers.TrainingArguments(
+            output_dir=str(tmp_path / "out"), **{**kwargs, "dataloader_num_workers": 0, "dataloader_prefetch_factor": 2}
+        )
 
 
 @pytest.mark.parametrize("mode", ["default", "max-autotune"])
@@ -162,9 +202,16 @@ def test_lightning_trainer_kwargs(tmp_path: Path, case: str):
     except ImportError:
         assert set(kwargs) <= LIGHTNING_TRAINER_NAMES
         return
-    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
-                         **kwargs)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        **kwargs,
+    )
     assert trainer.accumulate_grad_batches == EXPECTED_LIGHTNING[case]["accumulate_grad_batches"]
 
 
@@ -227,8 +274,9 @@ def test_threads_and_your_knobs_round_trip_and_a_bad_thread_count_names_its_key(
     from tunekit.contract import Knobs
     from tunekit.errors import ConfigError
 
-    knobs = Knobs(num_workers=4, prefetch_factor=2, batch_size=64, threads=4,
-                  extra={"workload.dataset_args.decode": "gpu"}).to_dict()
+    knobs = Knobs(
+        num_workers=4, prefetch_factor=2, batch_size=64, threads=4, extra={"workload.dataset_args.decode": "gpu"}
+    ).to_dict()
     path = tmp_path / "recommended.yaml"
     path.write_text(yaml.safe_dump(recommendation_dict(knobs, {})))
     rec = tunekit.load_recommended(path)
@@ -261,8 +309,18 @@ def _refusal(path: Path) -> str:
     return line
 
 
-MACHINE = {"device": "CPU: AMD EPYC", "gpu": None, "gpus": 0, "cpu": "AMD EPYC", "cpus": 2,
-           "memory_bytes": 25276071936, "torch": "2.14.1", "cuda": None, "driver": None, "python": "3.11.7"}
+MACHINE = {
+    "device": "CPU: AMD EPYC",
+    "gpu": None,
+    "gpus": 0,
+    "cpu": "AMD EPYC",
+    "cpus": 2,
+    "memory_bytes": 25276071936,
+    "torch": "2.14.1",
+    "cuda": None,
+    "driver": None,
+    "python": "3.11.7",
+}
 
 
 def _edited(edit: Any) -> dict[str, Any]:
@@ -272,33 +330,75 @@ def _edited(edit: Any) -> dict[str, Any]:
     return data
 
 
-@pytest.mark.parametrize(("edit", "said"), [
-    (lambda d: d.update(dataloaders=d.pop("dataloader")),
-     "dataloaders: not a section of a recommendation; allowed: version, dataloader, training, config, script, "
-     "evidence (did you mean dataloader?)"),
-    (lambda d: d["training"].update(grad_acum=2),
-     "training.grad_acum: not a setting of training; allowed: grad_accum, compile, ranks, threads, non_blocking"),
-    (lambda d: d.update(dataloader=[d["dataloader"]]), "dataloader: expected a mapping (of batch_size, num_workers"),
-    (lambda d: d.update(evidence=[["rate", 10.0]]), "evidence: expected a mapping (what the sweep measured), got a "
-     "list"),
-    (lambda d: d.update(config=[]), "config: expected a mapping of config keys to values"),
-    (lambda d: d.update(script=["python", "train.py"]),
-     "script: expected a mapping (of command, set_on_dataloader, dataloader_built_at, dataloader_built_by)"),
-    (lambda d: d.update(script={"command": ["python", "train.py"], "dataloader_built_at": ["train.py", 71]}),
-     "script.dataloader_built_at: expected a string (where the script builds its DataLoader), got a list"),
-    (lambda d: d["dataloader"].update(batch_size={"per_rank": 32}), "batch_size={'per_rank': 32}: expected an integer"),
-    (lambda d: d["evidence"].update(unit={"name": "samples"}), "evidence.unit: expected a string"),
-    (lambda d: d.update(config={"workload.dataset_args.decode": {"mode": "gpu"}}),
-     "config.workload.dataset_args.decode: expected a string, number, boolean or null, got a mapping"),
-    (lambda d: d["evidence"]["machine"].update(gpu=["NVIDIA H200"]),
-     "evidence.machine.gpu: expected a string, number, boolean or null, got a list"),
-    (lambda d: d["dataloader"].update(pin_memory=False),
-     "training.non_blocking = true with dataloader.pin_memory = false: non_blocking copies need pinned memory"),
-    (lambda d: d["evidence"].update(machine={}), "evidence.machine: records nothing of the machine the sweep ran on"),
-    (lambda d: d["evidence"].update(machine=dict.fromkeys(MACHINE)), "evidence.machine: records nothing"),
-], ids=["unknown-section", "unknown-setting", "list-for-section", "list-for-evidence", "list-for-config",
-        "list-for-script", "list-for-site", "mapping-for-knob", "mapping-for-unit", "mapping-for-config-value",
-        "list-for-machine-fact", "non-blocking-unpinned", "empty-machine", "null-machine"])
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (
+            lambda d: d.update(dataloaders=d.pop("dataloader")),
+            "dataloaders: not a section of a recommendation; allowed: version, dataloader, training, config, script, "
+            "evidence (did you mean dataloader?)",
+        ),
+        (
+            lambda d: d["training"].update(grad_acum=2),
+            "training.grad_acum: not a setting of training; allowed: grad_accum, compile, ranks, threads, non_blocking",
+        ),
+        (
+            lambda d: d.update(dataloader=[d["dataloader"]]),
+            "dataloader: expected a mapping (of batch_size, num_workers",
+        ),
+        (
+            lambda d: d.update(evidence=[["rate", 10.0]]),
+            "evidence: expected a mapping (what the sweep measured), got a list",
+        ),
+        (lambda d: d.update(config=[]), "config: expected a mapping of config keys to values"),
+        (
+            lambda d: d.update(script=["python", "train.py"]),
+            "script: expected a mapping (of command, set_on_dataloader, dataloader_built_at, dataloader_built_by)",
+        ),
+        (
+            lambda d: d.update(script={"command": ["python", "train.py"], "dataloader_built_at": ["train.py", 71]}),
+            "script.dataloader_built_at: expected a string (where the script builds its DataLoader), got a list",
+        ),
+        (
+            lambda d: d["dataloader"].update(batch_size={"per_rank": 32}),
+            "batch_size={'per_rank': 32}: expected an integer",
+        ),
+        (lambda d: d["evidence"].update(unit={"name": "samples"}), "evidence.unit: expected a string"),
+        (
+            lambda d: d.update(config={"workload.dataset_args.decode": {"mode": "gpu"}}),
+            "config.workload.dataset_args.decode: expected a string, number, boolean or null, got a mapping",
+        ),
+        (
+            lambda d: d["evidence"]["machine"].update(gpu=["NVIDIA H200"]),
+            "evidence.machine.gpu: expected a string, number, boolean or null, got a list",
+        ),
+        (
+            lambda d: d["dataloader"].update(pin_memory=False),
+            "training.non_blocking = true with dataloader.pin_memory = false: non_blocking copies need pinned memory",
+        ),
+        (
+            lambda d: d["evidence"].update(machine={}),
+            "evidence.machine: records nothing of the machine the sweep ran on",
+        ),
+        (lambda d: d["evidence"].update(machine=dict.fromkeys(MACHINE)), "evidence.machine: records nothing"),
+    ],
+    ids=[
+        "unknown-section",
+        "unknown-setting",
+        "list-for-section",
+        "list-for-evidence",
+        "list-for-config",
+        "list-for-script",
+        "list-for-site",
+        "mapping-for-knob",
+        "mapping-for-unit",
+        "mapping-for-config-value",
+        "list-for-machine-fact",
+        "non-blocking-unpinned",
+        "empty-machine",
+        "null-machine",
+    ],
+)
 def test_a_recommendation_tunekit_would_not_write_is_refused_in_one_line(tmp_path: Path, edit, said):
     """A section or setting tunekit does not write (a typo would be ignored and its default used), a value of the
     wrong kind, non_blocking copies without pinned memory, and a machine fingerprint that records nothing (it would
@@ -307,15 +407,27 @@ def test_a_recommendation_tunekit_would_not_write_is_refused_in_one_line(tmp_pat
     assert said in line, line
 
 
-@pytest.mark.parametrize(("text", "said"), [
-    ("version: 2\ndataloader: {batch_size: 8, num_workers: 0, pin_memory: false}\ntraining: {}\n"
-     "dataloader: {batch_size: 64, num_workers: 0, pin_memory: false}\n", "line 4, column 1: invalid YAML: duplicate "
-     "key 'dataloader' (a key may appear only once in a mapping)"),
-    ("version: 2\ndataloader:\n  batch_size: 8\n  num_workers: 0\n  pin_memory: false\n  batch_size: 64\n"
-     "training: {}\n", "line 6, column 3: invalid YAML: duplicate key 'batch_size'"),
-    ("version: 2\ndataloader: {batch_size: 8, num_workers: 0, pin_memory: false}\ntraining: {}\n"
-     "evidence: {rate: 10.0, machine: {cpus: 2, cpus: 64}}\n", "duplicate key 'cpus'"),
-], ids=["section", "setting", "evidence"])
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "version: 2\ndataloader: {batch_size: 8, num_workers: 0, pin_memory: false}\ntraining: {}\n"
+            "dataloader: {batch_size: 64, num_workers: 0, pin_memory: false}\n",
+            "line 4, column 1: invalid YAML: duplicate key 'dataloader' (a key may appear only once in a mapping)",
+        ),
+        (
+            "version: 2\ndataloader:\n  batch_size: 8\n  num_workers: 0\n  pin_memory: false\n  batch_size: 64\n"
+            "training: {}\n",
+            "line 6, column 3: invalid YAML: duplicate key 'batch_size'",
+        ),
+        (
+            "version: 2\ndataloader: {batch_size: 8, num_workers: 0, pin_memory: false}\ntraining: {}\n"
+            "evidence: {rate: 10.0, machine: {cpus: 2, cpus: 64}}\n",
+            "duplicate key 'cpus'",
+        ),
+    ],
+    ids=["section", "setting", "evidence"],
+)
 def test_a_key_given_twice_is_refused_not_the_last_kept(tmp_path: Path, text: str, said: str):
     """PyYAML keeps the last of two equal keys silently; a recommendation names each once."""
     line = _refusal(_write(tmp_path, text))
@@ -331,13 +443,18 @@ def test_a_file_that_is_not_utf8_is_one_line(tmp_path: Path):
 def test_every_section_tunekit_writes_still_loads(tmp_path: Path):
     """The refusals above leave alone what tunekit writes: a script's ``script:`` section, ``config:``, a
     fingerprint with unknown facts (null), anchors and merges, and non_blocking false with pinning."""
-    data = {**IN_PROCESS, "config": {"workload.dataset_args.decode": "gpu"},
-            "script": {"command": ["python", "train.py", "-j", "0"], "set_on_dataloader": {"pin_memory": False}},
-            "evidence": {"unit": "samples", "rate": 10.0, "machine": {**MACHINE, "cpu": None}}}
+    data = {
+        **IN_PROCESS,
+        "config": {"workload.dataset_args.decode": "gpu"},
+        "script": {"command": ["python", "train.py", "-j", "0"], "set_on_dataloader": {"pin_memory": False}},
+        "evidence": {"unit": "samples", "rate": 10.0, "machine": {**MACHINE, "cpu": None}},
+    }
     rec = _load(tmp_path, data)
     assert rec.config == {"workload.dataset_args.decode": "gpu"} and rec.evidence["machine"]["cpus"] == 2
     pinned = {**PINNED, "training": {**PINNED["training"], "non_blocking": False}}
     assert _load(tmp_path, pinned).non_blocking is False
-    merged = ("version: 2\ndataloader: {batch_size: 8, num_workers: 0, pin_memory: false}\n"
-              "training: {<<: {grad_accum: 2}, grad_accum: 4}\n")  # a merge's key overridden: not a duplicate
+    merged = (
+        "version: 2\ndataloader: {batch_size: 8, num_workers: 0, pin_memory: false}\n"
+        "training: {<<: {grad_accum: 2}, grad_accum: 4}\n"
+    )  # a merge's key overridden: not a duplicate
     assert tunekit.load_recommended(_write(tmp_path, merged)).grad_accum == 4

@@ -76,8 +76,9 @@ def test_a_nan_or_inf_loss_is_diverged_and_never_the_knee(tmp_path: Path, step: 
     from tunekit.records import TrialRow, rows_from_measurements
 
     cfg = sleepy_config(**{"workload.step": f"tests._workloads:{step}", "trial.window_s": 0.3})
-    spec = TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(batch_size=8),
-                     config=config.from_dict(cfg).to_dict())
+    spec = TrialSpec(
+        number=0, stage="single", mode="train", knobs=Knobs(batch_size=8), config=config.from_dict(cfg).to_dict()
+    )
     m = run_trial(spec, tmp_path / "t", 60)
     assert m.status == "diverged", m
     assert f"the loss is {shown} at micro-batch " in m.reason
@@ -85,19 +86,34 @@ def test_a_nan_or_inf_loss_is_diverged_and_never_the_knee(tmp_path: Path, step: 
     saved = json.loads((tmp_path / "t" / "measurement.json").read_text())
     assert saved["status"] == "diverged" and saved["reason"] == m.reason
     # the diverged trial as the sweep records it, beside two completed ones (0 workers at 80/s, 2 at 200/s)
-    diverged = TrialRow.from_measurement(dataclasses.replace(m, number=12, stage="end_to_end",
-                                                             params={**m.params, "num_workers": 8}))
-    rows = [*rows_from_measurements([measurement(10, "end_to_end", "train", 80.0),
-                                     measurement(11, "end_to_end", "train", 200.0, num_workers=2)]), diverged]
+    diverged = TrialRow.from_measurement(
+        dataclasses.replace(m, number=12, stage="end_to_end", params={**m.params, "num_workers": 8})
+    )
+    rows = [
+        *rows_from_measurements(
+            [measurement(10, "end_to_end", "train", 80.0), measurement(11, "end_to_end", "train", 200.0, num_workers=2)]
+        ),
+        diverged,
+    ]
     choice = select_knee(rows, Selection(tolerance=0.03, min_headroom=0.10))
     assert choice.knee is not None and choice.knee.number == 11 and choice.best.number == 11
 
 
-def test_a_failure_message_in_brackets_is_printed_as_text_and_the_sweep_goes_on(write_config, tmp_path: Path,
-                                                                                capsys: pytest.CaptureFixture):
-    cfg = write_config(sleepy_config(**{"workload.dataset": "tests._workloads:bracketed_failure_dataset",
-                                        "workload.dataset_args": {}, "search.num_workers": [0, 1, 2],
-                                        "search.batch_size": [4], "trial.window_s": 0.3, "strategy": "grid"}))
+def test_a_failure_message_in_brackets_is_printed_as_text_and_the_sweep_goes_on(
+    write_config, tmp_path: Path, capsys: pytest.CaptureFixture
+):
+    cfg = write_config(
+        sleepy_config(
+            **{
+                "workload.dataset": "tests._workloads:bracketed_failure_dataset",
+                "workload.dataset_args": {},
+                "search.num_workers": [0, 1, 2],
+                "search.batch_size": [4],
+                "trial.window_s": 0.3,
+                "strategy": "grid",
+            }
+        )
+    )
     out = tmp_path / "run"
     done = tunekit.sweep(cfg, out=out, quiet=False)  # the console `tunekit sweep` prints to, in this process
     said = capsys.readouterr().err
@@ -120,8 +136,9 @@ def _tiny_sweep(write_config, out: Path, **overrides):
     """A tiny grid sweep into ``out`` through the Python API, in this process: a refusal or a storage failure is
     the TunekitError that ``tunekit sweep`` prints as its one line and exits with (tunekit.cli.main, tested by
     test_config's command-line tests and by the command lines run here)."""
-    cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid",
-                                        **overrides}))
+    cfg = write_config(
+        sleepy_config(**{"search.num_workers": [0, 1], "trial.window_s": 0.3, "strategy": "grid", **overrides})
+    )
     return tunekit.sweep(cfg, out=out)
 
 
@@ -214,8 +231,9 @@ def test_storage_failures_name_the_database_cause(tmp_path: Path):
     assert str(err.value) == f"{tmp_path / 'study.db'}: database or disk is full" and err.value.exit_code == 1
 
 
-@pytest.mark.parametrize("umask,mode", [(0o077, 0o600), (0o022, 0o644), (0o002, 0o664)],
-                         ids=["umask-077", "umask-022", "umask-002"])
+@pytest.mark.parametrize(
+    "umask,mode", [(0o077, 0o600), (0o022, 0o644), (0o002, 0o664)], ids=["umask-077", "umask-022", "umask-002"]
+)
 def test_outputs_follow_the_umask(_finished_tiny: Path, tmp_path: Path, umask: int, mode: int):
     """The module's tiny sweep ran under umask 077: its outputs are the owner's alone. A run's outputs rebuilt (as
     ``tunekit report`` does) and an environment snapshot saved (as ``tunekit env`` does) under 022 and 002 are
@@ -246,23 +264,29 @@ def test_worker_counts_are_bounded_by_the_machine(write_config):
     bound = max(4 * config.cpu_count(), 32)  # 4 per usable CPU, and 32 on any machine
     assert config.max_workers() == bound
     assert config.from_dict(sleepy_config(**{"search.num_workers": [0, bound]})).search.num_workers == [0, bound]
-    with pytest.raises(ConfigError, match=rf"search.num_workers: {bound + 1} is more than this machine allows "
-                                          rf"\({bound}:"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"search.num_workers: {bound + 1} is more than this machine allows "
+        rf"\({bound}:",
+    ):
         config.from_dict(sleepy_config(**{"search.num_workers": [0, bound + 1]}))
     path = str(write_config(sleepy_config()))
     refused = _cli("trial", path, "--set", f"num_workers={bound + 1}")
     assert refused.returncode == 2 and f"num_workers={bound + 1}: more than this machine allows ({bound}:" in (
-        refused.stderr)
+        refused.stderr
+    )
     assert config.parse_knob("num_workers", str(bound)) == bound  # --set takes the bound itself
     assert classify_error("BlockingIOError: [Errno 11] Resource temporarily unavailable")[1].startswith(
-        "the system refused another process")
+        "the system refused another process"
+    )
 
 
 def test_a_chatty_dataset_cannot_fill_the_disk_with_logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(launch._log, "LOG_KEEP_BYTES", 32 * 1024)
     cfg = sleepy_config(**{"workload.dataset_args": {"sample_wait_s": 0.0, "print_every": 1}})
-    spec = TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(batch_size=8),
-                     config=config.from_dict(cfg).to_dict())
+    spec = TrialSpec(
+        number=0, stage="single", mode="train", knobs=Knobs(batch_size=8), config=config.from_dict(cfg).to_dict()
+    )
     m = launch.run_trial(spec, tmp_path / "t", 60)
     assert m.status == "ok", m
     log = (tmp_path / "t" / "worker.log").read_bytes()
@@ -275,7 +299,7 @@ def test_a_chatty_dataset_cannot_fill_the_disk_with_logs(tmp_path: Path, monkeyp
     lines = head.split(b"\n")
     assert all(re.fullmatch(rb"sample \d+ x{1024}", line) for line in lines[:-1]), lines[0][:40]
     assert len(lines) == 32 and re.fullmatch(rb"sample \d+ x*", lines[-1])  # 31 whole lines of 1 KiB and a bit
-    dropped = int(log[len(head) + len(marker):].split(b" ", 1)[0])
+    dropped = int(log[len(head) + len(marker) :].split(b" ", 1)[0])
     assert dropped > 0 and b"keeps the first and last 32768 bytes]" in log
 
 
@@ -284,10 +308,17 @@ def test_sigterm_while_the_dataset_is_prepared_ends_its_processes(write_config, 
     """The dataset is built forked from the fork server (or, without one, in a fresh `python -m tunekit.worker
     --prepare`); a SIGTERM to the sweep while it builds ends that process, and the sweep exits 130."""
     marker = 7654321  # in a fresh interpreter's command line
-    cfg = write_config(sleepy_config(**{"workload.dataset_args": {"build_wait_s": 60, "num_samples": marker},
-                                        "trial.fork_server": fork_server}))
-    proc = subprocess.Popen([sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(tmp_path / "run")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cfg = write_config(
+        sleepy_config(
+            **{"workload.dataset_args": {"build_wait_s": 60, "num_samples": marker}, "trial.fork_server": fork_server}
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tunekit", "sweep", str(cfg), "--out", str(tmp_path / "run")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     def command(p: psutil.Process) -> str:
         try:
@@ -371,8 +402,13 @@ def small_disk(tmp_path: Path):
     """A 8 MiB file system of its own (tmpfs), or a skip where this machine does not allow mounting one."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
-                                           capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("mounting a small file system needs root")
     yield mount
     subprocess.run(["umount", "-l", str(mount)], check=False)
@@ -381,8 +417,11 @@ def small_disk(tmp_path: Path):
 def test_a_full_disk_is_one_line_and_the_sweep_resumes_once_space_is_freed(write_config, small_disk: Path):
     cfg = write_config(sleepy_config(**{"search.num_workers": [0, 1, 2], "trial.window_s": 0.3, "strategy": "grid"}))
     out = small_disk / "run"
-    free_kib = int(subprocess.run(["df", "-k", "--output=avail", str(small_disk)], capture_output=True,
-                                  text=True).stdout.split()[-1])
+    free_kib = int(
+        subprocess.run(["df", "-k", "--output=avail", str(small_disk)], capture_output=True, text=True).stdout.split()[
+            -1
+        ]
+    )
     (small_disk / "filler").write_bytes(b"\0" * ((free_kib - 230) * 1024))  # room for the study and a few trials
     with pytest.raises(TunekitError) as err:
         tunekit.sweep(cfg, out=out)
@@ -403,8 +442,9 @@ def _finished(out: Path) -> list:
     return [t for t in study_trials(out) if t.state.is_finished() and "measurement" in t.user_attrs]
 
 
-def test_sweep_json_records_each_invocation_and_a_fresh_start_forgets_the_old_ones(write_config, finished: Path,
-                                                                                   capsys: pytest.CaptureFixture):
+def test_sweep_json_records_each_invocation_and_a_fresh_start_forgets_the_old_ones(
+    write_config, finished: Path, capsys: pytest.CaptureFixture
+):
     """A finished sweep rerun resumes (nothing left to run): its record gains a second invocation with the same
     trials, and it prepared neither the dataset nor the fork server; --no-resume starts the folder afresh, and its
     record holds that one invocation alone."""

@@ -55,9 +55,14 @@ def _script_config(tmp_path: Path, command: list[str], *, cwd: Path | None = Non
     process's): a script trial's fork server is started for the script's working folder, so the trials of tests
     that do not need a folder of their own share one, as a sweep's trials do. Each test's script, and what it
     writes beside itself, stays in its own ``tmp_path``."""
-    return {"name": "script", "device": "cpu", "script": {"command": command, "cwd": str(cwd or tmp_path.parent)},
-            "search": {"num_workers": [0, 2], "batch_size": [8], "pin_memory": [False], **search},
-            "trial": dict(QUICK), "selection": {"repeats": 0}}
+    return {
+        "name": "script",
+        "device": "cpu",
+        "script": {"command": command, "cwd": str(cwd or tmp_path.parent)},
+        "search": {"num_workers": [0, 2], "batch_size": [8], "pin_memory": [False], **search},
+        "trial": dict(QUICK),
+        "selection": {"repeats": 0},
+    }
 
 
 def _trial(tmp_path: Path, raw: dict[str, Any], name: str = "t", stage: str = "single", **knobs: Any):
@@ -91,14 +96,27 @@ def test_script_mode_and_workload_mode_agree_on_the_knee_of_a_known_answer_job(t
     import tunekit
 
     search = {"num_workers": [1, 3], "batch_size": [8], "pin_memory": [False], "prefetch_factor": [2]}
-    raw = _script_config(tmp_path, [sys.executable, str(sleepy_script), "-j", "{num_workers}", "-b", "{batch_size}"],
-                         **search)
+    raw = _script_config(
+        tmp_path, [sys.executable, str(sleepy_script), "-j", "{num_workers}", "-b", "{batch_size}"], **search
+    )
     # the factories first: the script trials of the tests after this one then find the fork server of theirs
-    factory = tunekit.sweep({"name": "f", "device": "cpu", "workload": {
-        "model": "tunekit.workloads.synthetic:sleepy_model", "model_args": {"step_wait_s": 0.02},
-        "dataset": "tunekit.workloads.synthetic:sleepy_dataset", "dataset_args": {"sample_wait_s": 0.005}},
-        "search": search, "trial": dict(QUICK), "selection": {"repeats": 0}}, out=tmp_path / "factory",
-        strategy="grid")
+    factory = tunekit.sweep(
+        {
+            "name": "f",
+            "device": "cpu",
+            "workload": {
+                "model": "tunekit.workloads.synthetic:sleepy_model",
+                "model_args": {"step_wait_s": 0.02},
+                "dataset": "tunekit.workloads.synthetic:sleepy_dataset",
+                "dataset_args": {"sample_wait_s": 0.005},
+            },
+            "search": search,
+            "trial": dict(QUICK),
+            "selection": {"repeats": 0},
+        },
+        out=tmp_path / "factory",
+        strategy="grid",
+    )
     script = tunekit.sweep(raw, out=tmp_path / "script", strategy="grid")
     knees = {}
     for mode, outcome in (("script", script), ("factory", factory)):
@@ -125,8 +143,13 @@ def test_the_training_loader_is_the_one_iterated_with_autograd_not_the_evaluatio
 
 def test_knobs_without_a_placeholder_are_set_on_the_training_loader(tmp_path: Path, sleepy_script: Path):
     """The command carries no flag for the workers: the trial sets them on the DataLoader the script built."""
-    m = _trial(tmp_path, _script_config(tmp_path, [sys.executable, str(sleepy_script), "-b", "{batch_size}"]),
-               num_workers=2, prefetch_factor=3, batch_size=8)
+    m = _trial(
+        tmp_path,
+        _script_config(tmp_path, [sys.executable, str(sleepy_script), "-b", "{batch_size}"]),
+        num_workers=2,
+        prefetch_factor=3,
+        batch_size=8,
+    )
     assert m.status == "ok", m.reason
     assert m.loader_measured["num_workers"] == 2 and m.loader_measured["prefetch_factor"] == 3
     assert m.loader_measured["persistent_workers"] is True  # kept across epochs, as the recommendation says
@@ -134,10 +157,14 @@ def test_knobs_without_a_placeholder_are_set_on_the_training_loader(tmp_path: Pa
 
 
 def test_the_baseline_runs_the_script_with_its_own_settings(tmp_path: Path, sleepy_script: Path):
-    raw = _script_config(tmp_path, [sys.executable, str(sleepy_script), "-j", "{num_workers}", "-b",
-                                    "{batch_size}"])
-    spec = TrialSpec(number=0, stage="baseline", mode="train", knobs=Knobs(num_workers=2, batch_size=8),
-                     config=config.from_dict(raw).to_dict())
+    raw = _script_config(tmp_path, [sys.executable, str(sleepy_script), "-j", "{num_workers}", "-b", "{batch_size}"])
+    spec = TrialSpec(
+        number=0,
+        stage="baseline",
+        mode="train",
+        knobs=Knobs(num_workers=2, batch_size=8),
+        config=config.from_dict(raw).to_dict(),
+    )
     assert script_command(spec) == [sys.executable, str(sleepy_script)]  # -j and -b left out with their values
     m = run_trial(spec, tmp_path / "baseline", 120)
     assert m.status == "ok", m.reason
@@ -161,8 +188,9 @@ def test_script_trials_are_forked_and_run_as_the_interpreter_would(tmp_path: Pat
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "train.py").write_text(FACTS + SLEEPY_SCRIPT)
-    raw = _script_config(tmp_path, [sys.executable, "-m", "pkg.train", "-j", "{num_workers}", "-b", "{batch_size}"],
-                         cwd=tmp_path)
+    raw = _script_config(
+        tmp_path, [sys.executable, "-m", "pkg.train", "-j", "{num_workers}", "-b", "{batch_size}"], cwd=tmp_path
+    )
     m = _trial(tmp_path, raw, name="module", num_workers=2, prefetch_factor=2, batch_size=8)
     assert m.status == "ok" and m.started_by == "fork server", (m.status, m.reason, m.started_by)
     facts = json.loads((tmp_path / "facts.json").read_text())
@@ -195,8 +223,9 @@ def test_script_trials_are_forked_and_run_as_the_interpreter_would(tmp_path: Pat
     assert facts["draw"] != first["draw"]  # the same server forked both: numpy reseeded in each, as at a fresh start
     broken = tmp_path / "broken.py"
     broken.write_text(SLEEPY_SCRIPT.replace("for epoch in", "raise ValueError('bad data path')\nfor epoch in"))
-    m = _trial(tmp_path, _script_config(tmp_path, [sys.executable, str(broken)]), name="broken", num_workers=0,
-               batch_size=8)
+    m = _trial(
+        tmp_path, _script_config(tmp_path, [sys.executable, str(broken)]), name="broken", num_workers=0, batch_size=8
+    )
     assert m.status == "crashed" and "bad data path" in m.reason and m.started_by == "fork server", m.reason
 
 
@@ -223,19 +252,28 @@ def test_what_a_fork_server_runs_for_a_command(tmp_path: Path):
     imports at its top level are preloaded, but none of its own folder (another module of that name would be taken
     for it)."""
     script = tmp_path / "train.py"
-    script.write_text("import argparse, torch\nfrom torch.utils.data import DataLoader\nfrom data import load\n"
-                      "from . import nothing\n\ndef main():\n    import yaml\n")
+    script.write_text(
+        "import argparse, torch\nfrom torch.utils.data import DataLoader\nfrom data import load\n"
+        "from . import nothing\n\ndef main():\n    import yaml\n"
+    )
     (tmp_path / "data.py").write_text("")
     entry = command_mod.script_entry([sys.executable, "train.py", "-b", "8"], str(tmp_path), None, sys.executable)
     assert entry == {"path": str(script), "args": ["-b", "8"], "cwd": str(tmp_path)}
     assert command_mod.script_imports(entry) == ["argparse", "torch", "torch.utils.data"]
-    assert command_mod.script_entry([sys.executable, "-m", "pkg.train"], str(tmp_path), None, sys.executable) == \
-        {"module": "pkg.train", "args": [], "cwd": str(tmp_path)}
+    assert command_mod.script_entry([sys.executable, "-m", "pkg.train"], str(tmp_path), None, sys.executable) == {
+        "module": "pkg.train",
+        "args": [],
+        "cwd": str(tmp_path),
+    }
     other = tmp_path / "python3"  # another interpreter of that name
     other.write_text("#!/bin/sh\n")
     other.chmod(0o755)
-    for command in ([str(other), "train.py"], [sys.executable, "-u", "train.py"], [sys.executable, "missing.py"],
-                    [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "train.py"]):
+    for command in (
+        [str(other), "train.py"],
+        [sys.executable, "-u", "train.py"],
+        [sys.executable, "missing.py"],
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "train.py"],
+    ):
         assert command_mod.script_entry(command, str(tmp_path), None, sys.executable) is None, command
     assert command_mod.script_entry(["python3", "train.py"], str(tmp_path), str(tmp_path), sys.executable) is None
     venv = tmp_path / "venv" / "bin"  # a virtualenv's python: a symlink to this interpreter, another environment
@@ -244,15 +282,19 @@ def test_what_a_fork_server_runs_for_a_command(tmp_path: Path):
     assert command_mod.script_entry([str(venv / "python"), "train.py"], str(tmp_path), None, sys.executable) is None
     # a script that sets the environment or sys.path up before its imports runs itself: the server imported torch
     # before it ran
-    for name, head in (("threads.py", "import os\nos.environ['OMP_NUM_THREADS'] = '1'\nimport torch\n"),
-                       ("src.py", "import sys\nsys.path.insert(0, '../src')\nimport mylib\n"),
-                       ("env.py", "from os import environ\nenviron.setdefault('MKL_NUM_THREADS', '1')\nimport torch\n"),
-                       ("put.py", "import os\nos.putenv('KMP_AFFINITY', 'compact')\nimport torch\n")):
+    for name, head in (
+        ("threads.py", "import os\nos.environ['OMP_NUM_THREADS'] = '1'\nimport torch\n"),
+        ("src.py", "import sys\nsys.path.insert(0, '../src')\nimport mylib\n"),
+        ("env.py", "from os import environ\nenviron.setdefault('MKL_NUM_THREADS', '1')\nimport torch\n"),
+        ("put.py", "import os\nos.putenv('KMP_AFFINITY', 'compact')\nimport torch\n"),
+    ):
         (tmp_path / name).write_text(head + "print('train')\n")
         assert command_mod.script_entry([sys.executable, name], str(tmp_path), None, sys.executable) is None, name
     # after its imports it may, and reading them first is no setting up
-    (tmp_path / "late.py").write_text("import os, sys\nprint(os.environ.get('HOME'), sys.path[0])\nimport torch\n"
-                                      "os.environ['WANDB_MODE'] = 'offline'\n")
+    (tmp_path / "late.py").write_text(
+        "import os, sys\nprint(os.environ.get('HOME'), sys.path[0])\nimport torch\n"
+        "os.environ['WANDB_MODE'] = 'offline'\n"
+    )
     assert command_mod.script_entry([sys.executable, "late.py"], str(tmp_path), None, sys.executable) is not None
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "train.py").write_text("import os\nos.environ['OMP_NUM_THREADS'] = '1'\nimport torch\n")
@@ -267,13 +309,17 @@ def test_what_a_fork_server_runs_for_a_command(tmp_path: Path):
     assert command_mod.script_imports(linked) == ["torch"]
 
 
-@pytest.mark.parametrize(("body", "args", "expected"), [
-    ("import sys\nprint('no loader here')\n", [], "without building a torch DataLoader"),
-    (SLEEPY_SCRIPT, ["--epochs", "0"], "without training on a DataLoader"),
-    (SLEEPY_SCRIPT, ["--workers", "2"], "the script rejected its arguments: train.py: error: "),
-])
-def test_a_script_that_ends_before_its_windows_says_why_in_one_line(tmp_path: Path, body: str, args: list[str],
-                                                                    expected: str):
+@pytest.mark.parametrize(
+    ("body", "args", "expected"),
+    [
+        ("import sys\nprint('no loader here')\n", [], "without building a torch DataLoader"),
+        (SLEEPY_SCRIPT, ["--epochs", "0"], "without training on a DataLoader"),
+        (SLEEPY_SCRIPT, ["--workers", "2"], "the script rejected its arguments: train.py: error: "),
+    ],
+)
+def test_a_script_that_ends_before_its_windows_says_why_in_one_line(
+    tmp_path: Path, body: str, args: list[str], expected: str
+):
     script = tmp_path / "train.py"
     script.write_text(body)
     m = _trial(tmp_path, _script_config(tmp_path, [sys.executable, str(script), *args]), num_workers=0, batch_size=8)
@@ -287,33 +333,49 @@ def test_a_loop_that_ends_early_names_the_batches_it_gave(tmp_path: Path):
     """A script that trains 3 steps and stops, long before the windows are done: the reason says how many batches
     it gave and what to raise."""
     script = tmp_path / "train.py"
-    script.write_text(SLEEPY_SCRIPT.replace("    for x, y in train:", "    for step, (x, y) in enumerate(train):\n"
-                                            "        if step == 3:\n            raise SystemExit(0)"))
+    script.write_text(
+        SLEEPY_SCRIPT.replace(
+            "    for x, y in train:",
+            "    for step, (x, y) in enumerate(train):\n        if step == 3:\n            raise SystemExit(0)",
+        )
+    )
     m = _trial(tmp_path, _script_config(tmp_path, [sys.executable, str(script)]), num_workers=0, batch_size=8)
     assert m.status == "crashed", m
     assert "ended after 4 batch(es)" in m.reason and "give it more batches" in m.reason  # steps 0 to 3
 
 
 def test_validate_names_placeholders_that_are_not_knobs(write_config):
-    path = write_config({"name": "s", "script": {"command": "python train.py -j {workers}"},
-                         "search": {"compile": ["none", "default"]}})
-    bad = subprocess.run([sys.executable, "-m", "tunekit", "validate", str(path)], capture_output=True, text=True,
-                         timeout=120)
+    path = write_config(
+        {"name": "s", "script": {"command": "python train.py -j {workers}"}, "search": {"compile": ["none", "default"]}}
+    )
+    bad = subprocess.run(
+        [sys.executable, "-m", "tunekit", "validate", str(path)], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 2
     lines = bad.stderr.strip().splitlines()
     assert any("script.command: {workers} is not a knob" in line for line in lines)
     assert any("search.compile: the script sets it itself" in line for line in lines)
-    both = write_config({"name": "s", "script": {"command": "python t.py"}, "workload": {
-        "model": "a:b", "dataset": "a:c"}}, "both.yaml")
-    refused = subprocess.run([sys.executable, "-m", "tunekit", "validate", str(both)], capture_output=True, text=True,
-                             timeout=120)
+    both = write_config(
+        {"name": "s", "script": {"command": "python t.py"}, "workload": {"model": "a:b", "dataset": "a:c"}}, "both.yaml"
+    )
+    refused = subprocess.run(
+        [sys.executable, "-m", "tunekit", "validate", str(both)], capture_output=True, text=True, timeout=120
+    )
     assert refused.returncode == 2 and "give exactly one" in refused.stderr
 
 
 def test_fill_command_leaves_out_a_placeholder_without_a_value_with_its_flag():
     command = "python train.py --data /d -j {num_workers} --batch={batch_size} --amp"
     assert command_mod.fill_command(command, {"num_workers": 4, "batch_size": 64}) == [
-        "python", "train.py", "--data", "/d", "-j", "4", "--batch=64", "--amp"]
+        "python",
+        "train.py",
+        "--data",
+        "/d",
+        "-j",
+        "4",
+        "--batch=64",
+        "--amp",
+    ]
     assert command_mod.fill_command(command, {}) == ["python", "train.py", "--data", "/d", "--amp"]
     assert command_mod.placeholders(textwrap.dedent(command)) == {"num_workers", "batch_size"}
 
@@ -323,8 +385,12 @@ def test_a_bootstrap_that_cannot_load_ends_the_script_at_once_with_the_reason(tm
     from tunekit.launch import BOOTSTRAP
 
     out = tmp_path / "measurement.json"
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{BOOTSTRAP}:{REPO}", "TUNEKIT_SCRIPT_SPEC": str(tmp_path / "no"),
-           "TUNEKIT_SCRIPT_MEASUREMENT": str(out)}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": f"{BOOTSTRAP}:{REPO}",
+        "TUNEKIT_SCRIPT_SPEC": str(tmp_path / "no"),
+        "TUNEKIT_SCRIPT_MEASUREMENT": str(out),
+    }
     run = subprocess.run([sys.executable, str(sleepy_script)], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 3
     failed = json.loads(out.read_text())

@@ -57,18 +57,29 @@ def _decided(tmp_path: Path, *flags: str, workers: int = 2) -> tuple[Any, dict[s
 
     script = tmp_path / "train.py"
     script.write_text(DECIDING_SCRIPT)
-    raw = {"name": "decide", "device": "cpu", "strategy": "grid",
-           "script": {"command": [sys.executable, str(script), "-j", "{num_workers}", *flags],
-                      "cwd": str(tmp_path.parent)},  # the worker's other script tests' folder: one fork server
-           "search": {"num_workers": [workers], "batch_size": [8], "pin_memory": [False]},
-           "trial": {**QUICK, "measure_windows": 3}, "selection": {"repeats": 1}}
+    raw = {
+        "name": "decide",
+        "device": "cpu",
+        "strategy": "grid",
+        "script": {
+            "command": [sys.executable, str(script), "-j", "{num_workers}", *flags],
+            "cwd": str(tmp_path.parent),
+        },  # the worker's other script tests' folder: one fork server
+        "search": {"num_workers": [workers], "batch_size": [8], "pin_memory": [False]},
+        "trial": {**QUICK, "measure_windows": 3},
+        "selection": {"repeats": 1},
+    }
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(raw))
     run = tunekit.sweep(path, out=tmp_path / "run")
     measured = [json.loads(p.read_text()) for p in (tmp_path / "run" / "trials").glob("*/measurement.json")]
     # the script's own settings and the config, then both again, in that order
     assert [(m["stage"], m["run"]) for m in sorted(measured, key=lambda m: m["number"])] == [
-        ("baseline", 0), ("grid", 0), ("baseline", 1), ("grid", 1)], measured
+        ("baseline", 0),
+        ("grid", 0),
+        ("baseline", 1),
+        ("grid", 1),
+    ], measured
     return run, yaml.safe_load((tmp_path / "run" / "recommended.yaml").read_text())
 
 
@@ -111,4 +122,5 @@ def test_a_job_noisy_on_purpose_widens_the_band_and_its_intervals(tmp_path: Path
     knee = next(r for r in rows if r.number == ev["run"]["knee_trial"])
     windows = json.loads((tmp_path / "run" / "trials" / str(knee.number) / "measurement.json").read_text())
     assert ev["runs_interval"] > windows["rate_interval"] and ev["runs_interval"] == pytest.approx(
-        rules.runs_interval(2, rules.run_spread(rows), 2), rel=1e-3)
+        rules.runs_interval(2, rules.run_spread(rows), 2), rel=1e-3
+    )

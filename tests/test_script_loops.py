@@ -21,14 +21,22 @@ def test_a_loop_without_autograd_gets_the_loader_that_gives_the_most_batches(tmp
     """A loop that trains under no_grad (a forward-only update) after an evaluation pass: no loader is iterated
     with autograd enabled, so the one iterated again with the most batches is measured, from its second epoch."""
     script = tmp_path / "train.py"
-    script.write_text(SLEEPY_SCRIPT.replace("for epoch in range(args.epochs):", "torch.set_grad_enabled(False)\n"
-                                            "for epoch in range(args.epochs):")
-                      .replace("        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n",
-                               "        model.fc.bias.add_(-0.01 * loss)\n")
-                      .replace("sleepy_dataset(sample_wait_s=0.005)", "sleepy_dataset(num_samples=48, "
-                               "sample_wait_s=0.005)"))
-    m = _trial(tmp_path, _script_config(tmp_path, [sys.executable, str(script), "-b", "{batch_size}",
-                                                   "--eval-first"]), num_workers=0, batch_size=8)
+    script.write_text(
+        SLEEPY_SCRIPT.replace(
+            "for epoch in range(args.epochs):", "torch.set_grad_enabled(False)\nfor epoch in range(args.epochs):"
+        )
+        .replace(
+            "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n",
+            "        model.fc.bias.add_(-0.01 * loss)\n",
+        )
+        .replace("sleepy_dataset(sample_wait_s=0.005)", "sleepy_dataset(num_samples=48, sample_wait_s=0.005)")
+    )
+    m = _trial(
+        tmp_path,
+        _script_config(tmp_path, [sys.executable, str(script), "-b", "{batch_size}", "--eval-first"]),
+        num_workers=0,
+        batch_size=8,
+    )
     assert m.status == "ok", m.reason
     assert m.loader_measured["index"] == 2 and m.loader_measured["found_by"].startswith("the most batches")
     assert m.epochs_ended >= 1  # 6 batches an epoch: the measurement went on across the script's epochs
@@ -39,11 +47,14 @@ def test_the_scripts_own_work_between_epochs_is_measured(tmp_path: Path):
     script sees each epoch end and its work lands in the windows, as in its own runs. At 8 samples per 20 ms step
     (400/s with 2 workers), 48 samples take 0.12 s + 0.25 s: about 130/s, not 400."""
     script = tmp_path / "train.py"
-    script.write_text(SLEEPY_SCRIPT.replace("sleepy_dataset(sample_wait_s=0.005)", "sleepy_dataset(num_samples=48, "
-                                            "sample_wait_s=0.005)")
-                      .replace('    torch.save(model.state_dict(), os.path.join(os.path.dirname(__file__), '
-                               'f"epoch{epoch}.pt"))',
-                               "    import time; time.sleep(0.25)"))
+    script.write_text(
+        SLEEPY_SCRIPT.replace(
+            "sleepy_dataset(sample_wait_s=0.005)", "sleepy_dataset(num_samples=48, sample_wait_s=0.005)"
+        ).replace(
+            '    torch.save(model.state_dict(), os.path.join(os.path.dirname(__file__), f"epoch{epoch}.pt"))',
+            "    import time; time.sleep(0.25)",
+        )
+    )
     raw = _script_config(tmp_path, [sys.executable, str(script), "-j", "{num_workers}", "-b", "{batch_size}"])
     raw["trial"] = {**QUICK, "window_s": 1.0}
     m = _trial(tmp_path, raw, num_workers=2, prefetch_factor=2, batch_size=8)
@@ -54,10 +65,18 @@ def test_the_scripts_own_work_between_epochs_is_measured(tmp_path: Path):
     expected = 48 / (48 / expected_samples_per_s(2, 8, 0.005, 0.02) + 0.25)
     assert 0.6 * expected < m.rate < 1.25 * expected, (m.rate, expected)
     once = tmp_path / "once.py"  # one epoch only: the loop ends with the batches it gave, none made up
-    once.write_text(SLEEPY_SCRIPT.replace("sleepy_dataset(sample_wait_s=0.005)", "sleepy_dataset(num_samples=48, "
-                                          "sample_wait_s=0.005)"))
-    short = _trial(tmp_path, _script_config(tmp_path, [sys.executable, str(once), "--epochs", "1"]), name="once",
-                   num_workers=0, batch_size=8)
+    once.write_text(
+        SLEEPY_SCRIPT.replace(
+            "sleepy_dataset(sample_wait_s=0.005)", "sleepy_dataset(num_samples=48, sample_wait_s=0.005)"
+        )
+    )
+    short = _trial(
+        tmp_path,
+        _script_config(tmp_path, [sys.executable, str(once), "--epochs", "1"]),
+        name="once",
+        num_workers=0,
+        batch_size=8,
+    )
     assert short.status == "crashed" and "ended after 6 batch(es)" in short.reason, short.reason
 
 
@@ -67,8 +86,9 @@ def test_a_trainer_built_loader_is_measured_at_the_batch_it_yields(tmp_path: Pat
     and counts 16 items a batch (it reported 32, every rate twice the truth)."""
     pytest.importorskip("transformers")
     script = REPO / "tests" / "_hf_train.py"
-    raw = _script_config(tmp_path, [sys.executable, str(script), "--workers", "{num_workers}", "--out",
-                                    str(tmp_path / "hf")])
+    raw = _script_config(
+        tmp_path, [sys.executable, str(script), "--workers", "{num_workers}", "--out", str(tmp_path / "hf")]
+    )
     m = _trial(tmp_path, raw, num_workers=0, batch_size=32)
     assert m.status == "ok", m.reason
     assert m.params["batch_size"] == 16 and m.loader_measured["batch_size"] == 16, m.loader_measured
@@ -91,15 +111,17 @@ def test_an_iterable_dataset_without_a_length_is_measured(tmp_path: Path):
 
 
 @pytest.mark.parametrize("fault, ran, asked", [("none", 1, None), ("threads2", 2, {"threads": 1})])
-def test_threads_are_set_in_the_scripts_process_and_recorded_as_run(tmp_path: Path, fault: str, ran: int,
-                                                                     asked: dict[str, int] | None):
+def test_threads_are_set_in_the_scripts_process_and_recorded_as_run(
+    tmp_path: Path, fault: str, ran: int, asked: dict[str, int] | None
+):
     """``--set threads=1`` without a {threads} placeholder: set in the script's process at its start (the script
     kept its own count); a script that sets its own afterwards runs that, recorded with what was asked."""
     from tests.test_launch import _raw
 
     cfg = config.from_dict(_raw(tmp_path, fault), source=str(tmp_path / "cfg.yaml")).to_dict()
-    spec = TrialSpec(number=0, stage="single", mode="train", knobs=Knobs(num_workers=0, batch_size=8, threads=1),
-                     config=cfg)
+    spec = TrialSpec(
+        number=0, stage="single", mode="train", knobs=Knobs(num_workers=0, batch_size=8, threads=1), config=cfg
+    )
     m = run_trial(spec, tmp_path / "t", 60)
     assert m.status == "ok", m.reason
     assert m.params["threads"] == ran and m.asked == asked
@@ -168,12 +190,14 @@ def test_an_epoch_with_evaluation_is_measured_in_its_two_parts(tmp_path: Path):
 
 
 RESTART_SCRIPT = EPOCH_EVAL_SCRIPT.replace(
-    'args = parser.parse_args()',
+    "args = parser.parse_args()",
     'parser.add_argument("--pin", default="False")\nparser.add_argument("--prefetch", type=int, default=2)\n'
-    'args = parser.parse_args()').replace(
+    "args = parser.parse_args()",
+).replace(
     "shuffle=True)",
     'shuffle=True, prefetch_factor=args.prefetch, pin_memory=args.pin == "True",\n'
-    "                   worker_init_fn=lambda _: time.sleep(0.5))  # each epoch's workers start in 0.5 s")
+    "                   worker_init_fn=lambda _: time.sleep(0.5))  # each epoch's workers start in 0.5 s",
+)
 """EPOCH_EVAL_SCRIPT with every loader knob a flag, and workers that take 0.5 s to start each epoch."""
 
 
@@ -183,8 +207,21 @@ def test_a_boundary_holds_the_loaders_restart_and_the_scripts_evaluation(tmp_pat
     an epoch boundary costs both, 0.8 + 0.5 s and the first batch (40 ms), as in the script's own runs."""
     script = tmp_path / "train.py"
     script.write_text(RESTART_SCRIPT)
-    raw = _script_config(tmp_path, [sys.executable, str(script), "-j", "{num_workers}", "-b", "{batch_size}",
-                                    "--pin", "{pin_memory}", "--prefetch", "{prefetch_factor}"])
+    raw = _script_config(
+        tmp_path,
+        [
+            sys.executable,
+            str(script),
+            "-j",
+            "{num_workers}",
+            "-b",
+            "{batch_size}",
+            "--pin",
+            "{pin_memory}",
+            "--prefetch",
+            "{prefetch_factor}",
+        ],
+    )
     raw["trial"] = {**QUICK, "window_s": 0.4, "measure_windows": 3}
     m = _trial(tmp_path, raw, num_workers=1, prefetch_factor=2, batch_size=8)
     assert m.status == "ok", m.reason
@@ -213,13 +250,18 @@ def test_a_loader_built_anew_each_epoch_is_followed(tmp_path: Path):
     with each new loader (every trial timed out, "no result within trial.timeout_s", the script training on loaders
     nobody metered)."""
     script = tmp_path / "train.py"
-    body = SLEEPY_SCRIPT.replace("sleepy_dataset(sample_wait_s=0.005)", "sleepy_dataset(num_samples=48, "
-                                 "sample_wait_s=0.005)")
-    build = "train = DataLoader(sleepy_dataset(num_samples=48, sample_wait_s=0.005), batch_size=args.b, " \
-            "num_workers=args.j, shuffle=True)\n"
+    body = SLEEPY_SCRIPT.replace(
+        "sleepy_dataset(sample_wait_s=0.005)", "sleepy_dataset(num_samples=48, sample_wait_s=0.005)"
+    )
+    build = (
+        "train = DataLoader(sleepy_dataset(num_samples=48, sample_wait_s=0.005), batch_size=args.b, "
+        "num_workers=args.j, shuffle=True)\n"
+    )
     body = body.replace(build, "data = sleepy_dataset(num_samples=48, sample_wait_s=0.005)\n").replace(
-        "for epoch in range(args.epochs):\n", "for epoch in range(args.epochs):\n    train = DataLoader(data, "
-        "batch_size=args.b, num_workers=args.j, shuffle=True)\n")
+        "for epoch in range(args.epochs):\n",
+        "for epoch in range(args.epochs):\n    train = DataLoader(data, "
+        "batch_size=args.b, num_workers=args.j, shuffle=True)\n",
+    )
     assert "    train = DataLoader(data" in body
     script.write_text(body)
     raw = _script_config(tmp_path, [sys.executable, str(script), "-j", "{num_workers}", "-b", "{batch_size}"])
@@ -234,8 +276,13 @@ def test_the_command_to_apply_leaves_out_the_trials_own_arguments_and_the_script
     the script's own default needs no flag: the "Apply it" command repeated both."""
     raw = _script_config(tmp_path, [sys.executable, "train.py", "-j", "{num_workers}", "-b", "{batch_size}"])
     raw["script"]["trial_args"] = ["--epochs", "1000"]
-    spec = TrialSpec(number=3, stage="end_to_end", mode="train", knobs=Knobs(num_workers=4, batch_size=64),
-                     config=config.from_dict(raw).to_dict())
+    spec = TrialSpec(
+        number=3,
+        stage="end_to_end",
+        mode="train",
+        knobs=Knobs(num_workers=4, batch_size=64),
+        config=config.from_dict(raw).to_dict(),
+    )
     assert script_command(spec)[-6:] == ["-j", "4", "-b", "64", "--epochs", "1000"]
     assert script_command(spec, trial=False)[-4:] == ["-j", "4", "-b", "64"]
     assert script_command(spec, trial=False, leave_out={"batch_size"})[-2:] == ["-j", "4"]

@@ -13,16 +13,29 @@ from tunekit import config, store
 from tunekit.contract import Measurement
 from tunekit.errors import UsageError
 
-KNOBS = {"num_workers": 2, "prefetch_factor": 2, "pin_memory": False, "batch_size": 8, "grad_accum": 1,
-         "compile": "none", "ranks": 1}
+KNOBS = {
+    "num_workers": 2,
+    "prefetch_factor": 2,
+    "pin_memory": False,
+    "batch_size": 8,
+    "grad_accum": 1,
+    "compile": "none",
+    "ranks": 1,
+}
 
 
 def _ok(number: int, stage: str, mode: str, rate: float, knobs: dict = KNOBS) -> Measurement:
     return Measurement(status="ok", rate=rate, params=knobs, stage=stage, mode=mode, number=number)
 
 
-def _record(runs: store.RunStore, cfg: config.Config, stage: str, mode: str, measurement: Measurement | dict,
-            knobs: dict = KNOBS) -> int:
+def _record(
+    runs: store.RunStore,
+    cfg: config.Config,
+    stage: str,
+    mode: str,
+    measurement: Measurement | dict,
+    knobs: dict = KNOBS,
+) -> int:
     trial, number = runs.start(cfg, stage, mode, knobs)
     m = measurement if isinstance(measurement, Measurement) else Measurement.from_dict(measurement)
     runs.finish(trial, mode, dataclasses.replace(m, number=number))
@@ -37,8 +50,14 @@ def test_trials_record_exact_knobs_and_measurements(tmp_path: Path):
     assert trial.params == {**KNOBS, "threads": None, "worker_threads": None} and number == 0
     runs.finish(trial, "train", _ok(number, "end_to_end", "train", 123.0))
     failed = {**KNOBS, "num_workers": 0, "prefetch_factor": None}
-    _record(runs, cfg, "end_to_end", "train", {"status": "oom", "reason": "CUDA out of memory", "params": failed,
-                                               "stage": "end_to_end", "mode": "train"}, failed)
+    _record(
+        runs,
+        cfg,
+        "end_to_end",
+        "train",
+        {"status": "oom", "reason": "CUDA out of memory", "params": failed, "stage": "end_to_end", "mode": "train"},
+        failed,
+    )
     rows = store.load_run(tmp_path).rows()
     assert [(r.number, r.status, r.rate) for r in rows] == [(0, "ok", 123.0), (1, "oom", 0.0)]
     assert rows[1].reason == "CUDA out of memory"
@@ -52,8 +71,16 @@ def test_a_study_of_version_1_measurements_reads_through_the_record(tmp_path: Pa
     cfg = config.from_dict(sleepy_config())
     runs = store.open_run(tmp_path, cfg, resume=True, strategy="staged")
     trial, number = runs.start(cfg, "end_to_end", "train", KNOBS)
-    old = {"status": "ok", "samples_per_s": 77.0, "measured_samples": 154, "params": KNOBS, "stage": "end_to_end",
-           "mode": "train", "number": number, "retired_field": 1}
+    old = {
+        "status": "ok",
+        "samples_per_s": 77.0,
+        "measured_samples": 154,
+        "params": KNOBS,
+        "stage": "end_to_end",
+        "mode": "train",
+        "number": number,
+        "retired_field": 1,
+    }
     trial.set_user_attr("measurement", old)
     trial.set_user_attr("status", "ok")
     runs.main.tell(trial, 77.0)
@@ -71,8 +98,13 @@ def test_optuna_sees_the_end_to_end_trials_and_the_knee(tmp_path: Path):
     _record(runs, cfg, "loader", "loader", _ok(0, "loader", "loader", 900.0))
     slow = _record(runs, cfg, "end_to_end", "train", _ok(0, "end_to_end", "train", 300.0))
     fast = _record(runs, cfg, "end_to_end", "train", _ok(0, "end_to_end", "train", 400.0))
-    skipped = _record(runs, cfg, "end_to_end", "train", {"status": "skipped", "reason": "loader too slow",
-                                                          "params": KNOBS, "stage": "end_to_end", "mode": "train"})
+    skipped = _record(
+        runs,
+        cfg,
+        "end_to_end",
+        "train",
+        {"status": "skipped", "reason": "loader too slow", "params": KNOBS, "stage": "end_to_end", "mode": "train"},
+    )
     runs.record_knee({"trial": slow, "rate": 300.0, "unit": "samples"})
     assert [r.number for r in store.load_run(tmp_path).rows()] == [0, 1, slow, fast, skipped] == [0, 1, 2, 3, 4]
 
@@ -87,6 +119,7 @@ def test_optuna_sees_the_end_to_end_trials_and_the_knee(tmp_path: Path):
 
 def test_optuna_dashboard_shows_the_same_best_trial(tmp_path: Path):
     import optuna_dashboard as dashboard
+
     cfg = config.from_dict(sleepy_config())
     runs = store.open_run(tmp_path, cfg, resume=True, strategy="staged")
     _record(runs, cfg, "compute", "compute", _ok(0, "compute", "compute", 5000.0))
@@ -144,17 +177,39 @@ def test_a_resumed_sweep_measures_its_disturbed_trials_again(write_config, tmp_p
     from tunekit import config
     from tunekit.contract import Measurement
 
-    path = write_config(sleepy_config(**{"strategy": "grid", "search.num_workers": [0, 2], "trial.window_s": 0.3,
-                                         "trial.remeasure_disturbed": True}))
+    path = write_config(
+        sleepy_config(
+            **{
+                "strategy": "grid",
+                "search.num_workers": [0, 2],
+                "trial.window_s": 0.3,
+                "trial.remeasure_disturbed": True,
+            }
+        )
+    )
     cfg, out = config.load(path), tmp_path / "run"
     out.mkdir()
     runs = store.open_run(out, cfg, resume=False, strategy="grid")
     for workers, noise in ((0, 0.30), (2, 0.01)):
-        trial, number = runs.start(cfg, "grid", "train", {"num_workers": workers, "batch_size": 8,
-                                                          "prefetch_factor": 2 if workers else None})
-        runs.finish(trial, "train", Measurement.from_dict(measurement(
-            number, "grid", "train", 100.0 * (workers + 1), num_workers=workers, batch_size=8,
-            prefetch_factor=2 if workers else None, noise_cv=noise)))
+        trial, number = runs.start(
+            cfg, "grid", "train", {"num_workers": workers, "batch_size": 8, "prefetch_factor": 2 if workers else None}
+        )
+        runs.finish(
+            trial,
+            "train",
+            Measurement.from_dict(
+                measurement(
+                    number,
+                    "grid",
+                    "train",
+                    100.0 * (workers + 1),
+                    num_workers=workers,
+                    batch_size=8,
+                    prefetch_factor=2 if workers else None,
+                    noise_cv=noise,
+                )
+            ),
+        )
     resumed = tunekit.sweep(path, out=out, quiet=True)
     measured = store.open_run(out, cfg, resume=True, strategy="grid").rows()
     assert [(r.number, r.knobs.num_workers) for r in measured] == [(1, 2), (2, 0)]

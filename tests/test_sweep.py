@@ -62,8 +62,12 @@ def _knee_config(**overrides) -> dict:
 
 
 def _sweep(config: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tunekit", "sweep", str(config), "--out", str(out), *extra],
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "tunekit", "sweep", str(config), "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +91,13 @@ def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path, knee_g
     trials = pd.read_csv(tmp_path / "staged" / "trials.csv")
     _check_knee(rec, trials)
     assert rec.pin_memory is False  # on the CPU pinning is not even tried
-    assert rec.dataloader_kwargs() == {"batch_size": 8, "num_workers": rec.num_workers, "pin_memory": False,
-                                       "prefetch_factor": 2, "persistent_workers": True}
+    assert rec.dataloader_kwargs() == {
+        "batch_size": 8,
+        "num_workers": rec.num_workers,
+        "pin_memory": False,
+        "prefetch_factor": 2,
+        "persistent_workers": True,
+    }
     assert rec.evidence["speedup_vs_defaults"] > 3.5  # 400/s against 80/s, analytically 5x
     assert list(trials["stage"].unique()) == ["compute", "loader", "end_to_end"]
     assert len(trials) == 1 + 4 + 4
@@ -132,8 +141,9 @@ def test_staged_and_grid_find_the_true_knee(write_config, tmp_path: Path, knee_g
     assert [p["trial"] for p in grid_peaks] == [grid_trials["number"].min()]  # a grid's first trial probes
 
 
-def test_rerun_resumes_without_repeating_and_report_rebuilds_from_the_study(write_config, tmp_path: Path,
-                                                                            knee_grid: dict):
+def test_rerun_resumes_without_repeating_and_report_rebuilds_from_the_study(
+    write_config, tmp_path: Path, knee_grid: dict
+):
     out = tmp_path / "run"
     shutil.copytree(knee_grid["out"], out)  # a copy of the module's finished grid sweep
     config = knee_grid["config"]
@@ -150,16 +160,18 @@ def test_rerun_resumes_without_repeating_and_report_rebuilds_from_the_study(writ
     # the outputs come back from study.db alone
     for name in ("trials.csv", "report.md", "recommended.yaml"):
         (out / name).unlink()
-    rebuilt = subprocess.run([sys.executable, "-m", "tunekit", "report", str(out)],
-                             capture_output=True, text=True, timeout=120)
+    rebuilt = subprocess.run(
+        [sys.executable, "-m", "tunekit", "report", str(out)], capture_output=True, text=True, timeout=120
+    )
     assert rebuilt.returncode == 0, rebuilt.stderr
     rebuilt_rec = tunekit.load_recommended(out / "recommended.yaml")
     assert rebuilt_rec.dataloader_kwargs() == swept.dataloader_kwargs()  # the knee the sweep chose, from the study
     assert rebuilt_rec.evidence["rate"] == swept.evidence["rate"]
     assert sorted(pd.read_csv(out / "trials.csv")["number"]) == [n for n, _ in before]
     assert "## Recommendation" in (out / "report.md").read_text()
-    missing = subprocess.run([sys.executable, "-m", "tunekit", "report", str(tmp_path)], capture_output=True,
-                             text=True, timeout=60)
+    missing = subprocess.run(
+        [sys.executable, "-m", "tunekit", "report", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
     assert missing.returncode == 2 and "no study.db here" in missing.stderr
 
 
@@ -213,10 +225,17 @@ def test_a_data_bound_knee_moves_to_a_smaller_batch_end_to_end(write_config, tmp
     largest batch (32 -> 3200/s); but 2 workers at 5 ms per sample give 400/s at any batch. The knee (12.5 % of its
     compute ceiling) is tried at batches 16 and 8 (1600/s and 800/s alone), which keep up, and the cheapest of them
     within noise wins."""
-    config = write_config(_knee_config(**{"workload.model_args": {"step_wait_s": 0.01},
-                                          "workload.dataset_args": {"sample_wait_s": 0.005},
-                                          "search.num_workers": [2], "search.batch_size": [8, 16, 32],
-                                          "search.pin_memory": [False]}))
+    config = write_config(
+        _knee_config(
+            **{
+                "workload.model_args": {"step_wait_s": 0.01},
+                "workload.dataset_args": {"sample_wait_s": 0.005},
+                "search.num_workers": [2],
+                "search.batch_size": [8, 16, 32],
+                "search.pin_memory": [False],
+            }
+        )
+    )
     run = tunekit.sweep(config, out=tmp_path / "run")
     assert run.recommendation is not None, run.reason
     trials = pd.read_csv(tmp_path / "run" / "trials.csv")
@@ -240,18 +259,26 @@ def test_a_data_bound_knee_moves_to_a_smaller_batch_end_to_end(write_config, tmp
     assert (tmp_path / "run" / "plots" / "workers.png").exists()
 
 
-def test_user_knobs_the_cheaper_data_setting_is_chosen_and_a_result_changing_one_only_reported(write_config,
-                                                                                                 tmp_path: Path):
+def test_user_knobs_the_cheaper_data_setting_is_chosen_and_a_result_changing_one_only_reported(
+    write_config, tmp_path: Path
+):
     """search.extra on the known-answer workload, made input-bound (10 ms per sample, a 10 ms step of 8: 4 workers
     give 400/s against the model's 800/s). A dataset argument that only changes the per-sample cost (2 ms instead of
     10) lifts the knee to the model's ceiling: it is chosen, and fewer workers are tried with it. A knob declared to
     change the training result is measured and reported, never chosen."""
-    config = write_config(_knee_config(**{
-        "workload.model_args": {"step_wait_s": 0.01},
-        "search.num_workers": [0, 2, 4], "search.pin_memory": [False],
-        "search.extra": {"workload.dataset_args.sample_wait_s": {"values": [0.01, 0.002], "changes_result": False},
-                         "workload.dataset_args.num_classes": {"values": [10, 5], "changes_result": True}},
-    }))
+    config = write_config(
+        _knee_config(
+            **{
+                "workload.model_args": {"step_wait_s": 0.01},
+                "search.num_workers": [0, 2, 4],
+                "search.pin_memory": [False],
+                "search.extra": {
+                    "workload.dataset_args.sample_wait_s": {"values": [0.01, 0.002], "changes_result": False},
+                    "workload.dataset_args.num_classes": {"values": [10, 5], "changes_result": True},
+                },
+            }
+        )
+    )
     done = tunekit.sweep(config, out=tmp_path / "run")
     assert done.recommendation is not None, done.reason
     rec = tunekit.load_recommended(tmp_path / "run" / "recommended.yaml")

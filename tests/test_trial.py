@@ -26,15 +26,27 @@ def _spec(cfg: dict, number: int = 0, mode: str = "train", **knobs) -> TrialSpec
     return TrialSpec(number=number, stage="single", mode=mode, knobs=Knobs(**knobs), config=resolved)
 
 
-def _plain_loop_rate(num_workers: int, prefetch: int, batch: int, sample_wait: float, step_wait: float,
-                     first_step_wait: float = 0.0, seconds: float = 1.0) -> float:
+def _plain_loop_rate(
+    num_workers: int,
+    prefetch: int,
+    batch: int,
+    sample_wait: float,
+    step_wait: float,
+    first_step_wait: float = 0.0,
+    seconds: float = 1.0,
+) -> float:
     """Reference: a plain training loop, timed after the pipeline has drained and refilled at steady state."""
     ds = sleepy_dataset(sample_wait_s=sample_wait)
     model = sleepy_model(step_wait_s=step_wait, first_step_wait_s=first_step_wait)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = torch.nn.CrossEntropyLoss()
-    loader = DataLoader(ds, batch_size=batch, sampler=RandomSampler(ds, num_samples=1 << 30),
-                        num_workers=num_workers, prefetch_factor=prefetch if num_workers else None)
+    loader = DataLoader(
+        ds,
+        batch_size=batch,
+        sampler=RandomSampler(ds, num_samples=1 << 30),
+        num_workers=num_workers,
+        prefetch_factor=prefetch if num_workers else None,
+    )
     it = iter(loader)
 
     def step() -> None:
@@ -59,9 +71,24 @@ def test_tiny_trial_reports_the_contract(tmp_path: Path):
     on_disk = json.loads((tmp_path / "t" / "measurement.json").read_text())
     assert on_disk["version"] == 2 and on_disk["rate"] == m.rate and on_disk["unit"] == "samples"
     assert on_disk["started_by"] and on_disk["launcher_wall_s"] > 0  # the launcher's fields, added
-    for key in ("rate", "rate_windows", "noise_cv", "step_time_s", "data_wait_frac", "gpu_busy_frac", "nvml",
-                "device_mem_peak_reserved_bytes", "headroom", "host_mem_peak_bytes", "cpu_util_cores", "warmup_s",
-                "compile_s", "device_name", "versions", "params"):
+    for key in (
+        "rate",
+        "rate_windows",
+        "noise_cv",
+        "step_time_s",
+        "data_wait_frac",
+        "gpu_busy_frac",
+        "nvml",
+        "device_mem_peak_reserved_bytes",
+        "headroom",
+        "host_mem_peak_bytes",
+        "cpu_util_cores",
+        "warmup_s",
+        "compile_s",
+        "device_name",
+        "versions",
+        "params",
+    ):
         assert key in on_disk, key
     assert len(m.rate_windows) == 2
     assert m.gpu_busy_frac is None and m.nvml is None  # CPU: no GPU figures, not zeros
@@ -79,12 +106,16 @@ def test_tiny_trial_reports_the_contract(tmp_path: Path):
 
 
 @pytest.mark.parametrize("workers,sample_wait,step_wait", [(0, 0.005, 0.02), (2, 0.01, 0.01)])
-def test_fidelity_against_plain_loop_and_analytic(tmp_path: Path, workers: int, sample_wait: float,
-                                                  step_wait: float):
+def test_fidelity_against_plain_loop_and_analytic(tmp_path: Path, workers: int, sample_wait: float, step_wait: float):
     batch = 8
     # half-second windows (8 steps at 0 workers, 12 at 2) and a 1-s reference loop: sleeps bound both from above
-    cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": step_wait},
-                           "workload.dataset_args": {"sample_wait_s": sample_wait}, "trial.window_s": 0.5})
+    cfg = sleepy_config(
+        **{
+            "workload.model_args": {"step_wait_s": step_wait},
+            "workload.dataset_args": {"sample_wait_s": sample_wait},
+            "trial.window_s": 0.5,
+        }
+    )
     m = run_trial(_spec(cfg, num_workers=workers, prefetch_factor=2, batch_size=batch), tmp_path / "t", 60)
     assert m.status == "ok", m
     reference = _plain_loop_rate(workers, 2, batch, sample_wait, step_wait)
@@ -102,9 +133,14 @@ def test_slow_first_step_and_deep_prefetch_are_not_counted(tmp_path: Path):
     """While a 1 s first step runs, 2 workers x prefetch 8 prepare 16 batches (8 each, 80 ms a batch: 0.64 s).
     Counting them would inflate the first window by ~60 %: warm-up must drain the pipeline fill before timing."""
     batch, sample_wait, step_wait = 8, 0.01, 0.005
-    cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": step_wait, "first_step_wait_s": 1.0},
-                           "workload.dataset_args": {"sample_wait_s": sample_wait},
-                           "trial.warmup_steps": 0, "trial.measure_windows": 2})
+    cfg = sleepy_config(
+        **{
+            "workload.model_args": {"step_wait_s": step_wait, "first_step_wait_s": 1.0},
+            "workload.dataset_args": {"sample_wait_s": sample_wait},
+            "trial.warmup_steps": 0,
+            "trial.measure_windows": 2,
+        }
+    )
     m = run_trial(_spec(cfg, num_workers=2, prefetch_factor=8, batch_size=batch), tmp_path / "t", 60)
     assert m.status == "ok", m
     analytic = expected_samples_per_s(2, batch, sample_wait, step_wait)  # 200/s, loader-bound
@@ -121,8 +157,9 @@ def test_the_loader_queues_show_the_ready_batches():
     from tunekit.worker.meter import LoaderBatches
 
     dataset = sleepy_dataset(sample_wait_s=0.2)  # 0.8 s a batch: none is made while the test takes them
-    loader = DataLoader(dataset, batch_size=4, num_workers=2, prefetch_factor=3,
-                        sampler=RandomSampler(dataset, num_samples=1 << 20))
+    loader = DataLoader(
+        dataset, batch_size=4, num_workers=2, prefetch_factor=3, sampler=RandomSampler(dataset, num_samples=1 << 20)
+    )
     batches = LoaderBatches(loader)
     try:
         next(batches)
@@ -147,10 +184,16 @@ def _meter(batches, fill: int):
     from tunekit.worker.meter import Meter, MeterSettings
     from tunekit.worker.meter._monitor import TreeCpu
 
-    settings = MeterSettings(window_s=0.1, measure_windows=1, max_windows=1, precision=None, warmup_steps=0,
-                             fill=fill)
-    return Meter(batches, settings, device=torch.device("cpu"), count=len, cpu=TreeCpu(), ready=batches.ready,
-                 epochs=lambda: batches.epochs_ended)
+    settings = MeterSettings(window_s=0.1, measure_windows=1, max_windows=1, precision=None, warmup_steps=0, fill=fill)
+    return Meter(
+        batches,
+        settings,
+        device=torch.device("cpu"),
+        count=len,
+        cpu=TreeCpu(),
+        ready=batches.ready,
+        epochs=lambda: batches.epochs_ended,
+    )
 
 
 def test_the_set_aside_stops_at_an_epochs_end_and_a_persistent_loader_crosses_epochs():
@@ -172,8 +215,9 @@ def test_the_set_aside_stops_at_an_epochs_end_and_a_persistent_loader_crosses_ep
         assert _meter(batches, fill=8)._set_aside() in (3, 4) and batches.epochs_ended <= 1
     finally:
         batches.close()
-    loader = DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=4, num_workers=2,
-                        persistent_workers=True)
+    loader = DataLoader(
+        torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=4, num_workers=2, persistent_workers=True
+    )
     batches = LoaderBatches(loader)
     try:
         seen = [next(batches)[0].tolist() for _ in range(5)]
@@ -193,6 +237,7 @@ def _epochs_of(batches_per_epoch: int, stall_s: float):
             for _ in range(batches_per_epoch):
                 yield [torch.zeros(2)]
             state["epochs"] += 1
+
     return stream(), state
 
 
@@ -205,10 +250,12 @@ def test_windows_hold_whole_epochs_when_epochs_are_shorter_than_a_window():
 
     def measure(per_epoch: int) -> Meter:
         batches, state = _epochs_of(per_epoch, 0.03)
-        settings = MeterSettings(window_s=0.25, measure_windows=3, max_windows=3, precision=None, warmup_steps=1,
-                                 epoch_batches=per_epoch)
-        meter = Meter(batches, settings, device=torch.device("cpu"), count=len, cpu=TreeCpu(),
-                      epochs=lambda: state["epochs"])
+        settings = MeterSettings(
+            window_s=0.25, measure_windows=3, max_windows=3, precision=None, warmup_steps=1, epoch_batches=per_epoch
+        )
+        meter = Meter(
+            batches, settings, device=torch.device("cpu"), count=len, cpu=TreeCpu(), epochs=lambda: state["epochs"]
+        )
         for _ in meter:
             time.sleep(0.01)
         return meter
@@ -229,10 +276,25 @@ def test_epochs_of_one_batch_are_measured_in_whole_epochs(length: int | None):
     from tunekit.worker.meter._monitor import TreeCpu
 
     batches, state = _epochs_of(1, 0.15)
-    settings = MeterSettings(window_s=0.05, measure_windows=2, max_windows=2, precision=None, warmup_steps=1,
-                             epoch_batches=length, boundary_wait_s=10.0, fill=2)
-    meter = Meter(batches, settings, device=torch.device("cpu"), count=len, cpu=TreeCpu(),
-                  epochs=lambda: state["epochs"], epoch_aware=True)
+    settings = MeterSettings(
+        window_s=0.05,
+        measure_windows=2,
+        max_windows=2,
+        precision=None,
+        warmup_steps=1,
+        epoch_batches=length,
+        boundary_wait_s=10.0,
+        fill=2,
+    )
+    meter = Meter(
+        batches,
+        settings,
+        device=torch.device("cpu"),
+        count=len,
+        cpu=TreeCpu(),
+        epochs=lambda: state["epochs"],
+        epoch_aware=True,
+    )
     for taken, _ in enumerate(meter):
         assert taken < 60, "the windows never ended"
         time.sleep(0.005)
@@ -252,10 +314,25 @@ def test_the_scripts_own_settings_wait_for_an_epoch_boundary_other_trials_skip()
 
     def boundaries(patience: float) -> int:
         batches, state = _epochs_of(150, 0.03)
-        settings = MeterSettings(window_s=0.05, measure_windows=2, max_windows=2, precision=None, warmup_steps=1,
-                                 epoch_batches=150, boundary_wait_s=10.0, boundary_patience=patience)
-        meter = Meter(batches, settings, device=torch.device("cpu"), count=len, cpu=TreeCpu(),
-                      epochs=lambda: state["epochs"], epoch_aware=True)
+        settings = MeterSettings(
+            window_s=0.05,
+            measure_windows=2,
+            max_windows=2,
+            precision=None,
+            warmup_steps=1,
+            epoch_batches=150,
+            boundary_wait_s=10.0,
+            boundary_patience=patience,
+        )
+        meter = Meter(
+            batches,
+            settings,
+            device=torch.device("cpu"),
+            count=len,
+            cpu=TreeCpu(),
+            epochs=lambda: state["epochs"],
+            epoch_aware=True,
+        )
         for _ in meter:
             time.sleep(0.005)
         return len(meter.reading.boundaries)
@@ -268,9 +345,14 @@ def test_a_workloads_finite_epochs_are_measured_apart_from_the_steady_rate(tmp_p
     """Factories with their own sampler (a sequential one: epochs of 40 batches of 8, 1.6 s at one worker's 200/s,
     longer than two 0.4 s windows): the epoch ends inside the trial are measured apart, as a script's are, and the
     figure is the rate over whole epochs; with tunekit's endless sampler no epoch ends and nothing changes."""
-    cfg = sleepy_config(**{"workload.dataset_args": {"num_samples": 320, "sample_wait_s": 0.005},
-                           "workload.sampler": "torch.utils.data:SequentialSampler",
-                           "trial.window_s": 0.4, "trial.measure_windows": 3})
+    cfg = sleepy_config(
+        **{
+            "workload.dataset_args": {"num_samples": 320, "sample_wait_s": 0.005},
+            "workload.sampler": "torch.utils.data:SequentialSampler",
+            "trial.window_s": 0.4,
+            "trial.measure_windows": 3,
+        }
+    )
     m = run_trial(_spec(cfg, num_workers=1, batch_size=8, prefetch_factor=2), tmp_path / "finite", 60)
     assert m.status == "ok", m
     assert m.epoch_boundaries >= 1 and m.epoch_items == 320, (m.epoch_boundaries, m.epoch_items)
@@ -282,8 +364,14 @@ def test_a_workloads_finite_epochs_are_measured_apart_from_the_steady_rate(tmp_p
 def test_warm_up_steps_stop_after_a_window_of_time(tmp_path: Path):
     """0.2 s steps, 10 warm-up steps asked, window_s 0.5: the warm-up trains steps for about a window (its first
     step, then 1-3 more), not 2 s of them; nothing was prepared ahead (0 workers), so nothing is set aside."""
-    cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": 0.2}, "trial.warmup_steps": 10,
-                           "trial.measure_windows": 2, "trial.window_s": 0.5})
+    cfg = sleepy_config(
+        **{
+            "workload.model_args": {"step_wait_s": 0.2},
+            "trial.warmup_steps": 10,
+            "trial.measure_windows": 2,
+            "trial.window_s": 0.5,
+        }
+    )
     m = run_trial(_spec(cfg, num_workers=0, batch_size=4), tmp_path / "t", 60)
     assert m.status == "ok", m
     assert m.warmup_set_aside == 0
@@ -306,16 +394,25 @@ def test_the_fork_server_starts_trials_that_stay_isolated(tmp_path: Path):
     """Single-process trials are forked by the fork server (which imported the workload's module once); what a
     trial does to its modules dies with it: the model that refuses a second build in one process builds in each.
     With trial.fork_server: false a fresh interpreter starts the trial instead."""
-    cfg = sleepy_config(**{"workload.model": "tests._workloads:once_per_process_model", "workload.model_args": {},
-                           "trial.measure_windows": 2, "trial.window_s": 0.3})
+    cfg = sleepy_config(
+        **{
+            "workload.model": "tests._workloads:once_per_process_model",
+            "workload.model_args": {},
+            "trial.measure_windows": 2,
+            "trial.window_s": 0.3,
+        }
+    )
     first = run_trial(_spec(cfg, number=0, num_workers=2, prefetch_factor=2, batch_size=8), tmp_path / "a", 60)
     second = run_trial(_spec(cfg, number=1, num_workers=0, batch_size=8), tmp_path / "b", 60)
     assert first.status == second.status == "ok", (first, second)
     assert first.started_by == second.started_by == "fork server"
     assert first.input_on_device is False  # the trial moved the batches: no input work on the device
     assert first.pid != second.pid
-    fresh = run_trial(_spec(sleepy_config(**{"trial.fork_server": False, "trial.window_s": 0.3}), number=2,
-                            batch_size=8, threads=2), tmp_path / "c", 60)
+    fresh = run_trial(
+        _spec(sleepy_config(**{"trial.fork_server": False, "trial.window_s": 0.3}), number=2, batch_size=8, threads=2),
+        tmp_path / "c",
+        60,
+    )
     assert fresh.status == "ok" and fresh.started_by == "interpreter"
     assert fresh.params["threads"] == 2 and fresh.torch_threads == 2  # the thread knob, set
 
@@ -339,11 +436,15 @@ def test_a_fork_server_started_ahead_serves_the_first_trial(tmp_path: Path):
 
 
 def test_compute_and_loader_modes(tmp_path: Path):
-    cfg = sleepy_config(**{"workload.model_args": {"step_wait_s": 0.02},
-                           "workload.dataset_args": {"sample_wait_s": 0.01}, "trial.window_s": 0.5})
+    cfg = sleepy_config(
+        **{
+            "workload.model_args": {"step_wait_s": 0.02},
+            "workload.dataset_args": {"sample_wait_s": 0.01},
+            "trial.window_s": 0.5,
+        }
+    )
     compute = run_trial(_spec(cfg, mode="compute", num_workers=2, batch_size=8), tmp_path / "c", 60)
-    loader = run_trial(_spec(cfg, mode="loader", num_workers=2, prefetch_factor=2, batch_size=8),
-                       tmp_path / "l", 60)
+    loader = run_trial(_spec(cfg, mode="loader", num_workers=2, prefetch_factor=2, batch_size=8), tmp_path / "l", 60)
     assert compute.status == loader.status == "ok"
     # compute: the model alone on a staged batch, 8 samples / 20 ms; loader: 2 workers / 10 ms per sample
     assert 0.6 * 400 <= compute.rate <= 400 * 1.03
@@ -362,8 +463,9 @@ def _alive(pid: int) -> bool:
 def test_hung_loader_times_out_and_leaves_no_process(tmp_path: Path):
     pids = tmp_path / "pids"
     pids.mkdir()
-    cfg = sleepy_config(**{"workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "hang_at": 3,
-                                                     "pid_dir": str(pids)}})
+    cfg = sleepy_config(
+        **{"workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "hang_at": 3, "pid_dir": str(pids)}}
+    )
     # 4 s: the forked trial builds its loader and both workers serve samples within half a second here (a second or
     # two on a loaded box); then one hangs, and the timeout must end the whole tree
     t0 = time.monotonic()
@@ -416,8 +518,21 @@ def test_bad_output_is_detected(tmp_path: Path):
     assert _outcome(spec, 0, False, 60, out, tmp_path / "log").status == "bad_output"
     out.write_text(json.dumps({"status": "ok", "samples_per_s": float("nan")}))  # version 1, as the worker writes
     assert "rate = nan is not a finite" in _outcome(spec, 0, False, 60, out, tmp_path / "log").reason
-    out.write_text(json.dumps({"version": 2, "status": "ok", "rate": 0.0, "rate_windows": [0.0], "noise_cv": 0.0,
-                               "step_time_s": 1.0, "data_wait_frac": 0.0, "headroom": 0.5, "warmup_s": 1.0}))
+    out.write_text(
+        json.dumps(
+            {
+                "version": 2,
+                "status": "ok",
+                "rate": 0.0,
+                "rate_windows": [0.0],
+                "noise_cv": 0.0,
+                "step_time_s": 1.0,
+                "data_wait_frac": 0.0,
+                "headroom": 0.5,
+                "warmup_s": 1.0,
+            }
+        )
+    )
     assert "rate = 0.0 is not positive" in _outcome(spec, 0, False, 60, out, tmp_path / "log").reason
     out.write_text(json.dumps({"version": 99, "status": "ok"}))
     assert _outcome(spec, 0, False, 60, out, tmp_path / "log").status == "bad_output"
@@ -428,9 +543,26 @@ def test_bad_output_is_detected(tmp_path: Path):
 def test_trial_cli_writes_measurement(write_config, tmp_path: Path):
     path = write_config(sleepy_config())
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "tunekit", "trial", str(path), "--set", "num_workers=2",
-                           "--set", "batch_size=8", "--set", "trial.window_s=0.5", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tunekit",
+            "trial",
+            str(path),
+            "--set",
+            "num_workers=2",
+            "--set",
+            "batch_size=8",
+            "--set",
+            "trial.window_s=0.5",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     m = json.loads((out / "trials" / "0" / "measurement.json").read_text())
     assert m["status"] == "ok" and m["params"]["num_workers"] == 2 and m["params"]["batch_size"] == 8
@@ -442,11 +574,14 @@ def test_trial_dies_with_its_launcher(tmp_path: Path):
     """A sweep killed with SIGKILL cannot clean up: the trial's own watchdog kills its process group."""
     pids = tmp_path / "pids"
     pids.mkdir()
-    cfg = sleepy_config(**{"workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "hang_at": 3,
-                                                     "pid_dir": str(pids)}})
+    cfg = sleepy_config(
+        **{"workload.dataset_args": {"num_samples": 16, "sample_wait_s": 0.0, "hang_at": 3, "pid_dir": str(pids)}}
+    )
     spec = _spec(cfg, num_workers=2, prefetch_factor=2, batch_size=4)
-    code = ("import json, sys; from tunekit.contract import TrialSpec; from tunekit.launch import run_trial; "
-            f"run_trial(TrialSpec.from_dict(json.loads(sys.argv[1])), {str(tmp_path / 't')!r}, 300)")
+    code = (
+        "import json, sys; from tunekit.contract import TrialSpec; from tunekit.launch import run_trial; "
+        f"run_trial(TrialSpec.from_dict(json.loads(sys.argv[1])), {str(tmp_path / 't')!r}, 300)"
+    )
     launcher = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec.to_dict())])
     deadline = time.monotonic() + 60
     while len(list(pids.iterdir())) < 2:  # both loader workers are serving (one of them hangs)
@@ -467,13 +602,20 @@ def test_precision_measures_until_the_interval_is_tight_leaving_out_settling_win
     on, leaves that window out, and reports the steady rate; without, the slow window drags the median down."""
     # 18 slow calls: the warm-up takes the first 6 (5 steps and the first), so the first window is all slow; with the
     # default 12 it held half slow steps, and a slow host's fixed overhead per step pushed the ratio to 0.92
-    base = {"workload.model": "tests._workloads:settling_model", "workload.model_args": {"fast_after": 18},
-            "workload.dataset_args": {"sample_wait_s": 0.0},
-            "trial.window_s": 0.5, "trial.measure_windows": 2}
+    base = {
+        "workload.model": "tests._workloads:settling_model",
+        "workload.model_args": {"fast_after": 18},
+        "workload.dataset_args": {"sample_wait_s": 0.0},
+        "trial.window_s": 0.5,
+        "trial.measure_windows": 2,
+    }
     # the cut often takes two windows (the second holds the last slow steps), and two kept windows are precise only
     # when they agree within 0.4 % (t = 12.7 for one degree of freedom): room for more windows on a loaded host
-    precise = run_trial(_spec(sleepy_config(**base, **{"trial.precision": 0.05, "trial.max_windows": 12}),
-                              num_workers=0, batch_size=8), tmp_path / "precise", 60)
+    precise = run_trial(
+        _spec(sleepy_config(**base, **{"trial.precision": 0.05, "trial.max_windows": 12}), num_workers=0, batch_size=8),
+        tmp_path / "precise",
+        60,
+    )
     assert precise.status == "ok", precise
     windows = (precise.settling_windows, precise.rate_windows, precise.rate_interval)
     assert precise.stop_reason == "precise" and len(precise.settling_windows) >= 1, windows
@@ -523,8 +665,10 @@ def test_loader_workers_forked_after_the_last_pss_read_are_not_counted_whole(tmp
     workers = run_trial(_spec(cfg, number=1, num_workers=2, prefetch_factor=2, batch_size=8), tmp_path / "two", 60)
     assert alone.status == "ok" and workers.status == "ok", (alone.reason, workers.reason)
     assert workers.host_processes == 3
-    assert workers.host_mem_peak_bytes < 1.5 * alone.host_mem_peak_bytes, (workers.host_mem_peak_bytes,
-                                                                           alone.host_mem_peak_bytes)
+    assert workers.host_mem_peak_bytes < 1.5 * alone.host_mem_peak_bytes, (
+        workers.host_mem_peak_bytes,
+        alone.host_mem_peak_bytes,
+    )
 
 
 def test_the_fork_server_refuses_once_an_import_initialised_cuda(tmp_path: Path):
@@ -544,8 +688,14 @@ def test_the_fork_server_refuses_once_an_import_initialised_cuda(tmp_path: Path)
 def test_a_dataset_moving_its_batches_ahead_is_moved_beside_the_step(tmp_path: Path):
     """A dataset with batch_to_device_ahead (decode: gpu-overlap on a GPU) has each batch moved in the trial's ahead
     thread, before the step takes it; the trial counts the loader's items and records input on the device."""
-    cfg = sleepy_config(**{"workload.dataset": "tests._workloads:moved_ahead_dataset", "workload.dataset_args": {},
-                           "workload.step": "tests._workloads:moved_ahead_step", "trial.window_s": 0.3})
+    cfg = sleepy_config(
+        **{
+            "workload.dataset": "tests._workloads:moved_ahead_dataset",
+            "workload.dataset_args": {},
+            "workload.step": "tests._workloads:moved_ahead_step",
+            "trial.window_s": 0.3,
+        }
+    )
     m = run_trial(_spec(cfg, number=0, num_workers=2, prefetch_factor=2, batch_size=8), tmp_path / "t", 60)
     assert m.status == "ok", m
     assert m.input_on_device is True and m.measured_items == 8 * m.measured_steps
@@ -619,7 +769,10 @@ def test_worker_threads_are_set_in_every_loader_worker(tmp_path: Path):
     cfg = sleepy_config(**{"workload.dataset": "tests._workloads:threads_seen_dataset", "trial.window_s": 0.3})
     for number, (threads, expect) in enumerate([(2, 2), (None, 1)]):
         cfg["workload"]["dataset_args"] = {"expect": expect}
-        m = run_trial(_spec(cfg, number=number, num_workers=2, prefetch_factor=2, batch_size=8,
-                            worker_threads=threads), tmp_path / str(number), 60)
+        m = run_trial(
+            _spec(cfg, number=number, num_workers=2, prefetch_factor=2, batch_size=8, worker_threads=threads),
+            tmp_path / str(number),
+            60,
+        )
         assert m.status == "ok", m
         assert m.params["worker_threads"] == threads

@@ -15,20 +15,25 @@ from tunekit.errors import ConfigError
 from tunekit.launch import classify_error, run_trial
 from tunekit.recommended import recommendation_dict
 
-GOOD = recommendation_dict({"num_workers": 4, "prefetch_factor": 2, "pin_memory": True, "batch_size": 64,
-                            "grad_accum": 1, "compile": "none"}, {"unit": "samples", "rate": 100.0})
+GOOD = recommendation_dict(
+    {"num_workers": 4, "prefetch_factor": 2, "pin_memory": True, "batch_size": 64, "grad_accum": 1, "compile": "none"},
+    {"unit": "samples", "rate": 100.0},
+)
 
 
-@pytest.mark.parametrize(("section", "key", "value", "said"), [
-    ("dataloader", "pin_memory", "false", 'pin_memory="false": expected true or false'),
-    ("training", "grad_accum", 0, "grad_accum=0: must be at least 1"),
-    ("training", "grad_accum", 2.7, "grad_accum=2.7: expected an integer"),
-    ("training", "compile", "fast", 'compile="fast": choose one of: none, default'),
-    ("dataloader", "prefetch_factor", -1, "prefetch_factor=-1: must be at least 1"),
-    ("dataloader", "prefetch_factor", "four", 'prefetch_factor="four": expected an integer'),
-    ("training", "non_blocking", "yes", "training.non_blocking = 'yes': expected true or false"),
-    (None, "version", 3, "version: 3 is not one this tunekit reads"),
-])
+@pytest.mark.parametrize(
+    ("section", "key", "value", "said"),
+    [
+        ("dataloader", "pin_memory", "false", 'pin_memory="false": expected true or false'),
+        ("training", "grad_accum", 0, "grad_accum=0: must be at least 1"),
+        ("training", "grad_accum", 2.7, "grad_accum=2.7: expected an integer"),
+        ("training", "compile", "fast", 'compile="fast": choose one of: none, default'),
+        ("dataloader", "prefetch_factor", -1, "prefetch_factor=-1: must be at least 1"),
+        ("dataloader", "prefetch_factor", "four", 'prefetch_factor="four": expected an integer'),
+        ("training", "non_blocking", "yes", "training.non_blocking = 'yes': expected true or false"),
+        (None, "version", 3, "version: 3 is not one this tunekit reads"),
+    ],
+)
 def test_load_recommended_checks_what_it_reads_as_strictly_as_a_config(tmp_path: Path, section, key, value, said):
     data = yaml.safe_load(yaml.safe_dump(GOOD))
     (data[section] if section else data)[key] = value
@@ -50,12 +55,24 @@ def test_a_recommendation_with_more_workers_than_this_machine_allows_still_loads
 
 
 def _spec(cfg: dict, **knobs) -> TrialSpec:
-    return TrialSpec(number=0, stage=Stage.single, mode=Mode.train, knobs=Knobs(batch_size=8, **knobs),
-                     config=config.from_dict(cfg).to_dict())
+    return TrialSpec(
+        number=0,
+        stage=Stage.single,
+        mode=Mode.train,
+        knobs=Knobs(batch_size=8, **knobs),
+        config=config.from_dict(cfg).to_dict(),
+    )
 
 
-@pytest.mark.parametrize(("returned", "said"), [("0", "returned 0 for a batch"), ("-3", "returned -3"),
-                                                 ("float('nan')", "returned nan"), ("'many'", "returned str 'many'")])
+@pytest.mark.parametrize(
+    ("returned", "said"),
+    [
+        ("0", "returned 0 for a batch"),
+        ("-3", "returned -3"),
+        ("float('nan')", "returned nan"),
+        ("'many'", "returned str 'many'"),
+    ],
+)
 def test_a_count_hook_that_returns_no_positive_number_is_named(tmp_path: Path, write_config, returned, said):
     module = tmp_path / "badcount.py"
     module.write_text(f"def count(batch):\n    return {returned}\n")
@@ -96,8 +113,9 @@ def test_report_refuses_a_symlink_among_the_outputs_and_writes_nothing_outside(w
 
     shutil.rmtree(out / "plots")
     (out / "plots").symlink_to(elsewhere)
-    refused = subprocess.run([sys.executable, "-m", "tunekit", "report", str(out)], capture_output=True, text=True,
-                             timeout=120)
+    refused = subprocess.run(
+        [sys.executable, "-m", "tunekit", "report", str(out)], capture_output=True, text=True, timeout=120
+    )
     assert refused.returncode == 2, refused.stderr
     (line,) = refused.stderr.strip().splitlines()
     assert "symlink" in line and str(out / "plots") in line
@@ -157,10 +175,13 @@ def test_a_disturbed_run_says_so_first_everywhere(tmp_path: Path):
     from tunekit.report import summarize, write_outputs
 
     cfg = config.from_dict(sleepy_config())
-    rows = rows_from_measurements([
-        measurement(0, "compute", "compute", 100, batch_size=8, noise_cv=0.3),
-        measurement(1, "end_to_end", "train", 201, batch_size=8, num_workers=2, noise_cv=0.35),
-        measurement(2, "end_to_end", "train", 160, batch_size=8, num_workers=0, noise_cv=0.45)])
+    rows = rows_from_measurements(
+        [
+            measurement(0, "compute", "compute", 100, batch_size=8, noise_cv=0.3),
+            measurement(1, "end_to_end", "train", 201, batch_size=8, num_workers=2, noise_cv=0.35),
+            measurement(2, "end_to_end", "train", 160, batch_size=8, num_workers=0, noise_cv=0.45),
+        ]
+    )
     s = summarize(cfg, rows, strategy="staged")
     assert s.choice.band > 0.10
     assert any("noise band" in d and "pick is uncertain" in d for d in s.disturbances)
@@ -171,10 +192,17 @@ def test_a_disturbed_run_says_so_first_everywhere(tmp_path: Path):
     rec_text = (tmp_path / "recommended.yaml").read_text()
     assert rec_text.splitlines()[1].startswith("# DISTURBED:")
     assert yaml.safe_load(rec_text)["evidence"]["disturbed"] == list(s.disturbances)
-    quiet = summarize(cfg, rows_from_measurements([
-        measurement(0, "compute", "compute", 300, batch_size=8),
-        measurement(1, "end_to_end", "train", 201, batch_size=8, num_workers=2),
-        measurement(2, "end_to_end", "train", 160, batch_size=8, num_workers=0)]), strategy="staged")
+    quiet = summarize(
+        cfg,
+        rows_from_measurements(
+            [
+                measurement(0, "compute", "compute", 300, batch_size=8),
+                measurement(1, "end_to_end", "train", 201, batch_size=8, num_workers=2),
+                measurement(2, "end_to_end", "train", 160, batch_size=8, num_workers=0),
+            ]
+        ),
+        strategy="staged",
+    )
     assert quiet.disturbances == ()
 
 
@@ -182,21 +210,38 @@ def test_validate_reports_import_problems_beside_the_other_errors(write_config):
     import subprocess
     import sys
 
-    path = write_config(sleepy_config(**{"workload.model": "tunekit.workloads.synthetic:no_such_model",
-                                         "trial.measure_windows": 3, "trial.max_windows": 2}))
-    bad = subprocess.run([sys.executable, "-m", "tunekit", "validate", str(path)], capture_output=True, text=True,
-                         timeout=120)
+    path = write_config(
+        sleepy_config(
+            **{
+                "workload.model": "tunekit.workloads.synthetic:no_such_model",
+                "trial.measure_windows": 3,
+                "trial.max_windows": 2,
+            }
+        )
+    )
+    bad = subprocess.run(
+        [sys.executable, "-m", "tunekit", "validate", str(path)], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 2
     lines = bad.stderr.strip().splitlines()
     assert any("trial.max_windows" in line for line in lines) and any("no_such_model" in line for line in lines)
 
 
-def test_an_iterable_dataset_sweep_prints_no_false_failure(write_config, tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]):
-    cfg = write_config(sleepy_config(**{"workload.dataset": "tests._workloads:sharded_stream",
-                                        "workload.dataset_args": {}, "search.num_workers": [0],
-                                        "search.batch_size": [4, 8], "strategy": "grid",
-                                        "trial.window_s": 0.3}))
+def test_an_iterable_dataset_sweep_prints_no_false_failure(
+    write_config, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    cfg = write_config(
+        sleepy_config(
+            **{
+                "workload.dataset": "tests._workloads:sharded_stream",
+                "workload.dataset_args": {},
+                "search.num_workers": [0],
+                "search.batch_size": [4, 8],
+                "strategy": "grid",
+                "trial.window_s": 0.3,
+            }
+        )
+    )
     run = tunekit.sweep(cfg, out=tmp_path / "run", quiet=False)  # what `tunekit sweep` prints, in this process
     said = capsys.readouterr().err
     assert run.recommendation is not None, said
@@ -224,16 +269,21 @@ def test_a_study_holding_nan_or_negative_figures_is_data_not_a_raw_error(write_c
     out = tmp_path / "run"
     _tiny_run(write_config, out)
     db = sqlite3.connect(out / "study.db")
-    (trial_id, text), = db.execute("select trial_id, value_json from trial_user_attributes where key = "
-                                   "'measurement' and value_json like '%\"number\": 1,%'").fetchall()
+    ((trial_id, text),) = db.execute(
+        "select trial_id, value_json from trial_user_attributes where key = "
+        "'measurement' and value_json like '%\"number\": 1,%'"
+    ).fetchall()
     record = json.loads(text)
     record.update(rate=float("nan"), noise_cv=-0.5, rate_windows=[float("nan"), -3.0])
-    db.execute("update trial_user_attributes set value_json = ? where trial_id = ? and key = 'measurement'",
-               (json.dumps(record), trial_id))
+    db.execute(
+        "update trial_user_attributes set value_json = ? where trial_id = ? and key = 'measurement'",
+        (json.dumps(record), trial_id),
+    )
     db.commit()
     db.close()
-    done = subprocess.run([sys.executable, "-m", "tunekit", "report", str(out)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "tunekit", "report", str(out)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert "Error" not in done.stderr
     report = (out / "report.md").read_text()

@@ -28,9 +28,16 @@ MODES = tuple(m.value for m in Mode)
 """What one trial measures: train (end to end), compute (the step on a batch staged on the device: the compute
 ceiling), loader (the loader alone, with its host-to-device copy: the loader ceiling)."""
 
-_SEARCHED = {"num_workers": "search.num_workers", "prefetch_factor": "search.prefetch_factor",
-             "pin_memory": "search.pin_memory", "batch_size": "search.batch_size", "grad_accum": "search.grad_accum",
-             "compile": "search.compile", "threads": "search.threads", "worker_threads": "search.worker_threads"}
+_SEARCHED = {
+    "num_workers": "search.num_workers",
+    "prefetch_factor": "search.prefetch_factor",
+    "pin_memory": "search.pin_memory",
+    "batch_size": "search.batch_size",
+    "grad_accum": "search.grad_accum",
+    "compile": "search.compile",
+    "threads": "search.threads",
+    "worker_threads": "search.worker_threads",
+}
 """A knob fixed for a whole sweep: its search list becomes that one value."""
 
 
@@ -69,8 +76,10 @@ class TrialOutcome:
 
 def _budget(budget_min: float | None) -> float | None:
     if budget_min is not None and not budget_min > 0:
-        raise UsageError(f"budget of {budget_min:g} minutes (--budget-min, budget_min): must be more than 0; leave it "
-                         "out for the config's budget.minutes")
+        raise UsageError(
+            f"budget of {budget_min:g} minutes (--budget-min, budget_min): must be more than 0; leave it "
+            "out for the config's budget.minutes"
+        )
     return budget_min
 
 
@@ -78,14 +87,24 @@ def fixed_knobs(knobs: dict[str, Any] | None) -> dict[str, Any]:
     """A sweep's fixed knobs as config overrides (each knob's search list becomes its one value)."""
     chosen = config_mod.check_knobs(dict(knobs or {}))
     if "ranks" in chosen:
-        raise UsageError("knobs: ranks: a sweep's ranks come from its launch section (launch.nproc_per_node); "
-                         "tunekit trial runs one trial at 1 rank or all of them")
+        raise UsageError(
+            "knobs: ranks: a sweep's ranks come from its launch section (launch.nproc_per_node); "
+            "tunekit trial runs one trial at 1 rank or all of them"
+        )
     return {_SEARCHED[key]: [value] for key, value in chosen.items()}
 
 
-def sweep(config: str | os.PathLike[str] | dict[str, Any], *, out: str | os.PathLike[str] | None = None,
-          budget_min: float | None = None, strategy: str | None = None, overrides: dict[str, Any] | None = None,
-          knobs: dict[str, Any] | None = None, resume: bool = True, quiet: bool = True) -> SweepOutcome:
+def sweep(
+    config: str | os.PathLike[str] | dict[str, Any],
+    *,
+    out: str | os.PathLike[str] | None = None,
+    budget_min: float | None = None,
+    strategy: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    knobs: dict[str, Any] | None = None,
+    resume: bool = True,
+    quiet: bool = True,
+) -> SweepOutcome:
     """Run (or resume) a sweep, as ``tunekit sweep``, and return what it found.
 
     Args:
@@ -111,9 +130,16 @@ def sweep(config: str | os.PathLike[str] | dict[str, Any], *, out: str | os.Path
     return sweep_config(cfg, out=out, budget_min=minutes, strategy=strategy, resume=resume, quiet=quiet)
 
 
-def sweep_config(cfg: config_mod.Config, *, out: str | os.PathLike[str] | None = None,
-                 budget_min: float | None = None, strategy: str | None = None, resume: bool = True,
-                 quiet: bool = True, seed: Sequence[Measurement] = ()) -> SweepOutcome:
+def sweep_config(
+    cfg: config_mod.Config,
+    *,
+    out: str | os.PathLike[str] | None = None,
+    budget_min: float | None = None,
+    strategy: str | None = None,
+    resume: bool = True,
+    quiet: bool = True,
+    seed: Sequence[Measurement] = (),
+) -> SweepOutcome:
     """:func:`sweep` of a config already loaded; ``seed`` holds finished trials measured elsewhere, recorded first
     in a run that holds none yet (``tunekit check --retune``: the reused ceilings and the check's own trial)."""
     import pandas as pd
@@ -122,19 +148,35 @@ def sweep_config(cfg: config_mod.Config, *, out: str | os.PathLike[str] | None =
 
     minutes = _budget(budget_min)
     run_dir = Path(out or Path("results") / cfg.name)
-    result = run_sweep(cfg, run_dir, strategy=strategy or cfg.strategy,
-                       budget_minutes=minutes if minutes is not None else cfg.budget.minutes, resume=resume,
-                       quiet=quiet, seed=seed)
+    result = run_sweep(
+        cfg,
+        run_dir,
+        strategy=strategy or cfg.strategy,
+        budget_minutes=minutes if minutes is not None else cfg.budget.minutes,
+        resume=resume,
+        quiet=quiet,
+        seed=seed,
+    )
     rec_path = run_dir / "recommended.yaml"
-    return SweepOutcome(run_dir, load_recommended(rec_path) if rec_path.exists() else None,
-                        pd.read_csv(run_dir / "trials.csv"), result.summary.choice.reason, result.interrupted,
-                        result.summary)
+    return SweepOutcome(
+        run_dir,
+        load_recommended(rec_path) if rec_path.exists() else None,
+        pd.read_csv(run_dir / "trials.csv"),
+        result.summary.choice.reason,
+        result.interrupted,
+        result.summary,
+    )
 
 
-def trial(config: str | os.PathLike[str] | dict[str, Any], *, knobs: dict[str, Any] | None = None,
-          mode: str = Mode.train.value, out: str | os.PathLike[str] | None = None,
-          overrides: dict[str, Any] | None = None,
-          on_start: Callable[[int, Any, Any], None] | None = None) -> TrialOutcome:
+def trial(
+    config: str | os.PathLike[str] | dict[str, Any],
+    *,
+    knobs: dict[str, Any] | None = None,
+    mode: str = Mode.train.value,
+    out: str | os.PathLike[str] | None = None,
+    overrides: dict[str, Any] | None = None,
+    on_start: Callable[[int, Any, Any], None] | None = None,
+) -> TrialOutcome:
     """Run exactly one trial, as ``tunekit trial``.
 
     Args:
@@ -161,9 +203,14 @@ def trial(config: str | os.PathLike[str] | dict[str, Any], *, knobs: dict[str, A
     cfg = config_mod.load(config, overrides=overrides, resolve=resolve_paths)
     run = first_knobs(cfg, **chosen)
     own = cfg.script is not None and not chosen  # a script alone runs its own settings, not the search's first
-    measurement, trial_dir = run_single(cfg, run, mode, Path(out or Path("results") / f"{cfg.name}-trial"),
-                                        announce=lambda number: on_start(number, None if own else run, cfg)
-                                        if on_start else None, own=own)
+    measurement, trial_dir = run_single(
+        cfg,
+        run,
+        mode,
+        Path(out or Path("results") / f"{cfg.name}-trial"),
+        announce=lambda number: on_start(number, None if own else run, cfg) if on_start else None,
+        own=own,
+    )
     return TrialOutcome(measurement, trial_dir)
 
 

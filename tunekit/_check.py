@@ -110,10 +110,17 @@ class CheckOutcome:
         return 1 if code == 0 and self.retune is not None and self.retune.after is None else code
 
 
-def check(recommended: str | os.PathLike[str], config: str | os.PathLike[str] | dict[str, Any], *,
-          knobs: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None,
-          out: str | os.PathLike[str] | None = None, retune: bool = False, quiet: bool = True,
-          on_start: Callable[[int, Any, Any], None] | None = None) -> CheckOutcome:
+def check(
+    recommended: str | os.PathLike[str],
+    config: str | os.PathLike[str] | dict[str, Any],
+    *,
+    knobs: dict[str, Any] | None = None,
+    overrides: dict[str, Any] | None = None,
+    out: str | os.PathLike[str] | None = None,
+    retune: bool = False,
+    quiet: bool = True,
+    on_start: Callable[[int, Any, Any], None] | None = None,
+) -> CheckOutcome:
     """Re-measure a committed recommendation on this machine and compare it with what it records.
 
     Args:
@@ -135,8 +142,12 @@ def check(recommended: str | os.PathLike[str], config: str | os.PathLike[str] | 
     recorded = _recorded(rec, rec_path)
     cfg = config_mod.load(config, overrides=overrides, check_imports=False)
     if cfg.unit != recorded["unit"]:
-        raise ConfigError([f"{rec_path}: evidence.unit = {recorded['unit']}, but {cfg.source} counts {cfg.unit}: "
-                           "the figures cannot be compared; check it with the config it was tuned with"])
+        raise ConfigError(
+            [
+                f"{rec_path}: evidence.unit = {recorded['unit']}, but {cfg.source} counts {cfg.unit}: "
+                "the figures cannot be compared; check it with the config it was tuned with"
+            ]
+        )
     run_knobs = config_mod.check_knobs({**{k: v for k, v in rec.knobs.items() if v is not None}, **(knobs or {})})
     out_dir = Path(out or Path("results") / f"{cfg.name}-check")
     env = snapshot()
@@ -148,31 +159,41 @@ def check(recommended: str | os.PathLike[str], config: str | os.PathLike[str] | 
         outcome = CheckOutcome("other_machine", _other_machine_line(recorded, machine), machine=machine, **base)
         return _with_retune(outcome, rec, config, cfg, overrides, knobs, out_dir, quiet) if retune else outcome
 
-    trial = _api.trial(config, knobs=run_knobs, mode=Mode.train.value, out=out_dir,
-                       overrides={**(overrides or {}), **plan.knee_values(cfg, rec.config)}, on_start=on_start)
+    trial = _api.trial(
+        config,
+        knobs=run_knobs,
+        mode=Mode.train.value,
+        out=out_dir,
+        overrides={**(overrides or {}), **plan.knee_values(cfg, rec.config)},
+        on_start=on_start,
+    )
     outcome = _measured(base, trial, env, tuned_on, cfg)
     return _with_retune(outcome, rec, config, cfg, overrides, knobs, out_dir, quiet) if retune else outcome
 
 
-def _measured(base: dict[str, Any], trial: Any, env: dict[str, Any], tuned_on: dict[str, Any],
-              cfg: config_mod.Config) -> CheckOutcome:
+def _measured(
+    base: dict[str, Any], trial: Any, env: dict[str, Any], tuned_on: dict[str, Any], cfg: config_mod.Config
+) -> CheckOutcome:
     """The check's outcome once its trial ran: another machine after all (its device), a failure, or the
     comparison with the recorded figures."""
     m, recorded = trial.measurement, base["recorded"]
-    current = machine_fingerprint(env, device=m.device_name, cpus=m.cpu_count, memory_bytes=m.host_mem_total_bytes,
-                                  versions=m.versions)
+    current = machine_fingerprint(
+        env, device=m.device_name, cpus=m.cpu_count, memory_bytes=m.host_mem_total_bytes, versions=m.versions
+    )
     hardware, software = rules.machine_changes(tuned_on, current)
     machine = MachineCheck(tuned_on, current, tuple(hardware), tuple(software))
     base = {**base, "machine": machine, "measurement": m, "trial_dir": trial.trial_dir}
     if hardware:  # the trial ran on another device than the recorded one
         return CheckOutcome("other_machine", _other_machine_line(recorded, machine), **base)
     if not trial.ok:
-        return CheckOutcome("failed", f"failed: the committed config did not complete here: {m.status} — "
-                            f"{m.reason}", **base)
+        return CheckOutcome(
+            "failed", f"failed: the committed config did not complete here: {m.status} — {m.reason}", **base
+        )
     return _compared(base, recorded, m, _ceilings(base["recommended"], machine), cfg)
 
 
 # --- the recorded side ---------------------------------------------------------------------------------------
+
 
 def _number(evidence: dict[str, Any], key: str, path: Path, *, required: bool = False) -> float | None:
     value = evidence.get(key)
@@ -180,16 +201,25 @@ def _number(evidence: dict[str, Any], key: str, path: Path, *, required: bool = 
         return None
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
     if not ok or (required and value <= 0):
-        raise ConfigError([f"{path}: evidence.{key} = {value!r}: expected a {'positive ' if required else ''}number "
-                           "(the figure the sweep recorded, which tunekit check compares with)"])
+        raise ConfigError(
+            [
+                f"{path}: evidence.{key} = {value!r}: expected a {'positive ' if required else ''}number "
+                "(the figure the sweep recorded, which tunekit check compares with)"
+            ]
+        )
     return float(value)
 
 
 def _recorded(rec: Recommended, path: Path) -> dict[str, Any]:
     ev = rec.evidence
-    return {"rate": _number(ev, "rate", path, required=True), "unit": str(ev.get("unit") or "samples"),
-            "band": _number(ev, "band", path) or 0.0, "noise_cv": _number(ev, "noise_cv", path),
-            "rate_interval": _number(ev, "rate_interval", path), "disturbed": bool(ev.get("disturbed"))}
+    return {
+        "rate": _number(ev, "rate", path, required=True),
+        "unit": str(ev.get("unit") or "samples"),
+        "band": _number(ev, "band", path) or 0.0,
+        "noise_cv": _number(ev, "noise_cv", path),
+        "rate_interval": _number(ev, "rate_interval", path),
+        "disturbed": bool(ev.get("disturbed")),
+    }
 
 
 def _recorded_machine(rec: Recommended, path: Path) -> dict[str, Any]:
@@ -199,8 +229,12 @@ def _recorded_machine(rec: Recommended, path: Path) -> dict[str, Any]:
     machine = ev.get("machine")
     if machine is not None:  # a mapping that records something (load_recommended)
         if all(machine.get(key) is None for key in rules.MACHINE_HARDWARE):  # it would pass for any machine
-            raise ConfigError([f"{path}: evidence.machine: records none of the hardware tunekit check compares "
-                               f"({', '.join(rules.MACHINE_HARDWARE)}); leave the key out when it is not known"])
+            raise ConfigError(
+                [
+                    f"{path}: evidence.machine: records none of the hardware tunekit check compares "
+                    f"({', '.join(rules.MACHINE_HARDWARE)}); leave the key out when it is not known"
+                ]
+            )
         return dict(machine)
     env_json = path.parent / "env.json"
     try:
@@ -229,8 +263,10 @@ def _ceilings(rec_path: Path, machine: MachineCheck) -> list[TrialRow]:
 
 # --- the comparison ------------------------------------------------------------------------------------------
 
-def _compared(base: dict[str, Any], recorded: dict[str, Any], m: Measurement, ceilings: list[TrialRow],
-              cfg: config_mod.Config) -> CheckOutcome:
+
+def _compared(
+    base: dict[str, Any], recorded: dict[str, Any], m: Measurement, ceilings: list[TrialRow], cfg: config_mod.Config
+) -> CheckOutcome:
     rate = float(m.rate or 0.0)
     band = max(recorded["band"], cfg.selection.tolerance)
     margin = rules.check_margin(band, recorded["noise_cv"], recorded["rate_interval"], m.noise_cv, m.rate_interval)
@@ -242,11 +278,15 @@ def _compared(base: dict[str, Any], recorded: dict[str, Any], m: Measurement, ce
     if status == "holds":
         line = f"holds: {figures}, within the {_pct(margin)} band"
     elif status == "faster":
-        line = (f"holds, faster: {figures}, beyond the {_pct(margin)} band: the job got faster, so a cheaper config "
-                "may now do as well (--retune finds it)")
+        line = (
+            f"holds, faster: {figures}, beyond the {_pct(margin)} band: the job got faster, so a cheaper config "
+            "may now do as well (--retune finds it)"
+        )
     else:
-        line = (f"regressed: {rate:.1f} against {recorded['rate']:.1f} {unit}/s recorded ({_pct(change, 0, sign=True)}"
-                f", beyond the {_pct(margin)} band): {_cause(verdict)}")
+        line = (
+            f"regressed: {rate:.1f} against {recorded['rate']:.1f} {unit}/s recorded ({_pct(change, 0, sign=True)}"
+            f", beyond the {_pct(margin)} band): {_cause(verdict)}"
+        )
     software = base["machine"].software
     if software:
         line += "; since the sweep: " + ", ".join(f"{key} {old} → {new}" for key, old, new in software)
@@ -258,8 +298,11 @@ def _compared(base: dict[str, Any], recorded: dict[str, Any], m: Measurement, ce
 def _verdict(m: Measurement, ceilings: list[TrialRow], cfg: config_mod.Config) -> Verdict | None:
     """The trial's verdict, against the committed sweep's compute ceiling at its batch when this is its machine."""
     row = TrialRow.from_measurement(m)
-    compute = [dataclasses.replace(c, number=-1 - i) for i, c in enumerate(ceilings)
-               if c.mode == Mode.compute and c.knobs.batch_size == row.knobs.batch_size][:1]
+    compute = [
+        dataclasses.replace(c, number=-1 - i)
+        for i, c in enumerate(ceilings)
+        if c.mode == Mode.compute and c.knobs.batch_size == row.knobs.batch_size
+    ][:1]
     return trial_verdicts([row, *compute], cfg.selection).get(row.number)
 
 
@@ -283,10 +326,13 @@ def _pct(share: float, digits: int = 1, sign: bool = False) -> str:
 
 
 def _other_machine_line(recorded: dict[str, Any], machine: MachineCheck) -> str:
-    diffs = ", ".join(f"{_KEY_WORDS.get(key, key)} {_value(key, old)} → {_value(key, new)}"
-                      for key, old, new in machine.hardware)
-    return (f"another machine: tuned on {describe_machine(machine.recorded)}; here {diffs}: the recorded "
-            f"{recorded['rate']:.1f} {recorded['unit']}/s does not apply, and --retune tunes it for this machine")
+    diffs = ", ".join(
+        f"{_KEY_WORDS.get(key, key)} {_value(key, old)} → {_value(key, new)}" for key, old, new in machine.hardware
+    )
+    return (
+        f"another machine: tuned on {describe_machine(machine.recorded)}; here {diffs}: the recorded "
+        f"{recorded['rate']:.1f} {recorded['unit']}/s does not apply, and --retune tunes it for this machine"
+    )
 
 
 _KEY_WORDS = {"gpus": "GPUs", "gpu": "GPU", "cpus": "usable CPUs", "cpu": "CPU", "memory_bytes": "host memory"}
@@ -298,16 +344,23 @@ def _value(key: str, value: Any) -> str:
 
 # --- retune --------------------------------------------------------------------------------------------------
 
-def _with_retune(outcome: CheckOutcome, rec: Recommended, config: Any, cfg: config_mod.Config,
-                 overrides: dict[str, Any] | None, knobs: dict[str, Any] | None, out_dir: Path,
-                 quiet: bool) -> CheckOutcome:
+
+def _with_retune(
+    outcome: CheckOutcome,
+    rec: Recommended,
+    config: Any,
+    cfg: config_mod.Config,
+    overrides: dict[str, Any] | None,
+    knobs: dict[str, Any] | None,
+    out_dir: Path,
+    quiet: bool,
+) -> CheckOutcome:
     """The check with a retune: a sweep of the config on a search narrowed around the committed knee, seeded with
     the check's own trial and (same machine, the knee no faster: the old ceilings still bound the job from above,
     so a skip on them stays sound) the committed sweep's ceilings that lie in that search."""
     knee = Knobs(**rec.knobs)
     bounds = _bounding_ceilings(outcome, rec)
-    narrowed = plan.retune_search(cfg, knee, rec.config, {r.knobs.num_workers for r in bounds
-                                                          if r.mode == Mode.loader})
+    narrowed = plan.retune_search(cfg, knee, rec.config, {r.knobs.num_workers for r in bounds if r.mode == Mode.loader})
     cfg_r = config_mod.load(config, overrides={**(overrides or {}), **narrowed, **_api.fixed_knobs(knobs)})
     reused, own = _reused_ceilings(outcome, bounds, cfg_r), _own_trial(outcome, cfg_r, knee)
     seeds = [*reused, *own]
@@ -321,18 +374,31 @@ def _with_retune(outcome: CheckOutcome, rec: Recommended, config: Any, cfg: conf
     if new is not None:
         written = outcome.recommended.with_name(f"{outcome.recommended.stem}.retuned{outcome.recommended.suffix}")
         text = (run_dir / "recommended.yaml").read_text()
-        write_text_atomic(written, f"# retuned from {outcome.recommended} by tunekit check --retune (run: "
-                                   f"{run_dir})\n{text}")
+        write_text_atomic(
+            written, f"# retuned from {outcome.recommended} by tunekit check --retune (run: {run_dir})\n{text}"
+        )
     run = rec.evidence.get("run") if isinstance(rec.evidence.get("run"), dict) else {}
     full = run.get("trials_run", run.get("trials"))
     result = RetuneOutcome(
-        run_dir=run_dir, written=written, before=before, after=after,
-        changes=tuple((k, before.get(k), after.get(k)) for k in sorted(set(before) | set(after or {}))
-                      if after is not None and before.get(k) != after.get(k)),
-        rate=new.evidence.get("rate") if new is not None else None, unit=cfg_r.unit,
-        trials_run=sum(1 for r in rows if r.status != "skipped") - len(seeds), reused=len(reused),
-        check_trial_reused=bool(own), full_trials=full if isinstance(full, int) else None,
-        reason=swept.reason, stop_reason=swept.summary.stop_reason, interrupted=swept.interrupted)
+        run_dir=run_dir,
+        written=written,
+        before=before,
+        after=after,
+        changes=tuple(
+            (k, before.get(k), after.get(k))
+            for k in sorted(set(before) | set(after or {}))
+            if after is not None and before.get(k) != after.get(k)
+        ),
+        rate=new.evidence.get("rate") if new is not None else None,
+        unit=cfg_r.unit,
+        trials_run=sum(1 for r in rows if r.status != "skipped") - len(seeds),
+        reused=len(reused),
+        check_trial_reused=bool(own),
+        full_trials=full if isinstance(full, int) else None,
+        reason=swept.reason,
+        stop_reason=swept.summary.stop_reason,
+        interrupted=swept.interrupted,
+    )
     return dataclasses.replace(outcome, retune=result)
 
 
@@ -343,8 +409,14 @@ def _bounding_ceilings(outcome: CheckOutcome, rec: Recommended) -> list[TrialRow
     machine = outcome.machine
     if not machine.same or machine.software or outcome.status not in ("holds", "regressed"):
         return []
-    return [r for r in _ceilings(outcome.recommended, machine) if dict(r.knobs.extra) == rec.config
-            and r.knobs.ranks == 1 and r.knobs.threads is None and r.knobs.worker_threads is None]
+    return [
+        r
+        for r in _ceilings(outcome.recommended, machine)
+        if dict(r.knobs.extra) == rec.config
+        and r.knobs.ranks == 1
+        and r.knobs.threads is None
+        and r.knobs.worker_threads is None
+    ]
 
 
 def _reused_ceilings(outcome: CheckOutcome, bounds: list[TrialRow], cfg: config_mod.Config) -> list[Measurement]:
@@ -353,16 +425,28 @@ def _reused_ceilings(outcome: CheckOutcome, bounds: list[TrialRow], cfg: config_
     seeds = []
     for row in bounds:
         k = row.knobs
-        if not ((k.batch_size in s.batch_size or own_batch) and (k.num_workers in s.num_workers or not k.num_workers)
-                and (k.prefetch_factor is None or k.prefetch_factor in s.prefetch_factor)
-                and k.pin_memory in s.pin_memory and k.compile in s.compile and k.grad_accum in s.grad_accum):
+        if not (
+            (k.batch_size in s.batch_size or own_batch)
+            and (k.num_workers in s.num_workers or not k.num_workers)
+            and (k.prefetch_factor is None or k.prefetch_factor in s.prefetch_factor)
+            and k.pin_memory in s.pin_memory
+            and k.compile in s.compile
+            and k.grad_accum in s.grad_accum
+        ):
             continue
         m = row.measurement
-        seeds.append(dataclasses.replace(
-            m, params={**m.params, "extra": {}},  # the knee's user-defined knobs are the retune's baseline
-            warnings=[*(m.warnings or []), f"reused from {outcome.recommended.parent} trial {row.number}: the same "
-                      "machine, and the committed knee got no faster, so this ceiling still bounds the job"],
-            other={**m.other, "reused_from": {"run": str(outcome.recommended.parent), "trial": row.number}}))
+        seeds.append(
+            dataclasses.replace(
+                m,
+                params={**m.params, "extra": {}},  # the knee's user-defined knobs are the retune's baseline
+                warnings=[
+                    *(m.warnings or []),
+                    f"reused from {outcome.recommended.parent} trial {row.number}: the same "
+                    "machine, and the committed knee got no faster, so this ceiling still bounds the job",
+                ],
+                other={**m.other, "reused_from": {"run": str(outcome.recommended.parent), "trial": row.number}},
+            )
+        )
     return seeds
 
 
@@ -375,6 +459,11 @@ def _own_trial(outcome: CheckOutcome, cfg: config_mod.Config, knee: Knobs) -> li
         return []
     first = cfg.search.prefetch_factor[0]
     stage = Stage.end_to_end if knee.num_workers == 0 or knee.prefetch_factor == first else Stage.prefetch
-    return [dataclasses.replace(m, stage=stage, params={**m.params, "extra": {}},
-                                warnings=[*(m.warnings or []),
-                                          f"the check's own trial ({outcome.trial_dir}), recorded first"])]
+    return [
+        dataclasses.replace(
+            m,
+            stage=stage,
+            params={**m.params, "extra": {}},
+            warnings=[*(m.warnings or []), f"the check's own trial ({outcome.trial_dir}), recorded first"],
+        )
+    ]

@@ -12,8 +12,17 @@ import shlex
 import shutil
 from typing import Any
 
-__all__ = ["split_command", "placeholders", "fill_command", "torchrun_split", "is_python", "LOADER_KNOBS",
-           "set_on_loader", "script_entry", "script_imports"]
+__all__ = [
+    "split_command",
+    "placeholders",
+    "fill_command",
+    "torchrun_split",
+    "is_python",
+    "LOADER_KNOBS",
+    "set_on_loader",
+    "script_entry",
+    "script_imports",
+]
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w.]*)\}")
 
@@ -100,12 +109,14 @@ def script_entry(command: list[str], cwd: str, path_env: str | None, interpreter
     of its own that sets up the environment or ``sys.path`` before its imports."""
     if len(command) < 2 or not is_python(command[0]) or torchrun_split(command) is not None:
         return None
-    found = shutil.which(command[0], path=path_env) if os.sep not in command[0] else \
-        os.path.join(cwd, command[0])
+    found = shutil.which(command[0], path=path_env) if os.sep not in command[0] else os.path.join(cwd, command[0])
     # the same file, and in the same folder: a virtualenv's python is a symlink to the interpreter it was made
     # from, yet another environment (its own site-packages)
-    if not found or os.path.realpath(found) != os.path.realpath(interpreter) or \
-            os.path.dirname(os.path.abspath(found)) != os.path.dirname(os.path.abspath(interpreter)):
+    if (
+        not found
+        or os.path.realpath(found) != os.path.realpath(interpreter)
+        or os.path.dirname(os.path.abspath(found)) != os.path.dirname(os.path.abspath(interpreter))
+    ):
         return None
     if command[1] == "-m" and len(command) >= 3:
         source = _module_source(command[2], cwd)
@@ -129,8 +140,19 @@ def _module_source(module: str, cwd: str) -> str | None:
     return None
 
 
-_MUTATORS = {"insert", "append", "extend", "remove", "pop", "popitem", "clear", "update", "setdefault",
-             "__setitem__", "__delitem__"}
+_MUTATORS = {
+    "insert",
+    "append",
+    "extend",
+    "remove",
+    "pop",
+    "popitem",
+    "clear",
+    "update",
+    "setdefault",
+    "__setitem__",
+    "__delitem__",
+}
 
 
 def _env_or_path(node: ast.AST) -> bool:
@@ -151,8 +173,13 @@ def _sets_up(node: ast.AST) -> bool:
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             if name in ("putenv", "unsetenv"):
                 return True
-        targets = sub.targets if isinstance(sub, (ast.Assign, ast.Delete)) else \
-            [sub.target] if isinstance(sub, (ast.AugAssign, ast.AnnAssign)) else []
+        targets = (
+            sub.targets
+            if isinstance(sub, (ast.Assign, ast.Delete))
+            else [sub.target]
+            if isinstance(sub, (ast.AugAssign, ast.AnnAssign))
+            else []
+        )
         for target in targets:
             if _env_or_path(target.value if isinstance(target, ast.Subscript) else target):
                 return True
@@ -176,7 +203,7 @@ def _sets_up_before_imports(path: str) -> bool:
     parsed counts as not (it fails alike either way)."""
     body = _top_level(path)
     imports = [i for i, node in enumerate(body) if isinstance(node, (ast.Import, ast.ImportFrom))]
-    return any(_sets_up(node) for node in body[:imports[-1] if imports else 0])
+    return any(_sets_up(node) for node in body[: imports[-1] if imports else 0])
 
 
 def script_imports(entry: dict[str, Any]) -> list[str]:
@@ -193,7 +220,11 @@ def script_imports(entry: dict[str, Any]) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.append(node.module)
     folders = {os.path.dirname(os.path.realpath(path)), entry["cwd"]}  # sys.path[0]: the script's real folder
-    local = {name.split(".")[0] for name in names for folder in folders
-             if os.path.exists(os.path.join(folder, name.split(".")[0] + ".py"))
-             or os.path.isdir(os.path.join(folder, name.split(".")[0]))}
+    local = {
+        name.split(".")[0]
+        for name in names
+        for folder in folders
+        if os.path.exists(os.path.join(folder, name.split(".")[0] + ".py"))
+        or os.path.isdir(os.path.join(folder, name.split(".")[0]))
+    }
     return sorted({name for name in names if name.split(".")[0] not in local and name != "__future__"})

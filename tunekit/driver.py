@@ -30,8 +30,16 @@ from tunekit.errors import UsageError
 from tunekit.launch import lock_run, release_nodes, run_task, run_trial, start_fork_server
 from tunekit.records import TrialRow
 
-__all__ = ["SweepResult", "run_sweep", "run_single", "first_knobs", "rebuild", "probe_cuda",
-           "make_console", "interrupts_as_keyboard_interrupt"]
+__all__ = [
+    "SweepResult",
+    "run_sweep",
+    "run_single",
+    "first_knobs",
+    "rebuild",
+    "probe_cuda",
+    "make_console",
+    "interrupts_as_keyboard_interrupt",
+]
 
 
 @dataclass(frozen=True)
@@ -86,8 +94,7 @@ class _Budget:
             return f"budget.max_trials = {self.max_trials} reached"
         expected = statistics.median(self.durations) if self.durations else 0.0
         if time.monotonic() + expected * (1 + reserve) > self.deadline:
-            return (f"budget.minutes = {self.minutes:g} would be exceeded by another trial "
-                    f"(~{expected:.0f} s each)")
+            return f"budget.minutes = {self.minutes:g} would be exceeded by another trial (~{expected:.0f} s each)"
         return None
 
     def room_for_last(self, trials_run: int) -> bool:
@@ -149,20 +156,37 @@ class _RunningSweep:
             self.dataset_s = time.monotonic() - t0
 
 
-def run_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: float, resume: bool,
-              quiet: bool = False, seed: Sequence[Measurement] = ()) -> SweepResult:
+def run_sweep(
+    cfg: Config,
+    run_dir: Path,
+    *,
+    strategy: str,
+    budget_minutes: float,
+    resume: bool,
+    quiet: bool = False,
+    seed: Sequence[Measurement] = (),
+) -> SweepResult:
     """Run (or resume) a sweep into ``run_dir`` and write its outputs. A KeyboardInterrupt (Ctrl-C, or SIGTERM and
     SIGHUP under :func:`interrupts_as_keyboard_interrupt`, which the CLI's main thread installs) ends every phase's
     child processes and still writes the outputs of the finished trials. ``seed``: finished trials measured
     elsewhere (a retune's reused ceilings, its check trial), recorded first when the run holds no trial yet; the
     plan then never asks for them again."""
     with lock_run(run_dir):
-        return _locked_sweep(cfg, run_dir, strategy=strategy, budget_minutes=budget_minutes, resume=resume,
-                             quiet=quiet, seed=seed)
+        return _locked_sweep(
+            cfg, run_dir, strategy=strategy, budget_minutes=budget_minutes, resume=resume, quiet=quiet, seed=seed
+        )
 
 
-def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: float, resume: bool,
-                  quiet: bool, seed: Sequence[Measurement] = ()) -> SweepResult:
+def _locked_sweep(
+    cfg: Config,
+    run_dir: Path,
+    *,
+    strategy: str,
+    budget_minutes: float,
+    resume: bool,
+    quiet: bool,
+    seed: Sequence[Measurement] = (),
+) -> SweepResult:
     started = time.monotonic()
     console = make_console(quiet)
     runs = store.open_run(run_dir, cfg, resume=resume, strategy=strategy)
@@ -177,16 +201,27 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
     again = [r for r in runs.rows() if rules.disturbed(r)] if cfg.trial.remeasure_disturbed and not seeded else []
     if again:
         runs.set_aside([r.number for r in again])
-        console.print(f"resuming: trial(s) {[r.number for r in again]} were disturbed (other processes kept the CPUs "
-                      f"busy, or their windows scattered over {rules.NOISY_CV:.0%}); they are measured again")
+        console.print(
+            f"resuming: trial(s) {[r.number for r in again]} were disturbed (other processes kept the CPUs "
+            f"busy, or their windows scattered over {rules.NOISY_CV:.0%}); they are measured again"
+        )
     write_text_atomic(run_dir / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     env = snapshot()
     write_json_atomic(run_dir / "env.json", env)
     before = sweep_warnings(cfg, env)
     for line in before:
         warn(console, line)
-    sweep = _RunningSweep(cfg, run_dir, strategy, runs, runs.rows(), probe_cuda(cfg.device), console, started=started,
-                   earlier=_invocations(run_dir) if resume else [])
+    sweep = _RunningSweep(
+        cfg,
+        run_dir,
+        strategy,
+        runs,
+        runs.rows(),
+        probe_cuda(cfg.device),
+        console,
+        started=started,
+        earlier=_invocations(run_dir) if resume else [],
+    )
     if seeded:
         console.print(f"recorded first: {seeded} finished trial(s) measured before this sweep (each says where)")
     elif sweep.rows:
@@ -194,13 +229,17 @@ def _locked_sweep(cfg: Config, run_dir: Path, *, strategy: str, budget_minutes: 
     try:
         _run_trials(sweep, _Budget(budget_minutes, cfg.budget.max_trials))
         if cfg.launch.nnodes > 1 and not release_nodes(cfg):  # their tunekit node loops end here
-            console.print("warning: the other nodes did not answer the release; their tunekit node loops stop after "
-                          "their --idle-timeout")
+            console.print(
+                "warning: the other nodes did not answer the release; their tunekit node loops stop after "
+                "their --idle-timeout"
+            )
     except KeyboardInterrupt:
         sweep.interrupted, sweep.stop_reason = True, "interrupted; rerun the same command to resume"
-        console.print("interrupted: what was running (the dataset's preparation or a trial) was stopped with its "
-                      "processes; writing outputs for the finished trials (the other nodes keep waiting for the "
-                      "resumed sweep)")
+        console.print(
+            "interrupted: what was running (the dataset's preparation or a trial) was stopped with its "
+            "processes; writing outputs for the finished trials (the other nodes keep waiting for the "
+            "resumed sweep)"
+        )
     if again:
         _keep_unmeasured(sweep, again)
     return _finish(sweep, env, before)
@@ -257,18 +296,31 @@ def _ran_otherwise(row: TrialRow) -> str:
     asked = row.measurement.asked or {}
     ran = row.knobs.to_dict()
     knobs = ", ".join(f"{k}={v} (ran {ran.get(k)})" for k, v in asked.items())
-    hint = ("; a loader built with a batch sampler (HF Trainer's, Lightning's) takes its batch from the script: "
-            "fill {batch_size} into the script's own flag (--per_device_train_batch_size, --batch-size)"
-            if "batch_size" in asked else "")
-    return (f"trial {row.number} asked {knobs}, but the script's DataLoader did not take it: the script sets it "
-            f"itself or ignores the flag; the trial is recorded as it ran and not asked again{hint}")
+    hint = (
+        "; a loader built with a batch sampler (HF Trainer's, Lightning's) takes its batch from the script: "
+        "fill {batch_size} into the script's own flag (--per_device_train_batch_size, --batch-size)"
+        if "batch_size" in asked
+        else ""
+    )
+    return (
+        f"trial {row.number} asked {knobs}, but the script's DataLoader did not take it: the script sets it "
+        f"itself or ignores the flag; the trial is recorded as it ran and not asked again{hint}"
+    )
 
 
 def _run_one(sweep: _RunningSweep, req: plan.Request) -> TrialRow:
     cfg = sweep.cfg
     trial, number = sweep.runs.start(cfg, req.stage, req.mode, req.knobs.to_dict(), run=req.run)
-    spec = TrialSpec(number=number, stage=req.stage, mode=req.mode, knobs=req.knobs, config=cfg.to_dict(),
-                     needed=plan.needed_rate(cfg, sweep.rows, req), probe_peak=_asks_peak(sweep, req), run=req.run)
+    spec = TrialSpec(
+        number=number,
+        stage=req.stage,
+        mode=req.mode,
+        knobs=req.knobs,
+        config=cfg.to_dict(),
+        needed=plan.needed_rate(cfg, sweep.rows, req),
+        probe_peak=_asks_peak(sweep, req),
+        run=req.run,
+    )
     if req.skip is not None:
         measurement = skipped_measurement(spec, req.skip, req.bound)
     else:
@@ -308,19 +360,46 @@ def _finish(sweep: _RunningSweep, env: dict[str, Any], before: list[str]) -> Swe
 def _write_outputs(sweep: _RunningSweep, env: dict[str, Any], before: list[str], after: list[str]) -> SweepResult:
     env = {**env, "matmul_peak": matmul_peaks(sweep.rows)}  # the device's measured peak beside the machine's facts
     write_json_atomic(sweep.run_dir / "env.json", env)
-    meta = {"strategy": sweep.strategy, "stop_reason": sweep.stop_reason, "interrupted": sweep.interrupted,
-            "warnings_before": before, "warnings_after": after,
-            "invocations": [*sweep.earlier, {
-                "date": env.get("date"), "wall_s": round(time.monotonic() - sweep.started, 1),
-                "dataset_s": round(sweep.dataset_s, 3), "trials": len(sweep.rows), "interrupted": sweep.interrupted}]}
+    meta = {
+        "strategy": sweep.strategy,
+        "stop_reason": sweep.stop_reason,
+        "interrupted": sweep.interrupted,
+        "warnings_before": before,
+        "warnings_after": after,
+        "invocations": [
+            *sweep.earlier,
+            {
+                "date": env.get("date"),
+                "wall_s": round(time.monotonic() - sweep.started, 1),
+                "dataset_s": round(sweep.dataset_s, 3),
+                "trials": len(sweep.rows),
+                "interrupted": sweep.interrupted,
+            },
+        ],
+    }
     write_json_atomic(sweep.run_dir / "sweep.json", meta)
-    summary = report.summarize(sweep.cfg, sweep.rows, strategy=sweep.strategy, stop_reason=sweep.stop_reason,
-                               env=env, warnings=tuple(before + after))
+    summary = report.summarize(
+        sweep.cfg,
+        sweep.rows,
+        strategy=sweep.strategy,
+        stop_reason=sweep.stop_reason,
+        env=env,
+        warnings=tuple(before + after),
+    )
     report.write_outputs(sweep.run_dir, summary, env)
     knee = summary.choice.knee
-    sweep.runs.record_knee(None if knee is None else {
-        "trial": knee.number, "knobs": knee.knobs.to_dict(), "rate": knee.rate, "unit": knee.unit,
-        "best_trial": summary.choice.best.number if summary.choice.best else None, "reason": summary.choice.reason})
+    sweep.runs.record_knee(
+        None
+        if knee is None
+        else {
+            "trial": knee.number,
+            "knobs": knee.knobs.to_dict(),
+            "rate": knee.rate,
+            "unit": knee.unit,
+            "best_trial": summary.choice.best.number if summary.choice.best else None,
+            "reason": summary.choice.reason,
+        }
+    )
     return SweepResult(sweep.run_dir, summary, sweep.interrupted)
 
 
@@ -341,28 +420,45 @@ def first_knobs(cfg: Config, **chosen: Any) -> Knobs:
     s = cfg.search
     world = cfg.launch.world
     if chosen.get("ranks", world) not in (1, world):
-        raise UsageError(f"ranks={chosen['ranks']}: {cfg.source} launches {world} rank(s) (launch.nproc_per_node x "
-                         f"launch.nnodes); choose {'1 or ' if world > 1 else ''}{world}")
-    first = {"num_workers": s.num_workers[0], "prefetch_factor": s.prefetch_factor[0],
-             "pin_memory": s.pin_memory[0], "batch_size": s.batch_size[0], "grad_accum": s.grad_accum[0],
-             "compile": s.compile[0], "ranks": world}
+        raise UsageError(
+            f"ranks={chosen['ranks']}: {cfg.source} launches {world} rank(s) (launch.nproc_per_node x "
+            f"launch.nnodes); choose {'1 or ' if world > 1 else ''}{world}"
+        )
+    first = {
+        "num_workers": s.num_workers[0],
+        "prefetch_factor": s.prefetch_factor[0],
+        "pin_memory": s.pin_memory[0],
+        "batch_size": s.batch_size[0],
+        "grad_accum": s.grad_accum[0],
+        "compile": s.compile[0],
+        "ranks": world,
+    }
     return Knobs(**{**first, **chosen})
 
 
-def run_single(cfg: Config, knobs: Knobs, mode: str, out: Path,
-               announce: Callable[[int], None] = lambda number: None, own: bool = False) -> tuple[Measurement, Path]:
+def run_single(
+    cfg: Config,
+    knobs: Knobs,
+    mode: str,
+    out: Path,
+    announce: Callable[[int], None] = lambda number: None,
+    own: bool = False,
+) -> tuple[Measurement, Path]:
     """Exactly one trial into ``out/trials/<n>/`` (``tunekit trial``): its measurement and its folder. A sweep's run
     folder is refused (a resumed sweep would reuse the number). ``announce(number)`` runs once the folder is held.
     ``own``: a script's own settings (stage ``baseline``: no knob filled in or set on its loader)."""
     with lock_run(out):  # no other sweep or trial writes here meanwhile
         if (out / store.STUDY_FILE).exists():
-            raise UsageError(f"{out}: a sweep's run folder (it holds {store.STUDY_FILE}), whose trial numbers a "
-                             "resumed sweep would reuse; give the trial another --out")
+            raise UsageError(
+                f"{out}: a sweep's run folder (it holds {store.STUDY_FILE}), whose trial numbers a "
+                "resumed sweep would reuse; give the trial another --out"
+            )
         trials = out / "trials"
         number = max((int(p.name) for p in trials.glob("*") if p.name.isdigit()), default=-1) + 1
         write_text_atomic(out / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        spec = TrialSpec(number=number, stage="baseline" if own else "single", mode=mode, knobs=knobs,
-                         config=cfg.to_dict())
+        spec = TrialSpec(
+            number=number, stage="baseline" if own else "single", mode=mode, knobs=knobs, config=cfg.to_dict()
+        )
         announce(number)
         result = run_trial(spec, trials / str(number), cfg.trial.timeout_s)
         return result, trials / str(number)
@@ -374,9 +470,15 @@ def rebuild(run_dir: Path) -> report.RunSummary:
     cfg = from_dict(runs.config, source=str(run_dir / store.STUDY_FILE))
     meta = read_json(run_dir / "sweep.json") if (run_dir / "sweep.json").exists() else {}
     env = read_json(run_dir / "env.json") if (run_dir / "env.json").exists() else {}
-    summary = report.summarize(cfg, runs.rows(), strategy=meta.get("strategy", cfg.strategy),
-                               stop_reason=meta.get("stop_reason", ""), date=env.get("date"), env=env,
-                               warnings=tuple(meta.get("warnings_before", []) + meta.get("warnings_after", [])))
+    summary = report.summarize(
+        cfg,
+        runs.rows(),
+        strategy=meta.get("strategy", cfg.strategy),
+        stop_reason=meta.get("stop_reason", ""),
+        date=env.get("date"),
+        env=env,
+        warnings=tuple(meta.get("warnings_before", []) + meta.get("warnings_after", [])),
+    )
     report.write_outputs(run_dir, summary, env)  # the sweep's date above, not the rebuild's
     return summary
 
@@ -415,10 +517,16 @@ class _Progress:
 
         self.progress = Progress(
             # the fields hold knob values and failure reasons: text, never markup
-            TextColumn("{task.fields[stage]:<12}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+            TextColumn("{task.fields[stage]:<12}", style="bold", markup=False),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
             TextColumn("{task.fields[current]}", markup=False),
-            TextColumn("{task.fields[last]}", style="dim", markup=False), console=console, transient=False,
+            TextColumn("{task.fields[last]}", style="dim", markup=False),
+            console=console,
+            transient=False,
         )
         self.task = self.progress.add_task("sweep", total=total, completed=done, stage="", current="", last="")
 
@@ -438,9 +546,9 @@ class _Progress:
         result = f"{row.rate:.1f} {row.unit}/s" if row.ok else f"{row.status}: {row.reason}"
         m = row.measurement
         if row.ok and m.rate_whole_epoch is not None and m.rate_in_epoch and m.boundary_s is not None:
-            result += (f" over whole epochs ({m.rate_in_epoch:.1f}/s inside an epoch, {m.boundary_s:.1f} s between "
-                       "epochs)")
-        self.progress.console.print(f"trial {row.number} [{row.stage}/{row.mode}] {row.knobs.describe()}: "
-                                    f"{result}")
+            result += (
+                f" over whole epochs ({m.rate_in_epoch:.1f}/s inside an epoch, {m.boundary_s:.1f} s between epochs)"
+            )
+        self.progress.console.print(f"trial {row.number} [{row.stage}/{row.mode}] {row.knobs.describe()}: {result}")
         for warning in row.measurement.warnings or []:
             warn(self.progress.console, f"trial {row.number}: {warning}")

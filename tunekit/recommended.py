@@ -1,10 +1,10 @@
 """recommended.yaml: what a sweep recommends, in a form a training script loads without a GPU or torch.
 
-    rec = tunekit.load_recommended("recommended.yaml")
-    loader = DataLoader(dataset, **rec.dataloader_kwargs())
-    x = x.to(device, non_blocking=rec.non_blocking)
-    args = transformers.TrainingArguments(output_dir="out", **rec.training_arguments())
-    trainer = lightning.pytorch.Trainer(**rec.lightning_trainer_kwargs())
+rec = tunekit.load_recommended("recommended.yaml")
+loader = DataLoader(dataset, **rec.dataloader_kwargs())
+x = x.to(device, non_blocking=rec.non_blocking)
+args = transformers.TrainingArguments(output_dir="out", **rec.training_arguments())
+trainer = lightning.pytorch.Trainer(**rec.lightning_trainer_kwargs())
 """
 
 from __future__ import annotations
@@ -28,8 +28,12 @@ RECOMMENDED_VERSION = 2
 """The version of recommended.yaml written now. Version 1 (files without ``version``) named the evidence's
 throughput ``samples_per_s`` whatever its unit; :func:`load_recommended` reads both."""
 
-_V1_EVIDENCE = {"samples_per_s": "rate", "best_samples_per_s": "best_rate", "defaults_samples_per_s": "defaults_rate",
-                "samples_per_dollar": "items_per_money"}
+_V1_EVIDENCE = {
+    "samples_per_s": "rate",
+    "best_samples_per_s": "best_rate",
+    "defaults_samples_per_s": "defaults_rate",
+    "samples_per_dollar": "items_per_money",
+}
 _V1_DISTRIBUTED = {"per_gpu_samples_per_s": "per_gpu_rate", "single_gpu_samples_per_s": "single_gpu_rate"}
 
 
@@ -82,17 +86,27 @@ class Recommended:
     def knobs(self) -> dict[str, Any]:
         """The recommendation as the knobs of a trial (``tunekit.trial(config, knobs=rec.knobs)``, what ``tunekit
         check`` re-measures); its user-defined knobs are in :attr:`config`."""
-        return {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor if self.num_workers else None,
-                "pin_memory": self.pin_memory, "batch_size": self.batch_size, "grad_accum": self.grad_accum,
-                "compile": self.compile, "ranks": self.ranks, "threads": self.threads,
-                "worker_threads": self.worker_threads}
+        return {
+            "num_workers": self.num_workers,
+            "prefetch_factor": self.prefetch_factor if self.num_workers else None,
+            "pin_memory": self.pin_memory,
+            "batch_size": self.batch_size,
+            "grad_accum": self.grad_accum,
+            "compile": self.compile,
+            "ranks": self.ranks,
+            "threads": self.threads,
+            "worker_threads": self.worker_threads,
+        }
 
     def dataloader_kwargs(self, worker_init_fn: Callable[[int], Any] | None = None) -> dict[str, Any]:
         """Keyword arguments for ``torch.utils.data.DataLoader`` (prefetch/persistence only with workers). With
         ``worker_threads`` recommended, a ``worker_init_fn`` that sets them, then calls yours (pass it here rather
         than beside these kwargs)."""
-        kwargs: dict[str, Any] = {"batch_size": self.batch_size, "num_workers": self.num_workers,
-                                  "pin_memory": self.pin_memory}
+        kwargs: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+        }
         if self.num_workers > 0:
             kwargs["prefetch_factor"] = self.prefetch_factor
             kwargs["persistent_workers"] = self.persistent_workers
@@ -211,15 +225,21 @@ def load_recommended(path: str | os.PathLike[str]) -> Recommended:
     try:
         dl, tr = data["dataloader"], data["training"]
         return Recommended(
-            batch_size=_count(dl, "batch_size", 1), num_workers=_count(dl, "num_workers", 0),
-            prefetch_factor=dl.get("prefetch_factor"), pin_memory=bool(dl["pin_memory"]),
+            batch_size=_count(dl, "batch_size", 1),
+            num_workers=_count(dl, "num_workers", 0),
+            prefetch_factor=dl.get("prefetch_factor"),
+            pin_memory=bool(dl["pin_memory"]),
             persistent_workers=bool(dl.get("persistent_workers", False)),
-            non_blocking=bool(tr.get("non_blocking", dl["pin_memory"])), grad_accum=int(tr.get("grad_accum", 1)),
-            compile=str(tr.get("compile", "none")), evidence=_evidence(data),
-            ranks=_count(tr, "ranks", 1, "training") if "ranks" in tr else 1, config=dict(data.get("config") or {}),
+            non_blocking=bool(tr.get("non_blocking", dl["pin_memory"])),
+            grad_accum=int(tr.get("grad_accum", 1)),
+            compile=str(tr.get("compile", "none")),
+            evidence=_evidence(data),
+            ranks=_count(tr, "ranks", 1, "training") if "ranks" in tr else 1,
+            config=dict(data.get("config") or {}),
             threads=_count(tr, "threads", 1, "training") if tr.get("threads") is not None else None,
-            worker_threads=(_count(dl, "worker_threads", 1, "dataloader") if dl.get("worker_threads") is not None
-                            else None),
+            worker_threads=(
+                _count(dl, "worker_threads", 1, "dataloader") if dl.get("worker_threads") is not None else None
+            ),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError([f"{label}: not a tunekit recommendation: missing or bad key {exc}"]) from None
@@ -241,8 +261,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 continue
             if again:
                 raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    f"duplicate key {key!r} (a key may appear only once in a mapping)", key_node.start_mark)
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"duplicate key {key!r} (a key may appear only once in a mapping)",
+                    key_node.start_mark,
+                )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -254,8 +277,12 @@ def _read(path: str | os.PathLike[str], label: str) -> Any:
     except OSError as exc:
         raise ConfigError([f"{label}: cannot read recommendation: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError as exc:
-        raise ConfigError([f"{label}: not valid UTF-8 (byte {exc.object[exc.start]:#04x} at offset {exc.start}): a "
-                           "recommendation is the YAML text tunekit sweep writes"]) from None
+        raise ConfigError(
+            [
+                f"{label}: not valid UTF-8 (byte {exc.object[exc.start]:#04x} at offset {exc.start}): a "
+                "recommendation is the YAML text tunekit sweep writes"
+            ]
+        ) from None
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # _UniqueKeyLoader is a SafeLoader
     except yaml.YAMLError as exc:
@@ -268,8 +295,10 @@ def _read(path: str | os.PathLike[str], label: str) -> Any:
 _TOP_LEVEL = ("version", "dataloader", "training", "config", "script", "evidence")
 """The sections recommendation_dict and report's recommendation_yaml write (``script`` for a script's run)."""
 
-_SECTIONS = {"dataloader": ("batch_size", "num_workers", "prefetch_factor", "pin_memory", "worker_threads"),
-             "training": ("grad_accum", "compile", "ranks", "threads")}
+_SECTIONS = {
+    "dataloader": ("batch_size", "num_workers", "prefetch_factor", "pin_memory", "worker_threads"),
+    "training": ("grad_accum", "compile", "ranks", "threads"),
+}
 """The knobs each section holds, checked as a config's are (config.check_knobs), the machine's bound aside."""
 
 _FLAGS = {"dataloader": ("persistent_workers",), "training": ("non_blocking",)}
@@ -283,8 +312,15 @@ _SCALAR = (str, int, float, bool, type(None))
 
 
 def _kind(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        dict: "a mapping",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _check(data: Any, label: str) -> None:
@@ -294,15 +330,21 @@ def _check(data: Any, label: str) -> None:
         raise ConfigError([f"{label}: not a tunekit recommendation: expected a mapping, got {type(data).__name__}"])
     version = data.get("version", 1)
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= RECOMMENDED_VERSION:
-        raise ConfigError([f"{label}: version: {version!r} is not one this tunekit reads (1 to "
-                           f"{RECOMMENDED_VERSION}); a newer tunekit wrote it, or it is not a recommendation"])
+        raise ConfigError(
+            [
+                f"{label}: version: {version!r} is not one this tunekit reads (1 to "
+                f"{RECOMMENDED_VERSION}); a newer tunekit wrote it, or it is not a recommendation"
+            ]
+        )
     problems, meant = [], set()
     for key in data:
         if key not in _TOP_LEVEL:
             close = difflib.get_close_matches(str(key), _TOP_LEVEL, n=1)
             meant.update(close)
-            problems.append(f"{label}: {key}: not a section of a recommendation; allowed: {', '.join(_TOP_LEVEL)}"
-                            + (f" (did you mean {close[0]}?)" if close else ""))
+            problems.append(
+                f"{label}: {key}: not a section of a recommendation; allowed: {', '.join(_TOP_LEVEL)}"
+                + (f" (did you mean {close[0]}?)" if close else "")
+            )
     for section in _SECTIONS:
         if section not in data and section in meant:
             continue  # missing because misspelt: said once, above
@@ -321,8 +363,11 @@ def _section_problems(block: Any, section: str, label: str) -> list[str]:
         return [f"{label}: {section}: missing (a mapping of {', '.join(allowed)})"]
     if not isinstance(block, dict):
         return [f"{label}: {section}: expected a mapping (of {', '.join(allowed)}), got {_kind(block)}"]
-    problems = [f"{label}: {section}.{key}: not a setting of {section}; allowed: {', '.join(allowed)}"
-                for key in block if key not in allowed]
+    problems = [
+        f"{label}: {section}.{key}: not a setting of {section}; allowed: {', '.join(allowed)}"
+        for key in block
+        if key not in allowed
+    ]
     problems += [f"{label}: {section}.{key}: missing" for key in _REQUIRED[section] if key not in block]
     for key in _FLAGS[section]:
         if key in block and not isinstance(block[key], bool):
@@ -340,14 +385,19 @@ def _pinning_problems(dl: Any, tr: Any, label: str) -> list[str]:
     if not (isinstance(dl, dict) and isinstance(tr, dict)):
         return []  # _section_problems says so
     if tr.get("non_blocking") is True and dl.get("pin_memory") is False:
-        return [f"{label}: training.non_blocking = true with dataloader.pin_memory = false: non_blocking copies "
-                "need pinned memory; set both true, or non_blocking false"]
+        return [
+            f"{label}: training.non_blocking = true with dataloader.pin_memory = false: non_blocking copies "
+            "need pinned memory; set both true, or non_blocking false"
+        ]
     return []
 
 
 def _scalars(block: dict[Any, Any], where: str, label: str) -> list[str]:
-    return [f"{label}: {where}.{key}: expected a string, number, boolean or null, got {_kind(value)}"
-            for key, value in block.items() if not isinstance(value, _SCALAR)]
+    return [
+        f"{label}: {where}.{key}: expected a string, number, boolean or null, got {_kind(value)}"
+        for key, value in block.items()
+        if not isinstance(value, _SCALAR)
+    ]
 
 
 def _config_problems(block: Any, label: str) -> list[str]:
@@ -355,8 +405,10 @@ def _config_problems(block: Any, label: str) -> list[str]:
     if block is None:
         return []
     if not isinstance(block, dict):
-        return [f"{label}: config: expected a mapping of config keys to values (e.g. "
-                f"workload.dataset_args.decode: gpu), got {_kind(block)}"]
+        return [
+            f"{label}: config: expected a mapping of config keys to values (e.g. "
+            f"workload.dataset_args.decode: gpu), got {_kind(block)}"
+        ]
     return _scalars(block, "config", label)
 
 
@@ -366,18 +418,26 @@ def _script_problems(block: Any, label: str) -> list[str]:
         return []
     if not isinstance(block, dict):
         return [f"{label}: script: expected a mapping (of {', '.join(_SCRIPT)}), got {_kind(block)}"]
-    problems = [f"{label}: script.{key}: not a setting of script; allowed: {', '.join(_SCRIPT)}"
-                for key in block if key not in _SCRIPT]
+    problems = [
+        f"{label}: script.{key}: not a setting of script; allowed: {', '.join(_SCRIPT)}"
+        for key in block
+        if key not in _SCRIPT
+    ]
     command = block.get("command")
     if command is not None and not (isinstance(command, list) and all(isinstance(w, str) for w in command)):
-        problems.append(f"{label}: script.command: expected a list of strings (the command's arguments), got "
-                        f"{_kind(command)}")
-    problems += [f"{label}: script.{key}: expected a string (where the script builds its DataLoader), got "
-                 f"{_kind(block[key])}" for key in _SCRIPT[2:] if key in block and not isinstance(block[key], str)]
+        problems.append(
+            f"{label}: script.command: expected a list of strings (the command's arguments), got {_kind(command)}"
+        )
+    problems += [
+        f"{label}: script.{key}: expected a string (where the script builds its DataLoader), got {_kind(block[key])}"
+        for key in _SCRIPT[2:]
+        if key in block and not isinstance(block[key], str)
+    ]
     loader = block.get("set_on_dataloader")
     if loader is not None and not isinstance(loader, dict):
-        problems.append(f"{label}: script.set_on_dataloader: expected a mapping (DataLoader argument: value), got "
-                        f"{_kind(loader)}")
+        problems.append(
+            f"{label}: script.set_on_dataloader: expected a mapping (DataLoader argument: value), got {_kind(loader)}"
+        )
     elif loader:
         problems += _scalars(loader, "script.set_on_dataloader", label)
     return problems
@@ -393,17 +453,21 @@ def _evidence_problems(evidence: Any, label: str) -> list[str]:
     problems = []
     unit = evidence.get("unit")
     if unit is not None and not isinstance(unit, str):
-        problems.append(f"{label}: evidence.unit: expected a string (what the rates count, e.g. samples), got "
-                        f"{_kind(unit)}")
+        problems.append(
+            f"{label}: evidence.unit: expected a string (what the rates count, e.g. samples), got {_kind(unit)}"
+        )
     machine = evidence.get("machine")
     if machine is None:  # older files: the machine comes from evidence.device and versions
         return problems
     if not isinstance(machine, dict):
-        problems.append(f"{label}: evidence.machine: expected a mapping (the machine the sweep ran on), got "
-                        f"{_kind(machine)}")
+        problems.append(
+            f"{label}: evidence.machine: expected a mapping (the machine the sweep ran on), got {_kind(machine)}"
+        )
     elif all(value is None for value in machine.values()):
-        problems.append(f"{label}: evidence.machine: records nothing of the machine the sweep ran on (expected its "
-                        "fingerprint: device, GPUs, CPUs, memory, versions); leave the key out when it is not known")
+        problems.append(
+            f"{label}: evidence.machine: records nothing of the machine the sweep ran on (expected its "
+            "fingerprint: device, GPUs, CPUs, memory, versions); leave the key out when it is not known"
+        )
     else:
         problems += _scalars(machine, "evidence.machine", label)
     return problems

@@ -96,8 +96,9 @@ class TrialRow:
 
 def rows_from_measurements(measurements: Iterable[Measurement | Mapping[str, Any]]) -> list[TrialRow]:
     """Rows of measurements, records or measurement.json dicts (read through ``Measurement.from_dict``)."""
-    return [TrialRow.from_measurement(m if isinstance(m, Measurement) else Measurement.from_dict(m))
-            for m in measurements]
+    return [
+        TrialRow.from_measurement(m if isinstance(m, Measurement) else Measurement.from_dict(m)) for m in measurements
+    ]
 
 
 def compute_ceiling(rows: Iterable[TrialRow], batch: int) -> TrialRow | None:

@@ -36,8 +36,7 @@ from tunekit.contract import Knobs, Measurement, Mode, Stage, measurement_proble
 from tunekit.errors import StorageError, UsageError
 from tunekit.records import TrialRow
 
-__all__ = ["RunStore", "open_run", "load_run", "fingerprint", "STUDY_FILE", "MAIN_STUDY",
-           "CEILINGS_STUDY"]
+__all__ = ["RunStore", "open_run", "load_run", "fingerprint", "STUDY_FILE", "MAIN_STUDY", "CEILINGS_STUDY"]
 
 STUDY_FILE = "study.db"
 MAIN_STUDY = "tunekit"
@@ -143,15 +142,20 @@ class RunStore:
         return sum(len(s.get_trials(deepcopy=False)) for s in self._studies())
 
     @_guarded
-    def start(self, cfg: Config, stage: Stage, mode: Mode, knobs: dict[str, Any],
-              run: int = 0) -> tuple[optuna.Trial, int]:
+    def start(
+        self, cfg: Config, stage: Stage, mode: Mode, knobs: dict[str, Any], run: int = 0
+    ) -> tuple[optuna.Trial, int]:
         """Ask for a trial with exactly these knobs, tagged with its number, stage, mode and run (a repeat's); it is
         RUNNING."""
         study = self._study_for(mode)
         number = self.next_number()
         knobs = _params(cfg, Knobs(**knobs))  # every knob, the defaults of those not given included
-        tags = {"number": number, "stage": Stage(stage).value, "mode": Mode(mode).value,  # the words, checked
-                "run": run}
+        tags = {
+            "number": number,
+            "stage": Stage(stage).value,
+            "mode": Mode(mode).value,  # the words, checked
+            "run": run,
+        }
         study.enqueue_trial(knobs, user_attrs=tags, skip_if_exists=False)
         trial = study.ask()
         for name, choices in _choices(cfg).items():
@@ -216,14 +220,24 @@ class RunStore:
                 record = Measurement.from_dict({**m, "number": number})
                 if record.stage not in _WORDS[Stage] or record.mode not in _WORDS[Mode]:  # a record that says only
                     # how the trial ended (a bootstrap that could not load): the trial's own tags say what it was
-                    record = dataclasses.replace(record, stage=t.user_attrs.get("stage", ""),
-                                                 mode=t.user_attrs.get("mode", ""), params=record.params or t.params,
-                                                 run=int(t.user_attrs.get("run", 0)))
+                    record = dataclasses.replace(
+                        record,
+                        stage=t.user_attrs.get("stage", ""),
+                        mode=t.user_attrs.get("mode", ""),
+                        params=record.params or t.params,
+                        run=int(t.user_attrs.get("run", 0)),
+                    )
                 problem = measurement_problem(record, complete=False)
                 if problem:  # a study edited or corrupted: this trial is data that says so, never a figure
-                    record = Measurement(status="bad_output", number=number, stage=record.stage, mode=record.mode,
-                                         run=record.run, params=record.params,
-                                         reason=f"study.db's record of trial {number} is not a measurement: {problem}")
+                    record = Measurement(
+                        status="bad_output",
+                        number=number,
+                        stage=record.stage,
+                        mode=record.mode,
+                        run=record.run,
+                        params=record.params,
+                        reason=f"study.db's record of trial {number} is not a measurement: {problem}",
+                    )
                 rows.append(TrialRow.from_measurement(record))
         return sorted(rows, key=lambda r: r.number)
 
@@ -269,16 +283,20 @@ def open_run(run_dir: Path, cfg: Config, *, resume: bool, strategy: str) -> RunS
         # the old trials' folders would otherwise sit beside the new ones, under the same numbers
         shutil.rmtree(run_dir / "trials", ignore_errors=True)
     elif _trial_folders(run_dir) and (not path.exists() or path.stat().st_size == 0):
-        raise UsageError(f"{run_dir}: holds trials/ but {STUDY_FILE} is {'empty' if path.exists() else 'missing'}, "
-                         "so they cannot be resumed; use --no-resume to start again (deleting them), or another --out")
+        raise UsageError(
+            f"{run_dir}: holds trials/ but {STUDY_FILE} is {'empty' if path.exists() else 'missing'}, "
+            "so they cannot be resumed; use --no-resume to start again (deleting them), or another --out"
+        )
     with storage_errors(path):
         if path.exists() and path.stat().st_size:
             _check_database(path)
         runs = _open(run_dir, path, cfg, strategy)
     unknown = sorted(n for n in _trial_folders(run_dir) if n >= runs.next_number())
     if unknown:
-        raise UsageError(f"{run_dir}: trials/{unknown[0]} is not in {STUDY_FILE} (another command wrote it); use "
-                         "--no-resume to start again (deleting it), or another --out")
+        raise UsageError(
+            f"{run_dir}: trials/{unknown[0]} is not in {STUDY_FILE} (another command wrote it); use "
+            "--no-resume to start again (deleting it), or another --out"
+        )
     return runs
 
 
@@ -296,12 +314,22 @@ def _check_database(path: Path) -> None:
 def _open(run_dir: Path, path: Path, cfg: Config, strategy: str) -> RunStore:
     storage = _storage(path)
     existing = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
-    main = optuna.create_study(study_name=MAIN_STUDY, storage=storage, direction="maximize",
-                               sampler=optuna.samplers.RandomSampler(seed=0), load_if_exists=True)
+    main = optuna.create_study(
+        study_name=MAIN_STUDY,
+        storage=storage,
+        direction="maximize",
+        sampler=optuna.samplers.RandomSampler(seed=0),
+        load_if_exists=True,
+    )
     fresh = MAIN_STUDY not in existing
     if fresh or CEILINGS_STUDY in existing:
-        ceilings = optuna.create_study(study_name=CEILINGS_STUDY, storage=storage, direction="maximize",
-                                       sampler=optuna.samplers.RandomSampler(seed=0), load_if_exists=True)
+        ceilings = optuna.create_study(
+            study_name=CEILINGS_STUDY,
+            storage=storage,
+            direction="maximize",
+            sampler=optuna.samplers.RandomSampler(seed=0),
+            load_if_exists=True,
+        )
     else:  # a run recorded in one study keeps its trials there
         ceilings = None
     _check_or_stamp(main, cfg, strategy, path)
@@ -323,8 +351,10 @@ def _check_or_stamp(study: optuna.Study, cfg: Config, strategy: str, path: Path)
         )
     stamped = study.user_attrs.get("strategy")
     if stamped is not None and stamped != strategy:
-        raise UsageError(f"{path}: this run was made with --strategy {stamped}, not {strategy}; staged and grid "
-                         "trials do not mix in one run: use --no-resume to start it again, or another --out")
+        raise UsageError(
+            f"{path}: this run was made with --strategy {stamped}, not {strategy}; staged and grid "
+            "trials do not mix in one run: use --no-resume to start it again, or another --out"
+        )
 
 
 def load_run(run_dir: Path) -> RunStore:

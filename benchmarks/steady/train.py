@@ -45,8 +45,14 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    loader = DataLoader(MemoryImages(args.length, args.size), batch_size=args.batch_size, shuffle=True,
-                        num_workers=args.workers, pin_memory=True, drop_last=True)
+    loader = DataLoader(
+        MemoryImages(args.length, args.size),
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        pin_memory=True,
+        drop_last=True,
+    )
     model = getattr(models, args.arch)(num_classes=10).to(device, memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()

@@ -53,23 +53,45 @@ def main() -> None:
     if args.make_data and not os.path.isdir(args.data):
         make_data(args.data, args.make_data)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    augment = v2.Compose([
-        v2.RandomResizedCrop(args.crop, antialias=True), v2.RandomHorizontalFlip(), v2.ToImage(),
-        v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-    ])
+    augment = v2.Compose(
+        [
+            v2.RandomResizedCrop(args.crop, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToImage(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+        ]
+    )
     train_set = datasets.ImageFolder(args.data, transform=augment)
     evaluation = None
     if args.eval:  # the last images held out, center-cropped
-        center = v2.Compose([v2.Resize(args.crop, antialias=True), v2.CenterCrop(args.crop), v2.ToImage(),
-                             v2.ToDtype(torch.float32, scale=True),
-                             v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+        center = v2.Compose(
+            [
+                v2.Resize(args.crop, antialias=True),
+                v2.CenterCrop(args.crop),
+                v2.ToImage(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+            ]
+        )
         held = list(range(len(train_set) - args.eval, len(train_set)))
-        evaluation = DataLoader(Subset(datasets.ImageFolder(args.data, transform=center), held),
-                                batch_size=args.batch_size, num_workers=args.workers, pin_memory=True)
+        evaluation = DataLoader(
+            Subset(datasets.ImageFolder(args.data, transform=center), held),
+            batch_size=args.batch_size,
+            num_workers=args.workers,
+            pin_memory=True,
+        )
         train_set = Subset(train_set, list(range(len(train_set) - args.eval)))
         train_set.classes = train_set.dataset.classes
-    loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
-                        pin_memory=True, drop_last=True, persistent_workers=args.persistent and args.workers > 0)
+    loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        pin_memory=True,
+        drop_last=True,
+        persistent_workers=args.persistent and args.workers > 0,
+    )
     model = getattr(models, args.arch)(num_classes=len(train_set.classes)).to(device)
     model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)

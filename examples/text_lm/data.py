@@ -9,8 +9,10 @@ import torch
 from torch.utils.data import Dataset
 
 PAD = 0
-WORDS = ("the loader feeds the model while the model trains on what the loader made before it "
-         "every batch waits for its slowest sample and every worker decodes one sample at a time").split()
+WORDS = (
+    "the loader feeds the model while the model trains on what the loader made before it "
+    "every batch waits for its slowest sample and every worker decodes one sample at a time"
+).split()
 
 
 class Documents(Dataset):

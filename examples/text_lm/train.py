@@ -1,6 +1,6 @@
 """Train a small causal language model on synthetic documents, padded per batch.
 
-    python train.py -j 4 -b 32 --steps 1000
+python train.py -j 4 -b 32 --steps 1000
 """
 
 from __future__ import annotations
@@ -8,10 +8,9 @@ from __future__ import annotations
 import argparse
 
 import torch
+from data import PAD, Documents, pad_collate
 from torch import nn
 from torch.utils.data import DataLoader
-
-from data import PAD, Documents, pad_collate
 
 
 class TinyLM(nn.Module):
@@ -40,8 +39,14 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    loader = DataLoader(Documents(max_len=args.max_len), batch_size=args.batch_size, shuffle=True,
-                        num_workers=args.workers, collate_fn=pad_collate, drop_last=True)
+    loader = DataLoader(
+        Documents(max_len=args.max_len),
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        collate_fn=pad_collate,
+        drop_last=True,
+    )
     model = TinyLM(dim=args.dim, max_len=args.max_len).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     step = 0
@@ -49,8 +54,9 @@ def main() -> None:
         for batch in loader:
             ids = batch["input_ids"].to(device)
             logits = model(ids[:, :-1])
-            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                                               ignore_index=PAD)
+            loss = nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), ignore_index=PAD
+            )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -239,8 +239,9 @@ def test_crop_boxes_are_drawn_like_random_resized_crop() -> None:
     assert (boxes[:, :2] >= 0).all() and (boxes[:, 2] <= 500).all() and (boxes[:, 3] <= 375).all()
     assert (boxes == boxes.round()).all()  # whole pixels, as torchvision crops
     draw = transforms.RandomResizedCrop.get_params
-    theirs = torch.tensor([draw(torch.empty(3, 375, 500), (0.08, 1.0), (3 / 4, 4 / 3)) for _ in range(n)],
-                          dtype=torch.float)
+    theirs = torch.tensor(
+        [draw(torch.empty(3, 375, 500), (0.08, 1.0), (3 / 4, 4 / 3)) for _ in range(n)], dtype=torch.float
+    )
     share, their_share = w * h / (375 * 500), theirs[:, 2] * theirs[:, 3] / (375 * 500)
     assert abs(share.mean() - their_share.mean()) < 0.03 and abs(share.std() - their_share.std()) < 0.03
     ratio, their_ratio = w / h, theirs[:, 3] / theirs[:, 2]

@@ -21,5 +21,14 @@ from tunekit.analysis._knee import (
 )
 from tunekit.analysis._runs import pooled
 
-__all__ = ["Choice", "select", "select_knee", "choose_batch", "cost_key", "defaults_trial", "single_gpu_twin",
-           "trials_frame", "pooled"]
+__all__ = [
+    "Choice",
+    "select",
+    "select_knee",
+    "choose_batch",
+    "cost_key",
+    "defaults_trial",
+    "single_gpu_twin",
+    "trials_frame",
+    "pooled",
+]

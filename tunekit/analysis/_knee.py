@@ -33,8 +33,7 @@ class Choice:
 def cost_key(row: TrialRow) -> tuple[Any, ...]:
     """The cost order: fewer workers, then less prefetch, no pinning, less compile time, smaller batch."""
     k = row.knobs
-    return (k.num_workers, k.prefetch_factor or 0, k.pin_memory, round(row.compile_s, 1), k.batch_size,
-            k.grad_accum)
+    return (k.num_workers, k.prefetch_factor or 0, k.pin_memory, round(row.compile_s, 1), k.batch_size, k.grad_accum)
 
 
 def select_knee(rows: list[TrialRow], selection: Selection, spread: float | None = None) -> Choice:
@@ -48,26 +47,39 @@ def select_knee(rows: list[TrialRow], selection: Selection, spread: float | None
         why = f"all {len(failed)} trials failed" if failed else "no end-to-end trial has run"
         return Choice(None, None, None, None, f"No recommendation: {why}.")
     if len(fitting) < rules.MIN_POINTS:
-        extra = (f" ({len(too_tight)} more left less than {selection.min_headroom:.0%} memory headroom)"
-                 if too_tight else "")
-        return Choice(None, max(fitting, key=lambda r: r.rate) if fitting else None, None, None,
-                      f"No recommendation: only {len(fitting)} config completed within the headroom limit{extra}; "
-                      f"a knee needs at least {rules.MIN_POINTS} to compare.", too_tight)
+        extra = (
+            f" ({len(too_tight)} more left less than {selection.min_headroom:.0%} memory headroom)" if too_tight else ""
+        )
+        return Choice(
+            None,
+            max(fitting, key=lambda r: r.rate) if fitting else None,
+            None,
+            None,
+            f"No recommendation: only {len(fitting)} config completed within the headroom limit{extra}; "
+            f"a knee needs at least {rules.MIN_POINTS} to compare.",
+            too_tight,
+        )
     best = max(fitting, key=lambda r: r.rate)
     noise = rules.run_noise(fitting)
     spread = rules.run_spread(fitting) if spread is None else spread
     allowed = rules.band(fitting, selection, spread)
     knee = min((r for r in fitting if r.rate >= rules.needed(best, allowed)), key=cost_key)
     ratio = knee.rate / best.rate
-    parts = (f"max(tolerance {selection.tolerance:.1%}, the run's median window noise {noise:.1%}"
-             + (f", the spread between repeated runs {spread:.1%}" if spread else "") + ")")
+    parts = (
+        f"max(tolerance {selection.tolerance:.1%}, the run's median window noise {noise:.1%}"
+        + (f", the spread between repeated runs {spread:.1%}" if spread else "")
+        + ")"
+    )
     if knee is best:
-        reason = (f"The best config is also the cheapest within {allowed:.1%} of it ({parts}; "
-                  f"{best.rate:.1f} {best.unit}/s).")
+        reason = (
+            f"The best config is also the cheapest within {allowed:.1%} of it ({parts}; {best.rate:.1f} {best.unit}/s)."
+        )
     else:
-        reason = (f"Knee: {knee.knobs.describe()} reaches {ratio:.1%} of the best ({knee.rate:.1f} vs "
-                  f"{best.rate:.1f} {best.unit}/s); the shortfall is within {parts}, and it is cheaper than "
-                  f"{best.knobs.describe()}.")
+        reason = (
+            f"Knee: {knee.knobs.describe()} reaches {ratio:.1%} of the best ({knee.rate:.1f} vs "
+            f"{best.rate:.1f} {best.unit}/s); the shortfall is within {parts}, and it is cheaper than "
+            f"{best.knobs.describe()}."
+        )
     return Choice(knee, best, ratio, allowed, reason, too_tight)
 
 
@@ -101,19 +113,33 @@ def _your_batch(choice: Choice, rows: list[TrialRow], own: TrialRow, selection: 
         return choice
     if not rules.input_bound(knee, compute_ceiling(rows, knee.knobs.batch_size)):
         return choice
-    same = [r for r in rows if r.stage.knee and r.ok and r.mode == Mode.train and rules.fits(r, selection)
-            and not rules.changes_result(r) and r.knobs.batch_size == own.knobs.batch_size
-            and r.rate >= rules.needed(best, choice.band)]
+    same = [
+        r
+        for r in rows
+        if r.stage.knee
+        and r.ok
+        and r.mode == Mode.train
+        and rules.fits(r, selection)
+        and not rules.changes_result(r)
+        and r.knobs.batch_size == own.knobs.batch_size
+        and r.rate >= rules.needed(best, choice.band)
+    ]
     if not same:
         return choice
     mine = min(same, key=cost_key)
     ceiling = compute_ceiling(rows, knee.knobs.batch_size)
-    return Choice(mine, best, mine.rate / best.rate, choice.band,
-                  f"Your batch: {mine.knobs.describe()} keeps the script's own batch {own.knobs.batch_size} and "
-                  f"reaches {mine.rate / best.rate:.1%} of the best ({mine.rate:.1f} vs {best.rate:.1f} "
-                  f"{best.unit}/s), within the band ({choice.band:.1%}); the cheaper {knee.knobs.describe()} changes "
-                  f"the batch, which matters only where the step is the bound, and it runs at "
-                  f"{rules.of_ceiling(knee, ceiling):.0%} of its compute ceiling.", choice.over_headroom)
+    return Choice(
+        mine,
+        best,
+        mine.rate / best.rate,
+        choice.band,
+        f"Your batch: {mine.knobs.describe()} keeps the script's own batch {own.knobs.batch_size} and "
+        f"reaches {mine.rate / best.rate:.1%} of the best ({mine.rate:.1f} vs {best.rate:.1f} "
+        f"{best.unit}/s), within the band ({choice.band:.1%}); the cheaper {knee.knobs.describe()} changes "
+        f"the batch, which matters only where the step is the bound, and it runs at "
+        f"{rules.of_ceiling(knee, ceiling):.0%} of its compute ceiling.",
+        choice.over_headroom,
+    )
 
 
 def against_own(choice: Choice, rows: list[TrialRow], selection: Selection) -> Choice:
@@ -133,17 +159,29 @@ def against_own(choice: Choice, rows: list[TrialRow], selection: Selection) -> C
     if knee.rate > own.rate * (1.0 + margin):
         if choice.knee is not None:
             return choice
-        return Choice(knee, knee, 1.0, margin,
-                      f"The one config measured end to end besides the script's own settings, "
-                      f"{knee.knobs.describe()}, runs {knee.rate / own.rate:.2f}x theirs ({knee.rate:.1f} against "
-                      f"{own.rate:.1f} {knee.unit}/s), beyond the {margin:.1%} that can part two measurements.",
-                      choice.over_headroom)
+        return Choice(
+            knee,
+            knee,
+            1.0,
+            margin,
+            f"The one config measured end to end besides the script's own settings, "
+            f"{knee.knobs.describe()}, runs {knee.rate / own.rate:.2f}x theirs ({knee.rate:.1f} against "
+            f"{own.rate:.1f} {knee.unit}/s), beyond the {margin:.1%} that can part two measurements.",
+            choice.over_headroom,
+        )
     best = choice.best or knee
-    return Choice(own, best, own.rate / best.rate if best.rate else None, margin,
-                  f"Keep your settings: no config measured beats the script's own ({own.knobs.describe()}, "
-                  f"{own.rate:.1f} {own.unit}/s, trial {own.number}) by more than {margin:.1%} (the run's band, or "
-                  f"the two rates' 95 % intervals together); the fastest, {best.knobs.describe()}, measured "
-                  f"{best.rate:.1f} {best.unit}/s (trial {best.number}).", choice.over_headroom, kept=True)
+    return Choice(
+        own,
+        best,
+        own.rate / best.rate if best.rate else None,
+        margin,
+        f"Keep your settings: no config measured beats the script's own ({own.knobs.describe()}, "
+        f"{own.rate:.1f} {own.unit}/s, trial {own.number}) by more than {margin:.1%} (the run's band, or "
+        f"the two rates' 95 % intervals together); the fastest, {best.knobs.describe()}, measured "
+        f"{best.rate:.1f} {best.unit}/s (trial {best.number}).",
+        choice.over_headroom,
+        kept=True,
+    )
 
 
 def _select(cfg: Config, rows: list[TrialRow]) -> Choice:
@@ -153,22 +191,37 @@ def _select(cfg: Config, rows: list[TrialRow]) -> Choice:
         ceilings = [r for r in rows if r.mode == Mode.compute and r.status != "skipped"]
         if ceilings and not any(r.ok for r in ceilings):  # the sweep stopped at its first stage: say why
             first = ceilings[0]
-            return Choice(None, None, None, None,
-                          f"No recommendation: the compute ceiling failed (trial {first.number}, {first.status}: "
-                          f"{first.reason}), so no end-to-end trial ran; fix that and rerun to resume.")
+            return Choice(
+                None,
+                None,
+                None,
+                None,
+                f"No recommendation: the compute ceiling failed (trial {first.number}, {first.status}: "
+                f"{first.reason}), so no end-to-end trial ran; fix that and rerun to resume.",
+            )
     spread = rules.run_spread(rows)  # every repeated config's, the script's own settings too
     if not target:
         return select_knee(candidates, cfg.selection, spread)
     accumulation = [r for r in rows if r.stage == Stage.accumulation and r.ok and rules.fits(r, cfg.selection)]
     if accumulation:  # same loader settings, different micro-batch x steps: the fastest wins
         best = max(accumulation, key=lambda r: r.rate)
-        return Choice(best, best, 1.0, None,
-                      f"Effective batch {target} is reached fastest with micro-batch {best.knobs.batch_size} x "
-                      f"{best.knobs.grad_accum} accumulation steps ({best.rate:.1f} {best.unit}/s).")
+        return Choice(
+            best,
+            best,
+            1.0,
+            None,
+            f"Effective batch {target} is reached fastest with micro-batch {best.knobs.batch_size} x "
+            f"{best.knobs.grad_accum} accumulation steps ({best.rate:.1f} {best.unit}/s).",
+        )
     reaching = [r for r in candidates if r.knobs.effective_batch == target]
     if not any(r.ok for r in reaching):
-        return Choice(None, None, None, None,
-                      f"No recommendation: no completed trial reaches search.target_effective_batch = {target}.")
+        return Choice(
+            None,
+            None,
+            None,
+            None,
+            f"No recommendation: no completed trial reaches search.target_effective_batch = {target}.",
+        )
     return select_knee(reaching, cfg.selection, spread)
 
 
@@ -198,12 +251,25 @@ def defaults_trial(rows: list[TrialRow], knee: TrialRow | None) -> TrialRow | No
     swept batch)."""
     ranks = knee.knobs.ranks if knee is not None else max((r.knobs.ranks for r in rows), default=1)
     # a script's own baseline may run PyTorch's loader defaults too, but it is the script's settings, reported apart
-    found = [r for r in rows if r.ok and r.mode == Mode.train and r.knobs.loader_defaults and r.knobs.compile == "none"
-             and r.knobs.ranks == ranks and not r.knobs.extra and r.knobs.threads is None
-             and r.knobs.worker_threads is None and r.stage != Stage.baseline]
+    found = [
+        r
+        for r in rows
+        if r.ok
+        and r.mode == Mode.train
+        and r.knobs.loader_defaults
+        and r.knobs.compile == "none"
+        and r.knobs.ranks == ranks
+        and not r.knobs.extra
+        and r.knobs.threads is None
+        and r.knobs.worker_threads is None
+        and r.stage != Stage.baseline
+    ]
     if knee is not None:
-        same = [r for r in found if (r.knobs.batch_size, r.knobs.grad_accum)
-                == (knee.knobs.batch_size, knee.knobs.grad_accum)]
+        same = [
+            r
+            for r in found
+            if (r.knobs.batch_size, r.knobs.grad_accum) == (knee.knobs.batch_size, knee.knobs.grad_accum)
+        ]
         if same:
             return same[0]
     found.sort(key=lambda r: (r.stage != Stage.end_to_end, r.number))

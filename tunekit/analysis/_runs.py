@@ -46,7 +46,7 @@ def _merged(group: list[TrialRow]) -> TrialRow:
     windows' intervals combined (the mean of n rates: their quadrature sum over n)."""
     rates = tuple(r.rate for r in group)
     intervals = [r.interval for r in group]
-    windows = (None if any(i is None for i in intervals)
-               else sum(i ** 2 for i in intervals) ** 0.5 / len(group))  # type: ignore[operator]
-    return dataclasses.replace(group[0], rate=fmean(rates), noise_cv=fmean(r.noise_cv for r in group), runs=rates,
-                               interval=windows)
+    windows = None if any(i is None for i in intervals) else sum(i**2 for i in intervals) ** 0.5 / len(group)  # type: ignore[operator]
+    return dataclasses.replace(
+        group[0], rate=fmean(rates), noise_cv=fmean(r.noise_cv for r in group), runs=rates, interval=windows
+    )

@@ -21,25 +21,63 @@ from tunekit.errors import TunekitError, UsageError
 
 @click.command()
 @click.argument("recommended", metavar="RECOMMENDED.yaml", type=click.Path(dir_okay=False))
-@click.option("--config", "config_path", default=None, metavar="CONFIG", type=click.Path(dir_okay=False),
-              help="The config the recommendation was tuned with.")
-@click.option("--script", default=None, metavar="COMMAND",
-              help="Or the training command it was tuned with, e.g. \"python train.py -j {num_workers}\".")
+@click.option(
+    "--config",
+    "config_path",
+    default=None,
+    metavar="CONFIG",
+    type=click.Path(dir_okay=False),
+    help="The config the recommendation was tuned with.",
+)
+@click.option(
+    "--script",
+    default=None,
+    metavar="COMMAND",
+    help='Or the training command it was tuned with, e.g. "python train.py -j {num_workers}".',
+)
 @click.option("--name", default=None, help="The run's name with --script (default: the script's file name).")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help=f"A knob that replaces the recommendation's ({', '.join(KNOB_NAMES)}) or a dotted config key "
-                   "(e.g. --set trial.window_s=5).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Folder of the check's trials (default results/<name>-check); a retune runs in OUT/retune.")
-@click.option("--retune", is_flag=True,
-              help="Also sweep a search narrowed around the committed knee and write recommended.retuned.yaml "
-                   "beside RECOMMENDED.yaml (the exit code stays the check's).")
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help=f"A knob that replaces the recommendation's ({', '.join(KNOB_NAMES)}) or a dotted config key "
+    "(e.g. --set trial.window_s=5).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Folder of the check's trials (default results/<name>-check); a retune runs in OUT/retune.",
+)
+@click.option(
+    "--retune",
+    is_flag=True,
+    help="Also sweep a search narrowed around the committed knee and write recommended.retuned.yaml "
+    "beside RECOMMENDED.yaml (the exit code stays the check's).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout instead of the line.")
-@click.option("--junit", "junit_path", type=click.Path(), default=None,
-              help="Also write JUnit XML here: one test case per check (machine, throughput).")
+@click.option(
+    "--junit",
+    "junit_path",
+    type=click.Path(),
+    default=None,
+    help="Also write JUnit XML here: one test case per check (machine, throughput).",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar or trial log for the retune.")
-def check(recommended: str, config_path: str | None, script: str | None, name: str | None, sets: tuple[str, ...],
-          out_dir: str | None, retune: bool, as_json: bool, junit_path: str | None, quiet: bool) -> None:
+def check(
+    recommended: str,
+    config_path: str | None,
+    script: str | None,
+    name: str | None,
+    sets: tuple[str, ...],
+    out_dir: str | None,
+    retune: bool,
+    as_json: bool,
+    junit_path: str | None,
+    quiet: bool,
+) -> None:
     """Re-measure a committed recommended.yaml with one full-fidelity trial and compare it with what it records:
     exit 0 it holds, 1 it regressed (with the likely cause), 3 it was tuned on another machine."""
     from tunekit import _check
@@ -54,8 +92,16 @@ def check(recommended: str, config_path: str | None, script: str | None, name: s
         click.echo(f"check: trial {number}: {run.describe()} on {cfg.device} ...", err=True)
 
     with interrupts_as_keyboard_interrupt():
-        outcome = _check.check(recommended, source, knobs=knobs, overrides=overrides, out=out_dir, retune=retune,
-                               quiet=quiet or as_json, on_start=started)
+        outcome = _check.check(
+            recommended,
+            source,
+            knobs=knobs,
+            overrides=overrides,
+            out=out_dir,
+            retune=retune,
+            quiet=quiet or as_json,
+            on_start=started,
+        )
     lines = [outcome.line, *_retune_lines(outcome.retune)]
     if as_json:
         click.echo("\n".join(lines), err=True)
@@ -92,16 +138,20 @@ def _retune_lines(r: Any) -> list[str]:
         return []
     if r.interrupted:
         return [f"retune: interrupted; its trials so far are in {r.run_dir}"]
-    cost = f"{r.trials_run} trial(s) run" + (f" against the {r.full_trials} of the committed sweep"
-                                              if r.full_trials is not None else "")
+    cost = f"{r.trials_run} trial(s) run" + (
+        f" against the {r.full_trials} of the committed sweep" if r.full_trials is not None else ""
+    )
     seeded = [f"{r.reused} ceiling(s)"] if r.reused else []
     seeded += ["the check's trial"] if r.check_trial_reused else []
     if seeded:
         cost += f" ({' and '.join(seeded)} reused)"
     if r.after is None:
         return [f"retune: no recommendation: {r.reason} ({cost}; {r.run_dir})"]
-    what = ("the knee moved: " + ", ".join(f"{k} {old} → {new}" for k, old, new in r.changes) if r.changes
-            else "the knee holds")
+    what = (
+        "the knee moved: " + ", ".join(f"{k} {old} → {new}" for k, old, new in r.changes)
+        if r.changes
+        else "the knee holds"
+    )
     stopped = f"; {r.stop_reason}" if r.stop_reason else ""
     return [f"retune: {what} ({r.rate:.1f} {r.unit}/s; {cost}{stopped})", f"-> {r.written} (run: {r.run_dir})"]
 
@@ -113,20 +163,52 @@ def _changes(changes: Any) -> list[dict[str, Any]]:
 def _as_json(o: Any) -> dict[str, Any]:
     m, v, r = o.measurement, o.verdict, o.retune
     return {
-        "status": o.status, "exit_code": o.exit_code, "line": o.line, "recommended": str(o.recommended),
-        "unit": o.unit, "recorded": o.recorded, "knobs": o.knobs, "change": o.change, "margin": o.margin,
-        "measured": None if m is None else {
-            "status": m.status, "reason": m.reason, "rate": m.rate, "noise_cv": m.noise_cv,
-            "rate_interval": m.rate_interval, "data_wait_frac": m.data_wait_frac, "trial_dir": str(o.trial_dir),
-            "verdict": v.name if v else None, "verdict_evidence": v.evidence if v else None},
-        "machine": {"same": o.machine.same, "recorded": o.machine.recorded, "current": o.machine.current,
-                    "hardware": _changes(o.machine.hardware), "software": _changes(o.machine.software)},
-        "retune": None if r is None else {
-            "run_dir": str(r.run_dir), "written": str(r.written) if r.written else None, "before": r.before,
-            "after": r.after, "changes": _changes(r.changes), "rate": r.rate, "trials_run": r.trials_run,
-            "reused_ceilings": r.reused, "check_trial_reused": r.check_trial_reused,
-            "full_sweep_trials": r.full_trials, "reason": r.reason, "stop_reason": r.stop_reason,
-            "interrupted": r.interrupted},
+        "status": o.status,
+        "exit_code": o.exit_code,
+        "line": o.line,
+        "recommended": str(o.recommended),
+        "unit": o.unit,
+        "recorded": o.recorded,
+        "knobs": o.knobs,
+        "change": o.change,
+        "margin": o.margin,
+        "measured": None
+        if m is None
+        else {
+            "status": m.status,
+            "reason": m.reason,
+            "rate": m.rate,
+            "noise_cv": m.noise_cv,
+            "rate_interval": m.rate_interval,
+            "data_wait_frac": m.data_wait_frac,
+            "trial_dir": str(o.trial_dir),
+            "verdict": v.name if v else None,
+            "verdict_evidence": v.evidence if v else None,
+        },
+        "machine": {
+            "same": o.machine.same,
+            "recorded": o.machine.recorded,
+            "current": o.machine.current,
+            "hardware": _changes(o.machine.hardware),
+            "software": _changes(o.machine.software),
+        },
+        "retune": None
+        if r is None
+        else {
+            "run_dir": str(r.run_dir),
+            "written": str(r.written) if r.written else None,
+            "before": r.before,
+            "after": r.after,
+            "changes": _changes(r.changes),
+            "rate": r.rate,
+            "trials_run": r.trials_run,
+            "reused_ceilings": r.reused,
+            "check_trial_reused": r.check_trial_reused,
+            "full_sweep_trials": r.full_trials,
+            "reason": r.reason,
+            "stop_reason": r.stop_reason,
+            "interrupted": r.interrupted,
+        },
     }
 
 
@@ -150,9 +232,13 @@ def _junit(o: Any) -> str:
         ET.SubElement(throughput, "error", message=o.line, type="failed").text = o.line
     ET.SubElement(throughput, "system-out").text = o.line
     cases.append(throughput)
-    counts = {"tests": "2", "failures": str(sum(1 for c in cases if c.find("failure") is not None)),
-              "errors": str(sum(1 for c in cases if c.find("error") is not None)),
-              "skipped": str(sum(1 for c in cases if c.find("skipped") is not None)), "time": f"{seconds:.1f}"}
+    counts = {
+        "tests": "2",
+        "failures": str(sum(1 for c in cases if c.find("failure") is not None)),
+        "errors": str(sum(1 for c in cases if c.find("error") is not None)),
+        "skipped": str(sum(1 for c in cases if c.find("skipped") is not None)),
+        "time": f"{seconds:.1f}",
+    }
     suites = ET.Element("testsuites", name="tunekit check", **counts)
     suite = ET.SubElement(suites, "testsuite", name="tunekit check", **counts)
     suite.extend(cases)

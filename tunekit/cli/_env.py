@@ -7,8 +7,14 @@ import click
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-@click.option("--out", "out_file", type=click.Path(dir_okay=False), default="results/env.json", show_default=True,
-              help="Where to write the JSON snapshot.")
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(dir_okay=False),
+    default="results/env.json",
+    show_default=True,
+    help="Where to write the JSON snapshot.",
+)
 def env(as_json: bool, out_file: str) -> None:
     """Print and save the environment: Python, torch, CUDA, driver, CPUs, RAM, /dev/shm, GPUs via NVML."""
     from tunekit._files import write_json_atomic

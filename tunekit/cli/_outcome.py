@@ -55,9 +55,11 @@ def split_sets(sets: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
         elif "." in key or key in config_mod.TOP_LEVEL_KEYS:
             overrides[key] = parse_value(key, value)
         else:
-            raise UsageError(f"--set {key}: unknown knob; allowed: {', '.join(config_mod.KNOB_HELP)}, a top-level "
-                             f"config key ({', '.join(config_mod.TOP_LEVEL_KEYS)}) or a dotted one (e.g. "
-                             "trial.window_s)")
+            raise UsageError(
+                f"--set {key}: unknown knob; allowed: {', '.join(config_mod.KNOB_HELP)}, a top-level "
+                f"config key ({', '.join(config_mod.TOP_LEVEL_KEYS)}) or a dotted one (e.g. "
+                "trial.window_s)"
+            )
     return knobs, overrides
 
 
@@ -86,5 +88,8 @@ def config_source(config_path: str | None, script: str | None, name: str | None,
         raise UsageError(f"--script {script!r}: cannot split it into arguments: {exc}") from None
     own_batch = "batch_size" not in filled and not listed_batches
     stem = next((Path(w).stem for w in script.split() if w.endswith(".py")), None) or "script"
-    return {"name": name or stem, "script": {"command": script, "cwd": str(Path.cwd()), "own_batch": own_batch},
-            "search": {"num_workers": "auto", "pin_memory": [False, True], "prefetch_factor": [2, 4]}}
+    return {
+        "name": name or stem,
+        "script": {"command": script, "cwd": str(Path.cwd()), "own_batch": own_batch},
+        "search": {"num_workers": "auto", "pin_memory": [False, True], "prefetch_factor": [2, 4]},
+    }

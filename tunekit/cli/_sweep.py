@@ -10,24 +10,55 @@ from tunekit.contract import KNOB_NAMES, Strategy
 
 @click.command()
 @click.argument("config_path", metavar="[CONFIG]", type=click.Path(dir_okay=False), required=False)
-@click.option("--script", default=None, metavar="COMMAND",
-              help="Your training command instead of a CONFIG, e.g. \"python train.py -j {num_workers}\" (knobs "
-                   "without a placeholder are set on its training DataLoader).")
+@click.option(
+    "--script",
+    default=None,
+    metavar="COMMAND",
+    help='Your training command instead of a CONFIG, e.g. "python train.py -j {num_workers}" (knobs '
+    "without a placeholder are set on its training DataLoader).",
+)
 @click.option("--name", default=None, help="The run's name with --script (default: the script's file name).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Run folder (default results/<name>).")
-@click.option("--budget-min", type=float, default=None,
-              help="Wall-clock budget in minutes, more than 0 (default: budget.minutes).")
-@click.option("--strategy", type=click.Choice([s.value for s in Strategy]), default=None,
-              help="staged (default from the config) or grid (every combination).")
-@click.option("--resume/--no-resume", default=True, show_default=True,
-              help="Keep the finished trials of an earlier sweep in the same folder, or start again.")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help=f"A knob held at one value for the whole sweep ({', '.join(KNOB_NAMES)}) or a dotted config key "
-                   "(e.g. --set trial.window_s=5 --set 'search.batch_size=[64,128]').")
+@click.option(
+    "--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Run folder (default results/<name>)."
+)
+@click.option(
+    "--budget-min",
+    type=float,
+    default=None,
+    help="Wall-clock budget in minutes, more than 0 (default: budget.minutes).",
+)
+@click.option(
+    "--strategy",
+    type=click.Choice([s.value for s in Strategy]),
+    default=None,
+    help="staged (default from the config) or grid (every combination).",
+)
+@click.option(
+    "--resume/--no-resume",
+    default=True,
+    show_default=True,
+    help="Keep the finished trials of an earlier sweep in the same folder, or start again.",
+)
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help=f"A knob held at one value for the whole sweep ({', '.join(KNOB_NAMES)}) or a dotted config key "
+    "(e.g. --set trial.window_s=5 --set 'search.batch_size=[64,128]').",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar or trial log.")
-def sweep(config_path: str | None, script: str | None, name: str | None, out_dir: str | None,
-          budget_min: float | None, strategy: str | None, resume: bool, sets: tuple[str, ...], quiet: bool) -> None:
+def sweep(
+    config_path: str | None,
+    script: str | None,
+    name: str | None,
+    out_dir: str | None,
+    budget_min: float | None,
+    strategy: str | None,
+    resume: bool,
+    sets: tuple[str, ...],
+    quiet: bool,
+) -> None:
     """Run short isolated trials, pick the throughput knee, write plots, report.md, trials.csv, study.db and
     recommended.yaml under results/<name>/."""
     from tunekit import _api
@@ -37,8 +68,16 @@ def sweep(config_path: str | None, script: str | None, name: str | None, out_dir
     knobs, overrides = split_sets(sets)
     source = config_source(config_path, script, name, "search.batch_size" in overrides or "batch_size" in knobs)
     with interrupts_as_keyboard_interrupt():  # SIGTERM and SIGHUP end the sweep as Ctrl-C does
-        outcome = _api.sweep(source, out=out_dir, budget_min=budget_min, strategy=strategy,
-                             overrides=overrides, knobs=knobs, resume=resume, quiet=quiet)
+        outcome = _api.sweep(
+            source,
+            out=out_dir,
+            budget_min=budget_min,
+            strategy=strategy,
+            overrides=overrides,
+            knobs=knobs,
+            resume=resume,
+            quiet=quiet,
+        )
     print_disturbances(outcome.summary)
     make_console(quiet).print(console_table(outcome.summary))
     print_outcome(outcome.summary, outcome.run_dir)

@@ -11,18 +11,38 @@ from tunekit.contract import KNOB_NAMES, Measurement, Mode
 
 @click.command()
 @click.argument("config_path", metavar="[CONFIG]", type=click.Path(dir_okay=False), required=False)
-@click.option("--script", default=None, metavar="COMMAND",
-              help="Your training command instead of a CONFIG, e.g. \"python train.py -j {num_workers}\" (knobs "
-                   "without a placeholder are set on its training DataLoader).")
+@click.option(
+    "--script",
+    default=None,
+    metavar="COMMAND",
+    help='Your training command instead of a CONFIG, e.g. "python train.py -j {num_workers}" (knobs '
+    "without a placeholder are set on its training DataLoader).",
+)
 @click.option("--name", default=None, help="The run's name with --script (default: the script's file name).")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help=f"A knob ({', '.join(KNOB_NAMES)}) or a dotted config key (e.g. trial.window_s=10).")
-@click.option("--mode", type=click.Choice([m.value for m in Mode]), default=Mode.train.value, show_default=True,
-              help="train: end to end; compute: model on a pre-staged batch; loader: the loader alone.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Output folder (default results/<name>-trial).")
-def trial(config_path: str | None, script: str | None, name: str | None, sets: tuple[str, ...], mode: str,
-          out_dir: str | None) -> None:
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help=f"A knob ({', '.join(KNOB_NAMES)}) or a dotted config key (e.g. trial.window_s=10).",
+)
+@click.option(
+    "--mode",
+    type=click.Choice([m.value for m in Mode]),
+    default=Mode.train.value,
+    show_default=True,
+    help="train: end to end; compute: model on a pre-staged batch; loader: the loader alone.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Output folder (default results/<name>-trial).",
+)
+def trial(
+    config_path: str | None, script: str | None, name: str | None, sets: tuple[str, ...], mode: str, out_dir: str | None
+) -> None:
     """Run exactly one trial and write OUT/trials/<n>/measurement.json."""
     from tunekit import _api
     from tunekit.driver import interrupts_as_keyboard_interrupt
@@ -30,14 +50,16 @@ def trial(config_path: str | None, script: str | None, name: str | None, sets: t
     knobs, overrides = split_sets(sets)
 
     def started(number: int, run: Any, cfg: Any) -> None:
-        what = "the script's own settings (no --set: nothing filled in or set on its DataLoader)" if run is None \
+        what = (
+            "the script's own settings (no --set: nothing filled in or set on its DataLoader)"
+            if run is None
             else run.describe()
+        )
         click.echo(f"trial {number}: {what} ({mode}) on {cfg.device} ...", err=True)
 
     with interrupts_as_keyboard_interrupt():
         source = config_source(config_path, script, name, True)  # one trial: its batch is the knob's
-        outcome = _api.trial(source, knobs=knobs, mode=mode, out=out_dir, overrides=overrides,
-                             on_start=started)
+        outcome = _api.trial(source, knobs=knobs, mode=mode, out=out_dir, overrides=overrides, on_start=started)
     click.echo(_summary(outcome.measurement))
     click.echo(f"-> {outcome.trial_dir / 'measurement.json'}")
     if not outcome.ok:

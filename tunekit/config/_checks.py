@@ -21,8 +21,10 @@ from tunekit.contract import KNOB_NAMES
 
 def _cross_checks(cfg: Config, source: str, errors: list[str]) -> None:
     if (cfg.workload is None) == (cfg.script is None):
-        errors.append(f"{source}: workload, script: give exactly one: workload (factories of the model and dataset) "
-                      "or script (your own training command)")
+        errors.append(
+            f"{source}: workload, script: give exactly one: workload (factories of the model and dataset) "
+            "or script (your own training command)"
+        )
         return
     if cfg.script is not None:
         _check_script(cfg, source, errors)
@@ -39,11 +41,15 @@ def _launch_from_torchrun(cfg: Config, raw: dict[str, Any], source: str, errors:
         return
     given = (raw.get("launch") or {}).get("nproc_per_node") if isinstance(raw.get("launch"), dict) else None
     if not found[1].isdigit() or int(found[1]) < 1:
-        errors.append(f"{source}: script.command: --nproc-per-node {found[1]} is not allowed; give the number of "
-                      "ranks (one per GPU), e.g. --nproc-per-node 2")
+        errors.append(
+            f"{source}: script.command: --nproc-per-node {found[1]} is not allowed; give the number of "
+            "ranks (one per GPU), e.g. --nproc-per-node 2"
+        )
     elif given is not None and given != int(found[1]):
-        errors.append(f"{source}: launch.nproc_per_node: {given} differs from the command's --nproc-per-node "
-                      f"{found[1]}; give it in one place")
+        errors.append(
+            f"{source}: launch.nproc_per_node: {given} differs from the command's --nproc-per-node "
+            f"{found[1]}; give it in one place"
+        )
     else:
         cfg.launch.nproc_per_node = int(found[1])
 
@@ -56,40 +62,55 @@ def _check_script(cfg: Config, source: str, errors: list[str]) -> None:
         errors.append(f"{source}: script.command: must give the command that runs the training script")
     knobs = set(KNOB_NAMES)
     for name in sorted(placeholders(script.command) - knobs - set(search.extra)):
-        errors.append(f"{source}: script.command: {{{name}}} is not a knob; allowed: {', '.join(sorted(knobs))}, "
-                      "or a search.extra key")
+        errors.append(
+            f"{source}: script.command: {{{name}}} is not a knob; allowed: {', '.join(sorted(knobs))}, "
+            "or a search.extra key"
+        )
     for name in sorted(set(script.baseline) - placeholders(script.command)):
         errors.append(f"{source}: script.baseline.{name}: the command has no {{{name}}} placeholder")
     if script.own_batch and "batch_size" in placeholders(script.command):
-        errors.append(f"{source}: script.own_batch: the command fills {{batch_size}}; keep the script's own batch "
-                      "(own_batch: true) or search it, not both")
+        errors.append(
+            f"{source}: script.own_batch: the command fills {{batch_size}}; keep the script's own batch "
+            "(own_batch: true) or search it, not both"
+        )
     loader = script.loader
     if loader != "auto" and not (isinstance(loader, int) and not isinstance(loader, bool) and loader >= 1):
-        errors.append(f"{source}: script.loader: {_show(loader)} is not allowed; choose auto or N (an integer, the "
-                      "N-th DataLoader the script builds, from 1)")
+        errors.append(
+            f"{source}: script.loader: {_show(loader)} is not allowed; choose auto or N (an integer, the "
+            "N-th DataLoader the script builds, from 1)"
+        )
     # what can be neither filled into the command nor set on the DataLoader
     filled = placeholders(script.command)
     for key, values in (("grad_accum", search.grad_accum), ("compile", search.compile)):
         if len(values) > 1 and key not in filled:
-            errors.append(f"{source}: search.{key}: the script sets it itself; searching it needs a {{{key}}} "
-                          "placeholder in script.command")
+            errors.append(
+                f"{source}: search.{key}: the script sets it itself; searching it needs a {{{key}}} "
+                "placeholder in script.command"
+            )
     for key in ("worker_threads",):  # threads (the script's own process) tunekit sets itself at its start
         if getattr(search, key) and key not in filled:
             errors.append(f"{source}: search.{key}: searching it needs a {{{key}}} placeholder in script.command")
     for key in search.extra:
         if key not in filled:
-            errors.append(f"{source}: search.extra.{key}: script mode sets a knob of your own through the command; "
-                          f"add {{{key}}} to script.command")
+            errors.append(
+                f"{source}: search.extra.{key}: script mode sets a knob of your own through the command; "
+                f"add {{{key}}} to script.command"
+            )
     if search.target_effective_batch is not None and "grad_accum" not in filled:
-        errors.append(f"{source}: search.target_effective_batch: needs a {{grad_accum}} placeholder in "
-                      "script.command")
+        errors.append(f"{source}: search.target_effective_batch: needs a {{grad_accum}} placeholder in script.command")
     if cfg.launch.nnodes > 1:
         errors.append(f"{source}: launch.nnodes: script mode runs a trial's ranks on one node; set 1")
-    elif cfg.launch.world > 1 and script.command and torchrun_split(script.command) is None \
-            and not is_python(script.command[0]):
-        errors.append(f"{source}: script.command: {_show(script.command[0])} is not a Python interpreter; with "
-                      "launch.nproc_per_node > 1 the command must be `python train.py …` (run under torchrun) or "
-                      "`torchrun … train.py …`")
+    elif (
+        cfg.launch.world > 1
+        and script.command
+        and torchrun_split(script.command) is None
+        and not is_python(script.command[0])
+    ):
+        errors.append(
+            f"{source}: script.command: {_show(script.command[0])} is not a Python interpreter; with "
+            "launch.nproc_per_node > 1 the command must be `python train.py …` (run under torchrun) or "
+            "`torchrun … train.py …`"
+        )
 
 
 def _check_startable(script: Script, source: str) -> list[str]:
@@ -100,15 +121,19 @@ def _check_startable(script: Script, source: str) -> list[str]:
         return [f"{source}: script.cwd: {_show(script.cwd)} is not a folder; give the folder the command runs in"]
     program = script.command[0]
     if placeholders([program]):
-        return [f"{source}: script.command: the program {_show(program)} is a placeholder; the command must start "
-                "with the program that runs (python, torchrun, a script), placeholders go in its arguments"]
+        return [
+            f"{source}: script.command: the program {_show(program)} is a placeholder; the command must start "
+            "with the program that runs (python, torchrun, a script), placeholders go in its arguments"
+        ]
     if os.sep in program:
         path = cwd / program
         if not path.is_file():
             return [f"{source}: script.command: {_show(program)} does not exist (relative to {cwd})"]
         if not os.access(path, os.X_OK):
-            return [f"{source}: script.command: {_show(program)} is not executable (no exec bit): chmod +x it, or "
-                    "start the command with its interpreter (python …)"]
+            return [
+                f"{source}: script.command: {_show(program)} is not executable (no exec bit): chmod +x it, or "
+                "start the command with its interpreter (python …)"
+            ]
         return []
     search_path = str(script.env.get("PATH") or os.environ.get("PATH", os.defpath))
     if shutil.which(program, path=search_path) is None:
@@ -131,12 +156,16 @@ def _check_workload(cfg: Config, source: str, errors: list[str]) -> None:
     assert wl is not None
     beside = [k for k in ("collate_fn", "sampler", "worker_init_fn") if getattr(wl, k)]
     if wl.loader and beside:
-        errors.append(f"{source}: workload.{beside[0]}: workload.loader builds the whole DataLoader; set "
-                      f"{', '.join(beside)} inside it, not beside it")
+        errors.append(
+            f"{source}: workload.{beside[0]}: workload.loader builds the whole DataLoader; set "
+            f"{', '.join(beside)} inside it, not beside it"
+        )
     if wl.loader and search.worker_threads:
-        errors.append(f"{source}: search.worker_threads: workload.loader builds the whole DataLoader, so tunekit "
-                      "cannot set its workers' threads; set them in its worker_init_fn, or search them without "
-                      "workload.loader")
+        errors.append(
+            f"{source}: search.worker_threads: workload.loader builds the whole DataLoader, so tunekit "
+            "cannot set its workers' threads; set them in its worker_init_fn, or search them without "
+            "workload.loader"
+        )
     if wl.step_updates and not wl.step:
         errors.append(f"{source}: workload.step_updates: true needs workload.step, the step that updates")
     _check_extra(cfg, source, errors)
@@ -146,29 +175,37 @@ def _check_workload(cfg: Config, source: str, errors: list[str]) -> None:
 def _check_common(cfg: Config, source: str, errors: list[str]) -> None:
     search = cfg.search
     if cfg.trial.max_windows < cfg.trial.measure_windows:
-        errors.append(f"{source}: trial.max_windows: {cfg.trial.max_windows} is below trial.measure_windows "
-                      f"({cfg.trial.measure_windows}); it must be at least that")
+        errors.append(
+            f"{source}: trial.max_windows: {cfg.trial.max_windows} is below trial.measure_windows "
+            f"({cfg.trial.measure_windows}); it must be at least that"
+        )
     launch = cfg.launch
     if launch.nnodes > 1 and not launch.rdzv_endpoint:
-        errors.append(f"{source}: launch.rdzv_endpoint: launch.nnodes = {launch.nnodes} needs the host:port where "
-                      "the nodes meet (this node, which runs the sweep)")
+        errors.append(
+            f"{source}: launch.rdzv_endpoint: launch.nnodes = {launch.nnodes} needs the host:port where "
+            "the nodes meet (this node, which runs the sweep)"
+        )
     if launch.world > 1 and cfg.device not in ("auto", "cuda", "cpu"):
-        errors.append(f"{source}: device: {cfg.device} names one GPU, but launch runs {launch.nproc_per_node} ranks "
-                      "per node, one GPU each; choose one of: auto, cuda, cpu")
+        errors.append(
+            f"{source}: device: {cfg.device} names one GPU, but launch runs {launch.nproc_per_node} ranks "
+            "per node, one GPU each; choose one of: auto, cuda, cpu"
+        )
     if launch.backend == "nccl" and cfg.device == "cpu":
-        errors.append(f"{source}: launch.backend: nccl needs CUDA devices, but device is cpu; choose one of: auto, "
-                      "gloo")
+        errors.append(
+            f"{source}: launch.backend: nccl needs CUDA devices, but device is cpu; choose one of: auto, gloo"
+        )
     bound = max_workers()
     too_many = [w for w in search.num_workers if w > bound]
     if too_many:
-        errors.append(f"{source}: search.num_workers: {max(too_many)} is more than this machine allows ({bound}: "
-                      f"{MAX_WORKERS_PER_CPU} per usable CPU, {cpu_count()} usable, and at least "
-                      f"{MIN_WORKER_BOUND})")
+        errors.append(
+            f"{source}: search.num_workers: {max(too_many)} is more than this machine allows ({bound}: "
+            f"{MAX_WORKERS_PER_CPU} per usable CPU, {cpu_count()} usable, and at least "
+            f"{MIN_WORKER_BOUND})"
+        )
     if search.target_effective_batch is not None:
         if search.grad_accum != [1]:
             errors.append(
-                f"{source}: search.grad_accum: set either search.grad_accum or search.target_effective_batch, "
-                "not both"
+                f"{source}: search.grad_accum: set either search.grad_accum or search.target_effective_batch, not both"
             )
         elif not any(search.target_effective_batch % b == 0 for b in search.batch_size):
             errors.append(
@@ -194,8 +231,10 @@ _EXTRA_KEY = re.compile(r"^workload\.([a-z_]+)(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 def extra_knobs(cfg: Config) -> list[ExtraKnob]:
     """``search.extra`` as knobs, sorted by key (validated by :func:`from_dict`)."""
     raw = cfg.to_dict()
-    return [ExtraKnob(key, tuple(spec["values"]), bool(spec["changes_result"]), _baseline(raw, key, spec["values"]))
-            for key, spec in sorted(cfg.search.extra.items())]
+    return [
+        ExtraKnob(key, tuple(spec["values"]), bool(spec["changes_result"]), _baseline(raw, key, spec["values"]))
+        for key, spec in sorted(cfg.search.extra.items())
+    ]
 
 
 def _baseline(raw: dict[str, Any], key: str, values: list[Any]) -> Any:
@@ -216,14 +255,23 @@ def _check_extra(cfg: Config, source: str, errors: list[str]) -> None:
         where = f"{source}: search.extra.{key}"
         m = _EXTRA_KEY.match(key)
         top = m.group(1) if m else None
-        if m is None or top not in fields or top in ("model", "dataset", "loss", "optimizer") or (
-                m.group(2) and not top.endswith("_args")) or (not m.group(2) and top.endswith("_args")):
-            errors.append(f"{where}: not a knob key; use workload.<name>_args.<argument> (an argument of the model, "
-                          "dataset, loss or optimizer factory) or a workload setting such as workload.precision")
+        if (
+            m is None
+            or top not in fields
+            or top in ("model", "dataset", "loss", "optimizer")
+            or (m.group(2) and not top.endswith("_args"))
+            or (not m.group(2) and top.endswith("_args"))
+        ):
+            errors.append(
+                f"{where}: not a knob key; use workload.<name>_args.<argument> (an argument of the model, "
+                "dataset, loss or optimizer factory) or a workload setting such as workload.precision"
+            )
             continue
         if not isinstance(spec, dict) or set(spec) != {"values", "changes_result"}:
-            errors.append(f"{where}: expected a mapping with values (a list) and changes_result (true or false), "
-                          f"got {_show(spec) if not isinstance(spec, dict) else sorted(spec)}")
+            errors.append(
+                f"{where}: expected a mapping with values (a list) and changes_result (true or false), "
+                f"got {_show(spec) if not isinstance(spec, dict) else sorted(spec)}"
+            )
             continue
         values, changes = spec["values"], spec["changes_result"]
         if not isinstance(values, list) or not values or not all(isinstance(v, scalar) for v in values):
@@ -246,7 +294,7 @@ def _check_gpu_decode(cfg: Config, source: str, errors: list[str]) -> None:
     own = str(cfg.workload.dataset_args.get("decode", "cpu"))
     if own.startswith("gpu") or listed:
         where, value = (f"search.extra.{key}", listed[0]) if listed else ("workload.dataset_args.decode", own)
-        errors.append(f"{source}: {where}: {value} decodes on the CUDA device, but device is cpu; choose cpu, or run "
-                      "on a GPU (device: auto or cuda)")
-
-
+        errors.append(
+            f"{source}: {where}: {value} decodes on the CUDA device, but device is cpu; choose cpu, or run "
+            "on a GPU (device: auto or cuda)"
+        )

@@ -101,8 +101,13 @@ def slurm_cpus(environ: Mapping[str, str]) -> tuple[str, int] | None:
     return None
 
 
-def cpu_budget(*, root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP,
-               environ: Mapping[str, str] | None = None, affinity: int | None = None) -> CpuBudget:
+def cpu_budget(
+    *,
+    root: Path = CGROUP_ROOT,
+    proc_cgroup: Path = PROC_CGROUP,
+    environ: Mapping[str, str] | None = None,
+    affinity: int | None = None,
+) -> CpuBudget:
     """The CPUs this process's job has: the smallest of its affinity, its CFS quota and SLURM's allotment, each
     recorded in ``limits``. The arguments are for tests (another cgroup tree, environment or affinity)."""
     limits = {"affinity": affinity if affinity is not None else _affinity()}

@@ -25,8 +25,11 @@ def _check_import_paths(cfg: Config, source: str, resolve: Resolver | None = Non
     elif cfg.workload is None:
         return []
     else:
-        paths = {f"workload.{key}": getattr(cfg.workload, key) for key in IMPORT_PATH_KEYS
-                 if getattr(cfg.workload, key) is not None}
+        paths = {
+            f"workload.{key}": getattr(cfg.workload, key)
+            for key in IMPORT_PATH_KEYS
+            if getattr(cfg.workload, key) is not None
+        }
     if not paths:
         return []
     if resolve is not None and cfg.script is None:
@@ -43,5 +46,3 @@ def _check_import_paths(cfg: Config, source: str, resolve: Resolver | None = Non
         return [f"{source}: workload: could not check import paths: {tail}"]
     problems = json.loads(proc.stdout.strip().splitlines()[-1])
     return [f"{source}: {key}: {_show(paths[key])} {msg}" for key, msg in problems.items() if msg]
-
-

@@ -25,7 +25,7 @@ def max_workers(cpus: int | None = None) -> int:
 
 KNOB_HELP: dict[str, str] = {
     "num_workers": f"DataLoader worker processes (per rank): an integer from 0 up to {MAX_WORKERS_PER_CPU} per "
-                   f"usable CPU (and up to {MIN_WORKER_BOUND} on any machine)",
+    f"usable CPU (and up to {MIN_WORKER_BOUND} on any machine)",
     "prefetch_factor": "batches prefetched per worker: an integer of at least 1 (with num_workers > 0)",
     "pin_memory": "pinned host memory with non_blocking copies: true or false",
     "batch_size": "micro-batch size: an integer of at least 1",
@@ -40,8 +40,15 @@ KNOB_HELP: dict[str, str] = {
 assert tuple(KNOB_HELP) == KNOB_NAMES, "KNOB_HELP must describe exactly contract.Knobs' fields"
 
 _NULLABLE = ("prefetch_factor", "threads", "worker_threads")
-_AT_LEAST = {"num_workers": 0, "prefetch_factor": 1, "batch_size": 1, "grad_accum": 1, "ranks": 1, "threads": 1,
-             "worker_threads": 1}
+_AT_LEAST = {
+    "num_workers": 0,
+    "prefetch_factor": 1,
+    "batch_size": 1,
+    "grad_accum": 1,
+    "ranks": 1,
+    "threads": 1,
+    "worker_threads": 1,
+}
 
 
 def _knob_problem(key: str, value: Any, bound: bool = True) -> str | None:
@@ -58,8 +65,10 @@ def _knob_problem(key: str, value: Any, bound: bool = True) -> str | None:
     if value < _AT_LEAST[key]:
         return f"must be at least {_AT_LEAST[key]}"
     if key == "num_workers" and bound and value > max_workers():
-        return (f"more than this machine allows ({max_workers()}: {MAX_WORKERS_PER_CPU} per usable CPU, "
-                f"{cpu_count()} usable, and at least {MIN_WORKER_BOUND})")
+        return (
+            f"more than this machine allows ({max_workers()}: {MAX_WORKERS_PER_CPU} per usable CPU, "
+            f"{cpu_count()} usable, and at least {MIN_WORKER_BOUND})"
+        )
     return None
 
 

@@ -37,8 +37,13 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node[last] = value
 
 
-def load(path: str | os.PathLike[str] | dict[str, Any], *, check_imports: bool = True,
-         overrides: dict[str, Any] | None = None, resolve: Resolver | None = None) -> Config:
+def load(
+    path: str | os.PathLike[str] | dict[str, Any],
+    *,
+    check_imports: bool = True,
+    overrides: dict[str, Any] | None = None,
+    resolve: Resolver | None = None,
+) -> Config:
     """Load and validate a config file (or already-parsed config data), with dotted-key overrides applied first.
 
     Args:
@@ -72,8 +77,9 @@ def _import_path(obj: Any) -> str:
         raise ConfigError([f"<config>: {obj!r} is neither plain data nor a callable"])
     module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
     if not module or "<locals>" in name or "<lambda>" in name:
-        raise ConfigError([f"<config>: {name or obj!r} is not importable: define it at the top level of a module "
-                           "or of your script"])
+        raise ConfigError(
+            [f"<config>: {name or obj!r} is not importable: define it at the top level of a module or of your script"]
+        )
     if module == "__main__":
         main_file = getattr(sys.modules["__main__"], "__file__", None)
         if not main_file:
@@ -103,7 +109,11 @@ def read_yaml(path: str | os.PathLike[str]) -> Any:
 
 
 def from_dict(
-    raw: Any, *, source: str = "<dict>", check_imports: bool = False, default_name: str = "run",
+    raw: Any,
+    *,
+    source: str = "<dict>",
+    check_imports: bool = False,
+    default_name: str = "run",
     resolve: Resolver | None = None,
 ) -> Config:
     """Validate already-parsed data (see :func:`load`)."""
@@ -148,9 +158,7 @@ def _load_dataclass(cls: type, raw: Any, path: str, source: str, errors: list[st
         if key not in fields:
             hint = difflib.get_close_matches(str(key), fields, n=1)
             maybe = f" (did you mean '{hint[0]}'?)" if hint else ""
-            errors.append(
-                f"{source}: {_join(path, key)}: unknown key{maybe}; allowed keys: {', '.join(fields)}"
-            )
+            errors.append(f"{source}: {_join(path, key)}: unknown key{maybe}; allowed keys: {', '.join(fields)}")
     values: dict[str, Any] = {}
     ok = True
     for name, f in fields.items():
@@ -245,5 +253,3 @@ def _scalar(value: Any, tp: Any, path: str, check: dict[str, Any], source: str, 
     if "pattern" in check and not check["pattern"].match(value):
         errors.append(f"{source}: {path}: {_show(value)} is not allowed; choose one of: {check['allowed']}")
     return value
-
-

@@ -230,8 +230,13 @@ class Launch:
 class Config:
     """A whole sweep config, as loaded from YAML."""
 
-    name: str = field(metadata=_meta(pattern=_NAME, allowed="a plain folder name (letters, digits, '.', '_', '-'; "
-                                                         "no '/', not '..'); choose another place with --out"))
+    name: str = field(
+        metadata=_meta(
+            pattern=_NAME,
+            allowed="a plain folder name (letters, digits, '.', '_', '-'; "
+            "no '/', not '..'); choose another place with --out",
+        )
+    )
     """Run name; the default output folder is results/<name>."""
     device: str = field(default="auto", metadata=_meta(pattern=_DEVICE, allowed="auto, cpu, cuda, cuda:N"))
     """auto (cuda when available), cpu, cuda or cuda:N."""
@@ -276,10 +281,13 @@ class Config:
         return self.script.count if self.script is not None else self.workload.count  # type: ignore[union-attr]
 
 
-TOP_LEVEL_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config)
-                                       if not f.metadata.get("internal") and not dataclasses.is_dataclass(f.type)
-                                       and f.name not in ("workload", "script", "search", "trial", "selection",
-                                                          "budget", "cost", "launch"))
+TOP_LEVEL_KEYS: tuple[str, ...] = tuple(
+    f.name
+    for f in dataclasses.fields(Config)
+    if not f.metadata.get("internal")
+    and not dataclasses.is_dataclass(f.type)
+    and f.name not in ("workload", "script", "search", "trial", "selection", "budget", "cost", "launch")
+)
 """The config's keys that hold a value rather than a section (``--set strategy=grid``)."""
 
 
@@ -294,18 +302,21 @@ def auto_workers(cpus: int | None = None) -> list[int]:
     return sorted(v for v in values if v <= top)
 
 
-
 # --- how a value is named in an error line --------------------------------------------------------------------------
 
 
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
-            dict: "a mapping"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+    }.get(type(value), type(value).__name__)
 
 
 def _show(value: Any) -> str:
     return json.dumps(value) if isinstance(value, str) else repr(value)
-
-

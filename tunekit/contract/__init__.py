@@ -21,6 +21,19 @@ from tunekit.contract._measurement import (
 from tunekit.contract._spec import TrialSpec
 from tunekit.contract._words import Mode, Stage, Strategy
 
-__all__ = ["Stage", "Mode", "Strategy", "Knobs", "TrialSpec", "Measurement", "MEASUREMENT_VERSION", "STATUSES",
-           "KNOB_NAMES", "failed_measurement", "skipped_measurement", "measurement_problem", "REQUIRED_FIELDS",
-           "process"]
+__all__ = [
+    "Stage",
+    "Mode",
+    "Strategy",
+    "Knobs",
+    "TrialSpec",
+    "Measurement",
+    "MEASUREMENT_VERSION",
+    "STATUSES",
+    "KNOB_NAMES",
+    "failed_measurement",
+    "skipped_measurement",
+    "measurement_problem",
+    "REQUIRED_FIELDS",
+    "process",
+]

@@ -59,8 +59,11 @@ class Knobs:
 
     def describe(self) -> str:
         """The knobs in words, e.g. ``8 workers, prefetch 2, pinned, batch 256``."""
-        parts = [f"{self.num_workers} workers" if self.ranks == 1
-                 else f"{self.num_workers} workers per rank x {self.ranks} ranks"]
+        parts = [
+            f"{self.num_workers} workers"
+            if self.ranks == 1
+            else f"{self.num_workers} workers per rank x {self.ranks} ranks"
+        ]
         if self.num_workers:
             parts.append(f"prefetch {self.prefetch_factor}")
         parts.append("pinned" if self.pin_memory else "not pinned")
@@ -92,5 +95,3 @@ class Knobs:
 
 KNOB_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Knobs) if f.name != "extra")
 """The built-in knobs (``tunekit trial --set``); a user-defined knob is set by its config key."""
-
-

@@ -12,8 +12,7 @@ from typing import Any
 from tunekit.contract._spec import TrialSpec
 from tunekit.contract._words import Mode
 
-STATUSES: tuple[str, ...] = ("ok", "oom", "timeout", "crashed", "illegal_access", "bad_output", "diverged",
-                             "skipped")
+STATUSES: tuple[str, ...] = ("ok", "oom", "timeout", "crashed", "illegal_access", "bad_output", "diverged", "skipped")
 """How a trial ended: ok (measured), a failure (oom ... diverged: a NaN or Inf loss), or skipped (the plan showed
 it could not be the knee, so it never ran)."""
 
@@ -363,8 +362,7 @@ class Measurement:
         """
         version = int(data.get("version") or 1)
         if version > MEASUREMENT_VERSION:
-            raise ValueError(f"measurement.json version {version} is newer than this tunekit's "
-                             f"({MEASUREMENT_VERSION})")
+            raise ValueError(f"measurement.json version {version} is newer than this tunekit's ({MEASUREMENT_VERSION})")
         if "status" not in data:
             raise ValueError("a measurement without a status")
         items = {k: v for k, v in data.items() if k not in ("version", "other")}
@@ -394,8 +392,9 @@ def _renamed_v1(items: dict[str, Any]) -> dict[str, Any]:
     """A version-1 measurement's keys under version 2's names (``per_rank`` entries too)."""
     out = {_V1_NAMES.get(k, k): v for k, v in items.items()}
     if isinstance(out.get("per_rank"), list):
-        out["per_rank"] = [{_V1_NAMES.get(k, k): v for k, v in p.items()} if isinstance(p, dict) else p
-                           for p in out["per_rank"]]
+        out["per_rank"] = [
+            {_V1_NAMES.get(k, k): v for k, v in p.items()} if isinstance(p, dict) else p for p in out["per_rank"]
+        ]
     return out
 
 
@@ -441,5 +440,13 @@ def skipped_measurement(spec: TrialSpec, reason: str, bound: tuple[float, int] |
 
 
 def _unmeasured(spec: TrialSpec, status: str, reason: str, **extra: Any) -> Measurement:
-    return Measurement(status=status, reason=reason, number=spec.number, stage=spec.stage, mode=spec.mode,
-                       run=spec.run, params=spec.knobs.to_dict(), **extra)
+    return Measurement(
+        status=status,
+        reason=reason,
+        number=spec.number,
+        stage=spec.stage,
+        mode=spec.mode,
+        run=spec.run,
+        params=spec.knobs.to_dict(),
+        **extra,
+    )

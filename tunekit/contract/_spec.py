@@ -56,5 +56,3 @@ class TrialSpec:
             probe_peak=bool(data.get("probe_peak", False)),
             run=int(data.get("run", 0)),
         )
-
-

@@ -76,5 +76,3 @@ class Strategy(_Word):
     """The staged plan: ceilings, the end-to-end walk, the refinements, the repeats."""
     grid = "grid"
     """Every combination of the search space once (a script's own settings first)."""
-
-

@@ -102,8 +102,9 @@ def rank_of(name: str) -> int:
 # -- the fork server's messages ---------------------------------------------------------------------------------
 
 
-def fork_request(argv: list[str], env: dict[str, str], preload: list[str],
-                 script: dict[str, Any] | None = None) -> dict[str, Any]:
+def fork_request(
+    argv: list[str], env: dict[str, str], preload: list[str], script: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Fork one trial: the worker on ``argv``, or the user's program (``script``: ``path`` or ``module``, ``args``,
     ``cwd``), in ``env``, after importing ``preload``. Sent with one file descriptor, the trial's output pipe."""
     return {"argv": argv, "env": env, "preload": preload, **({"script": script} if script else {})}

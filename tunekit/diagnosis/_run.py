@@ -11,8 +11,13 @@ from tunekit.diagnosis._verdicts import Verdict, verdict
 from tunekit.records import TrialRow
 
 
-def run_verdicts(rows: list[TrialRow], knee: TrialRow | None, per_trial: dict[int, Verdict], selection: Selection,
-                 env: dict[str, Any] | None = None) -> list[Verdict]:
+def run_verdicts(
+    rows: list[TrialRow],
+    knee: TrialRow | None,
+    per_trial: dict[int, Verdict],
+    selection: Selection,
+    env: dict[str, Any] | None = None,
+) -> list[Verdict]:
     """The run's verdicts, the primary one first: the knee's own, why the PyTorch defaults were slow (when that
     differs), then what the rest of the run shows (other processes on the GPU, the memory boundary, per-step
     overhead at the chosen batch). ``per_trial`` is :func:`trial_verdicts` of the same rows."""
@@ -32,8 +37,11 @@ def run_verdicts(rows: list[TrialRow], knee: TrialRow | None, per_trial: dict[in
 
 def _other_processes(rows: list[TrialRow], env: dict[str, Any] | None) -> Verdict | None:
     used = {str(r.measurement.device_uuid).lower() for r in rows if r.measurement.device_uuid}
-    gpus = [g for g in ((env or {}).get("gpus") or [])
-            if not used or str(g.get("uuid") or "").lower().removeprefix("gpu-") in used]  # only the GPU we used
+    gpus = [
+        g
+        for g in ((env or {}).get("gpus") or [])
+        if not used or str(g.get("uuid") or "").lower().removeprefix("gpu-") in used
+    ]  # only the GPU we used
     procs = sum(len(g.get("processes") or []) for g in gpus)
     return verdict("shared-gpu", {"other processes on the GPU at sweep start": procs}) if procs else None
 
@@ -46,15 +54,22 @@ def _memory_boundary(rows: list[TrialRow], trials: Trials) -> Verdict | None:
         # the compute stage walks down past the memory limit: a batch below the OOM may be over the headroom limit
         fitting = [b for b, r in trials.compute.items() if b < wall and rules.fits(r, trials.selection)]
         return verdict("memory-wall", {"OOM at batch": wall, "largest batch that fits": max(fitting, default=None)})
-    tight = sorted((r for r in rows if r.mode == Mode.compute and rules.past_memory_limit(r, trials.selection)),
-                   key=lambda r: r.knobs.batch_size)
+    tight = sorted(
+        (r for r in rows if r.mode == Mode.compute and rules.past_memory_limit(r, trials.selection)),
+        key=lambda r: r.knobs.batch_size,
+    )
     if not tight:
         return None
     wall = tight[0]
     fitting = [b for b, r in trials.compute.items() if b < wall.knobs.batch_size and rules.fits(r, trials.selection)]
-    return verdict("memory-wall", {f"headroom at batch {wall.knobs.batch_size}": wall.headroom,
-                                   "limit": trials.selection.min_headroom,
-                                   "largest batch that fits": max(fitting, default=None)})
+    return verdict(
+        "memory-wall",
+        {
+            f"headroom at batch {wall.knobs.batch_size}": wall.headroom,
+            "limit": trials.selection.min_headroom,
+            "largest batch that fits": max(fitting, default=None),
+        },
+    )
 
 
 def _overhead(knee: TrialRow | None, trials: Trials) -> Verdict | None:

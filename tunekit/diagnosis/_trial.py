@@ -45,9 +45,18 @@ class Trials:
         if row.knobs.pin_memory or row.mode != Mode.train:
             return None
         k = row.knobs
-        peers = [o for o in self.rows if o.ok and o.mode == row.mode and o.knobs.num_workers <= k.num_workers
-                 and o.knobs.ranks == k.ranks and o.knobs.batch_size == k.batch_size and o.knobs.compile == k.compile
-                 and o.knobs.grad_accum == k.grad_accum and o.knobs.extra == k.extra]
+        peers = [
+            o
+            for o in self.rows
+            if o.ok
+            and o.mode == row.mode
+            and o.knobs.num_workers <= k.num_workers
+            and o.knobs.ranks == k.ranks
+            and o.knobs.batch_size == k.batch_size
+            and o.knobs.compile == k.compile
+            and o.knobs.grad_accum == k.grad_accum
+            and o.knobs.extra == k.extra
+        ]
         pinned = [o for o in peers if o.knobs.pin_memory]
         unpinned = [o for o in peers if not o.knobs.pin_memory]  # holds this trial itself
         if not pinned:
@@ -62,9 +71,18 @@ class Trials:
         if row.mode != Mode.train or row.knobs.num_workers:
             return None
         k = row.knobs
-        with_workers = [o for o in self.rows if o.ok and o.mode == Mode.train and o.stage != Stage.scaling
-                        and o.knobs.num_workers > 0 and o.knobs.ranks == k.ranks and o.knobs.compile == k.compile
-                        and o.knobs.extra == k.extra and o.knobs.threads == k.threads]
+        with_workers = [
+            o
+            for o in self.rows
+            if o.ok
+            and o.mode == Mode.train
+            and o.stage != Stage.scaling
+            and o.knobs.num_workers > 0
+            and o.knobs.ranks == k.ranks
+            and o.knobs.compile == k.compile
+            and o.knobs.extra == k.extra
+            and o.knobs.threads == k.threads
+        ]
         if not with_workers:
             return None
         best = max(with_workers, key=lambda o: o.rate)
@@ -75,14 +93,25 @@ class Trials:
     def loader_plateau(self, row: TrialRow) -> tuple[TrialRow, TrialRow] | None:
         """The loader ceilings at this trial's worker count and the next smaller one measured (same batch), when
         the larger count is not faster beyond their margin: more workers stopped helping."""
-        ceilings = sorted((r for r in self.rows if r.ok and r.mode == Mode.loader and r.knobs.extra == row.knobs.extra
-                           and r.knobs.batch_size == row.knobs.batch_size and 0 < r.knobs.num_workers
-                           and r.knobs.num_workers <= row.knobs.num_workers), key=lambda r: r.knobs.num_workers)
+        ceilings = sorted(
+            (
+                r
+                for r in self.rows
+                if r.ok
+                and r.mode == Mode.loader
+                and r.knobs.extra == row.knobs.extra
+                and r.knobs.batch_size == row.knobs.batch_size
+                and 0 < r.knobs.num_workers
+                and r.knobs.num_workers <= row.knobs.num_workers
+            ),
+            key=lambda r: r.knobs.num_workers,
+        )
         if len(ceilings) < 2 or ceilings[-1].knobs.num_workers != row.knobs.num_workers:
             return None
         here, below = ceilings[-1], ceilings[-2]
-        return (here, below) if here.rate <= below.rate * (1 + rules.trial_margin(self.selection, here, below)) \
-            else None
+        return (
+            (here, below) if here.rate <= below.rate * (1 + rules.trial_margin(self.selection, here, below)) else None
+        )
 
 
 @dataclass(frozen=True)
@@ -128,9 +157,11 @@ class Facts:
         """The CPUs are the bound: the trial keeps them busy over CPU_SATURATED; or the machine is that busy (other
         processes too) while the workers compute; or the trial keeps them over CPU_BUSY and more workers stopped
         helping."""
-        return (self.trial_saturates
-                or ((self.system_busy or 0.0) > rules.CPU_SATURATED and self.workers_compute)
-                or (self.plateau is not None and (self.cpu_busy or 0.0) > rules.CPU_BUSY))
+        return (
+            self.trial_saturates
+            or ((self.system_busy or 0.0) > rules.CPU_SATURATED and self.workers_compute)
+            or (self.plateau is not None and (self.cpu_busy or 0.0) > rules.CPU_BUSY)
+        )
 
 
 def _facts(row: TrialRow, trials: Trials) -> Facts:
@@ -144,8 +175,13 @@ def _facts(row: TrialRow, trials: Trials) -> Facts:
         of_ceiling=share,
         busy=busy,
         # a step that decodes on the device keeps its stream busy with that work, not with pageable copies
-        stream_full=(not k.pin_memory and busy is not None and busy >= rules.STREAM_FULL
-                     and rules.input_bound(row, ceiling) and not m.input_on_device),
+        stream_full=(
+            not k.pin_memory
+            and busy is not None
+            and busy >= rules.STREAM_FULL
+            and rules.input_bound(row, ceiling)
+            and not m.input_on_device
+        ),
         cpu_busy=m.cpu_util_frac,
         trial_saturates=rules.keeps_cpus_busy(row),
         system_busy=None if m.system_cpu_pct is None else m.system_cpu_pct / 100,
@@ -174,8 +210,9 @@ def _shared_host(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
         return None
     ev: Evidence = {"window noise (CV)": row.noise_cv}
     if share is not None:
-        ev["CPUs other processes kept busy"] = (f"{row.measurement.other_cpu_cores:.1f} of "
-                                                f"{row.measurement.cpu_count} ({share:.0%})")
+        ev["CPUs other processes kept busy"] = (
+            f"{row.measurement.other_cpu_cores:.1f} of {row.measurement.cpu_count} ({share:.0%})"
+        )
     return ev
 
 
@@ -213,15 +250,23 @@ def _h2d_copy(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
         return None
     twin = f.twin
     if twin is not None and twin.gain > rules.trial_margin(trials.selection, row, twin.pinned):
-        return {"gain with pinning": twin.gain, "pinned trial": twin.pinned.number,
-                "fastest unpinned trial with as many workers or fewer": twin.unpinned.number, "data wait": f.wait}
+        return {
+            "gain with pinning": twin.gain,
+            "pinned trial": twin.pinned.number,
+            "fastest unpinned trial with as many workers or fewer": twin.unpinned.number,
+            "data wait": f.wait,
+        }
     # An unpinned step whose stream is never idle yet runs well below the compute ceiling spends the difference on
     # the stream in copies from pageable memory (the host blocks on them while queued compute drains, so its data
     # wait overlaps GPU work). CUDA-event spans wrap the whole step, so they also hold launches that a CPU-starved
     # host makes late: with the CPUs saturated the stream figure is evidence for the data verdict instead.
     if f.stream_full and twin is None and not (row.knobs.num_workers and f.cpus_saturated):
-        return {"GPU busy (events)": f.busy, "of compute ceiling": f.of_ceiling, "data wait": f.wait,
-                "pinned": "not measured at this batch"}
+        return {
+            "GPU busy (events)": f.busy,
+            "of compute ceiling": f.of_ceiling,
+            "data wait": f.wait,
+            "pinned": "not measured at this batch",
+        }
     return None
 
 
@@ -250,8 +295,9 @@ def _cpu_preprocessing(row: TrialRow, f: Facts, trials: Trials) -> Evidence | No
         ev["workers' share of their cores"] = f.worker_share
     if f.plateau is not None and not f.trial_saturates:
         here, below = f.plateau
-        ev["loader ceiling"] = (f"{here.rate:.1f} at {here.knobs.num_workers} workers vs {below.rate:.1f} at "
-                                f"{below.knobs.num_workers}")
+        ev["loader ceiling"] = (
+            f"{here.rate:.1f} at {here.knobs.num_workers} workers vs {below.rate:.1f} at {below.knobs.num_workers}"
+        )
     return ev
 
 
@@ -278,8 +324,11 @@ def _communication_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | 
     efficiency = rules.scaling_efficiency(row, single) if single is not None else None
     if not rules.communication_bound(row, efficiency):
         return None
-    ev: Evidence = {"gradient sync share of a step": row.measurement.sync_share, "data wait": f.wait,
-                    "ranks": row.knobs.ranks}
+    ev: Evidence = {
+        "gradient sync share of a step": row.measurement.sync_share,
+        "data wait": f.wait,
+        "ranks": row.knobs.ranks,
+    }
     if efficiency is not None and single is not None:
         ev[f"scaling efficiency vs 1 GPU (trial {single.number})"] = efficiency
     if row.knobs.grad_accum > 1:
@@ -294,8 +343,11 @@ def _gpu_preprocessing(row: TrialRow, f: Facts, trials: Trials) -> Evidence | No
         return None
     if f.of_ceiling is None or f.of_ceiling >= rules.NEAR_CEILING:
         return None
-    ev: Evidence = {"of compute ceiling": f.of_ceiling,
-                    "step time beyond the model's on a ready batch": 1.0 - f.of_ceiling, "data wait": f.wait}
+    ev: Evidence = {
+        "of compute ceiling": f.of_ceiling,
+        "step time beyond the model's on a ready batch": 1.0 - f.of_ceiling,
+        "data wait": f.wait,
+    }
     ahead = row.measurement.device_input_wait_frac
     if ahead is not None and row.measurement.input_ahead:
         ev["input work"] = "one batch ahead, beside the step"
@@ -323,8 +375,12 @@ def _cpu_contention(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     its own loading, while the trials with workers kept the CPUs busy and were no faster."""
     if row.mode != Mode.train or row.knobs.ranks > 1:
         return None  # several ranks below the ceiling without waiting: gradient sync is the first suspect
-    ev: Evidence = {**({"of compute ceiling": f.of_ceiling} if f.of_ceiling is not None else {}), "data wait": f.wait,
-                    "CPU busy": f.cpu_busy, "usable CPUs": f.cpus}
+    ev: Evidence = {
+        **({"of compute ceiling": f.of_ceiling} if f.of_ceiling is not None else {}),
+        "data wait": f.wait,
+        "CPU busy": f.cpu_busy,
+        "usable CPUs": f.cpus,
+    }
     if row.knobs.num_workers:
         if f.data_bound or not f.trial_saturates or f.of_ceiling is None or f.of_ceiling >= rules.NEAR_CEILING:
             return None
@@ -332,9 +388,14 @@ def _cpu_contention(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     peer = trials.workers_no_faster(row)
     if peer is None or not f.data_bound:
         return None
-    return {**ev, "workers": 0, f"with workers (best, trial {peer.number})": (
-        f"{peer.knobs.num_workers} workers, {peer.rate:.1f} {peer.unit}/s at batch {peer.knobs.batch_size}, CPU busy "
-        f"{peer.measurement.cpu_util_frac or 0.0:.0%}: no faster")}
+    return {
+        **ev,
+        "workers": 0,
+        f"with workers (best, trial {peer.number})": (
+            f"{peer.knobs.num_workers} workers, {peer.rate:.1f} {peer.unit}/s at batch {peer.knobs.batch_size}, "
+            f"CPU busy {peer.measurement.cpu_util_frac or 0.0:.0%}: no faster"
+        ),
+    }
 
 
 def _compute_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
@@ -348,27 +409,37 @@ def _compute_bound(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
         ev["of the device's measured matmul peak"] = f.flop_share
         if f.flops_uncertain is not None:
             low, high = rules.FLOP_BACKWARD_BAND
-            ev["FLOP count uncertain: its backward counted"] = (f"{f.flops_uncertain:.1f}x its forward "
-                                                                f"(expected {low:g}-{high:g}x)")
+            ev["FLOP count uncertain: its backward counted"] = (
+                f"{f.flops_uncertain:.1f}x its forward (expected {low:g}-{high:g}x)"
+            )
     return ev
 
 
 def _unattributed(row: TrialRow, f: Facts, trials: Trials) -> Evidence | None:
     if row.mode != Mode.train:
         return None  # a loader-alone trial measures a ceiling, not the job
-    ev: Evidence = {"of compute ceiling": f.of_ceiling if f.of_ceiling is not None else "not measured",
-                    "data wait": f.wait}
+    ev: Evidence = {
+        "of compute ceiling": f.of_ceiling if f.of_ceiling is not None else "not measured",
+        "data wait": f.wait,
+    }
     if f.busy is not None:
         ev["GPU busy (events)"] = f.busy
     return ev
 
 
 PREDICATES: dict[str, Callable[[TrialRow, Facts, Trials], Evidence | None]] = {
-    "shared-host": _shared_host, "shared-gpu": _shared_gpu, "memory-wall": _memory_wall, "h2d-copy": _h2d_copy,
-    "cpu-preprocessing": _cpu_preprocessing, "data-starved": _data_starved,
-    "communication-bound": _communication_bound, "gpu-preprocessing": _gpu_preprocessing,
-    "cpu-contention": _cpu_contention, "overhead-bound": _overhead_bound,
-    "compute-bound": _compute_bound, "unattributed": _unattributed,
+    "shared-host": _shared_host,
+    "shared-gpu": _shared_gpu,
+    "memory-wall": _memory_wall,
+    "h2d-copy": _h2d_copy,
+    "cpu-preprocessing": _cpu_preprocessing,
+    "data-starved": _data_starved,
+    "communication-bound": _communication_bound,
+    "gpu-preprocessing": _gpu_preprocessing,
+    "cpu-contention": _cpu_contention,
+    "overhead-bound": _overhead_bound,
+    "compute-bound": _compute_bound,
+    "unattributed": _unattributed,
 }
 assert tuple(PREDICATES) == VERDICTS
 
@@ -379,9 +450,14 @@ def classify(row: TrialRow, trials: Trials) -> Verdict | None:
     for name in VERDICTS:
         evidence = PREDICATES[name](row, facts, trials)
         if evidence is not None:
-            return verdict(name, evidence, row.number,
-                           compute_fix(None if facts.flops_uncertain is not None else facts.flop_share)
-                           if name == "compute-bound" else None)
+            return verdict(
+                name,
+                evidence,
+                row.number,
+                compute_fix(None if facts.flops_uncertain is not None else facts.flop_share)
+                if name == "compute-bound"
+                else None,
+            )
     return None
 
 

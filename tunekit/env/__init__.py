@@ -11,5 +11,15 @@ from tunekit.env._snapshot import cpu_model, snapshot
 from tunekit.env._text import format_text
 from tunekit.env._warnings import environment_warnings, sweep_warnings
 
-__all__ = ["snapshot", "format_text", "NvmlSampler", "cpu_model", "environment_warnings", "sweep_warnings",
-           "datasheet_flops", "matmul_peaks", "machine_fingerprint", "describe_machine"]
+__all__ = [
+    "snapshot",
+    "format_text",
+    "NvmlSampler",
+    "cpu_model",
+    "environment_warnings",
+    "sweep_warnings",
+    "datasheet_flops",
+    "matmul_peaks",
+    "machine_fingerprint",
+    "describe_machine",
+]

@@ -15,9 +15,14 @@ from typing import Any
 __all__ = ["machine_fingerprint", "describe_machine"]
 
 
-def machine_fingerprint(snapshot: Mapping[str, Any] | None, *, device: str | None = None, cpus: int | None = None,
-                        memory_bytes: int | None = None, versions: Mapping[str, Any] | None = None
-                        ) -> dict[str, Any]:
+def machine_fingerprint(
+    snapshot: Mapping[str, Any] | None,
+    *,
+    device: str | None = None,
+    cpus: int | None = None,
+    memory_bytes: int | None = None,
+    versions: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The machine's fingerprint: ``device`` (the trial's, e.g. ``NVIDIA H200`` or ``CPU: AMD EPYC``), ``gpu``
     (the GPU model, several joined), ``gpus`` (how many NVML sees; 0 without NVML), ``cpu`` (the CPU model),
     ``cpus`` (usable), ``memory_bytes`` (host RAM), ``torch``, ``cuda`` (torch's CUDA build), ``driver``,

@@ -195,18 +195,25 @@ def _pcie(nv: ModuleType, handle: Any) -> dict[str, int | None]:
     }
 
 
-_TOPOLOGY = {0: "same board", 10: "one PCIe switch", 20: "several PCIe switches", 30: "one PCIe host bridge",
-             40: "one NUMA node (host bridges)", 50: "across NUMA nodes (CPU interconnect)"}
+_TOPOLOGY = {
+    0: "same board",
+    10: "one PCIe switch",
+    20: "several PCIe switches",
+    30: "one PCIe host bridge",
+    40: "one NUMA node (host bridges)",
+    50: "across NUMA nodes (CPU interconnect)",
+}
 """NVML's common-ancestor levels between two GPUs: how far a transfer between them travels without NVLink."""
 
 
 def _nvlinks(nv: ModuleType, handle: Any) -> int | None:
     """Active NVLink links of a device (None when NVML cannot tell; 0 on a PCIe-only card)."""
-    links = [_call(nv, "nvmlDeviceGetNvLinkState", handle, link)
-             for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)))]
+    links = [
+        _call(nv, "nvmlDeviceGetNvLinkState", handle, link)
+        for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)))
+    ]
     known = [state for state in links if state is not None]
-    return sum(1 for state in known if state) if known else (None if not hasattr(nv, "nvmlDeviceGetNvLinkState")
-                                                             else 0)
+    return sum(1 for state in known if state) if known else (None if not hasattr(nv, "nvmlDeviceGetNvLinkState") else 0)
 
 
 def _interconnect(nv: ModuleType, handles: list[Any]) -> list[dict[str, Any]]:
@@ -216,8 +223,13 @@ def _interconnect(nv: ModuleType, handles: list[Any]) -> list[dict[str, Any]]:
     for i in range(len(handles)):
         for j in range(i + 1, len(handles)):
             level = _call(nv, "nvmlDeviceGetTopologyCommonAncestor", handles[i], handles[j])
-            out.append({"gpus": [i, j], "nvlink": bool(links[i]) and bool(links[j]),
-                        "pcie_path": _TOPOLOGY.get(int(level)) if level is not None else None})
+            out.append(
+                {
+                    "gpus": [i, j],
+                    "nvlink": bool(links[i]) and bool(links[j]),
+                    "pcie_path": _TOPOLOGY.get(int(level)) if level is not None else None,
+                }
+            )
     return out
 
 

@@ -44,9 +44,16 @@ def matmul_peaks(rows: Iterable[TrialRow]) -> list[dict[str, Any]]:
         m = row.measurement
         if m.matmul_peak_flops is None and m.matmul_peak_reason is None:
             continue
-        out.append({"trial": row.number, "device": m.device, "device_name": m.device_name,
-                    "device_uuid": m.device_uuid, "precision": m.matmul_peak_precision,
-                    "flops": m.matmul_peak_flops, "datasheet_flops": datasheet_flops(m.device_name,
-                                                                                     m.matmul_peak_precision),
-                    "reason": m.matmul_peak_reason})
+        out.append(
+            {
+                "trial": row.number,
+                "device": m.device,
+                "device_name": m.device_name,
+                "device_uuid": m.device_uuid,
+                "precision": m.matmul_peak_precision,
+                "flops": m.matmul_peak_flops,
+                "datasheet_flops": datasheet_flops(m.device_name, m.matmul_peak_precision),
+                "reason": m.matmul_peak_reason,
+            }
+        )
     return out

@@ -119,7 +119,7 @@ def _usable(cpu: dict[str, Any]) -> Any:
 
 
 def _limited(cpu: dict[str, Any]) -> str:
-    """", limited by its CFS quota (16 CPUs of affinity)" when something under the affinity set the usable count."""
+    """ ", limited by its CFS quota (16 CPUs of affinity)" when something under the affinity set the usable count."""
     limits, by = cpu.get("limits") or {}, cpu.get("limited_by")
     if not by or by == "affinity" or by not in limits:
         return ""

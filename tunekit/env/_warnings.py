@@ -10,8 +10,9 @@ from tunekit.config import Config
 from tunekit.records import TrialRow
 
 
-def environment_warnings(env: dict[str, Any], *, max_workers: int = 0, batch_bytes: int | None = None,
-                         prefetch: int = 2, ranks: int = 1) -> list[str]:
+def environment_warnings(
+    env: dict[str, Any], *, max_workers: int = 0, batch_bytes: int | None = None, prefetch: int = 2, ranks: int = 1
+) -> list[str]:
     """Warnings from an env snapshot: CPUs, /dev/shm, driver, and each GPU's processes, clocks, heat and link.
     ``ranks``: the ranks on this node, each with its own loader's workers (they share the node's CPUs and shm)."""
     out: list[str] = []
@@ -20,16 +21,20 @@ def environment_warnings(env: dict[str, Any], *, max_workers: int = 0, batch_byt
     workers = max_workers * max(1, ranks)
     if max_workers and cpus and workers > cpus:
         across = f" per rank, {workers} across this node's {ranks} ranks," if ranks > 1 else ","
-        out.append(f"search.num_workers goes up to {max_workers}{across} above the {cpus} usable CPUs: workers "
-                   "beyond the core count compete for them when they compute (decoding, augmenting); workers that "
-                   "wait on storage do not, and the diagnosis tells which")
+        out.append(
+            f"search.num_workers goes up to {max_workers}{across} above the {cpus} usable CPUs: workers "
+            "beyond the core count compete for them when they compute (decoding, augmenting); workers that "
+            "wait on storage do not, and the diagnosis tells which"
+        )
     shm = env.get("shm") or {}
     if batch_bytes and max_workers and shm.get("total_bytes"):
         need = workers * prefetch * batch_bytes
         if need > rules.SHM_WARN * shm["total_bytes"]:
-            out.append(f"/dev/shm holds {_size(shm['total_bytes'])} but {workers} workers x prefetch {prefetch} x "
-                       f"{_size(batch_bytes)} batches need about {_size(need)}: enlarge it (docker run --shm-size) "
-                       "or lower num_workers x prefetch_factor x batch")
+            out.append(
+                f"/dev/shm holds {_size(shm['total_bytes'])} but {workers} workers x prefetch {prefetch} x "
+                f"{_size(batch_bytes)} batches need about {_size(need)}: enlarge it (docker run --shm-size) "
+                "or lower num_workers x prefetch_factor x batch"
+            )
     build, driver = env.get("torch_cuda_build"), (env.get("nvml") or {}).get("cuda_driver_version")
     if build and driver and _version(build) > _version(driver):
         out.append(f"torch is built for CUDA {build} but the driver supports CUDA {driver}: update the driver")
@@ -57,8 +62,7 @@ def _gpu_warnings(gpu: dict[str, Any]) -> list[str]:
         out.append(f"{name} is at {temp} C")
     pcie = gpu.get("pcie") or {}
     if pcie.get("width") and pcie.get("width_max") and pcie["width"] < pcie["width_max"]:
-        out.append(f"{name} PCIe link runs x{pcie['width']} of x{pcie['width_max']}: host-to-device copies "
-                   "are slower")
+        out.append(f"{name} PCIe link runs x{pcie['width']} of x{pcie['width_max']}: host-to-device copies are slower")
     return out
 
 
@@ -71,8 +75,10 @@ def _busy_before(env: dict[str, Any]) -> list[str]:
     except (AttributeError, OSError):  # pragma: no cover - not Unix
         return []
     if cpus and load > max(0.5, rules.BUSY_HOST * cpus):
-        return [f"the machine is busy before the sweep: a load of {load:.1f} over the last minute on {cpus} usable "
-                "CPUs; other processes' work disturbs every figure (each trial says how many cores they took)"]
+        return [
+            f"the machine is busy before the sweep: a load of {load:.1f} over the last minute on {cpus} usable "
+            "CPUs; other processes' work disturbs every figure (each trial says how many cores they took)"
+        ]
     return []
 
 
@@ -80,8 +86,9 @@ def _batch_bytes(cfg: Config, rows: list[TrialRow]) -> int | None:
     """Bytes of the largest searched batch: from the trials' measured batches (bytes per item, at the largest
     batch), else, before any trial, from an image workload's crop (3 x crop² float32 per sample)."""
     largest = max(cfg.search.batch_size)
-    measured = [r.measurement.batch_bytes / r.knobs.batch_size for r in rows
-                if r.measurement.batch_bytes and r.knobs.batch_size]
+    measured = [
+        r.measurement.batch_bytes / r.knobs.batch_size for r in rows if r.measurement.batch_bytes and r.knobs.batch_size
+    ]
     if measured:
         return int(max(measured) * largest)
     crop = cfg.workload.dataset_args.get("crop") if cfg.workload is not None else None
@@ -92,16 +99,23 @@ def sweep_warnings(cfg: Config, env: dict[str, Any], rows: list[TrialRow] | None
     """The warnings for a sweep of ``cfg`` on this machine; with finished trials, also the host memory they used."""
     s = cfg.search
     batch_bytes = _batch_bytes(cfg, rows or [])
-    out = environment_warnings(env, max_workers=max(s.num_workers), batch_bytes=batch_bytes,
-                               prefetch=max(s.prefetch_factor), ranks=cfg.launch.nproc_per_node)
+    out = environment_warnings(
+        env,
+        max_workers=max(s.num_workers),
+        batch_bytes=batch_bytes,
+        prefetch=max(s.prefetch_factor),
+        ranks=cfg.launch.nproc_per_node,
+    )
     out += _link_warnings(env, cfg.launch.nproc_per_node)
     if rows is None:  # at the start: a machine already busy says so before the first trial
         out += _busy_before(env)
     for row in rows or []:
         peak, total = row.measurement.host_mem_peak_bytes, row.measurement.host_mem_total_bytes
         if row.ok and peak and total and peak > rules.HOST_MEMORY_WARN * total:
-            out.append(f"trial {row.number} used {peak / 2**30:.1f} of {total / 2**30:.1f} GiB of host memory "
-                       f"({row.knobs.num_workers} workers): close to the machine's RAM")
+            out.append(
+                f"trial {row.number} used {peak / 2**30:.1f} of {total / 2**30:.1f} GiB of host memory "
+                f"({row.knobs.num_workers} workers): close to the machine's RAM"
+            )
     return out
 
 
@@ -113,8 +127,10 @@ def _link_warnings(env: dict[str, Any], ranks: int) -> list[str]:
         i, j = pair.get("gpus") or (0, 0)
         if i >= ranks or j >= ranks or pair.get("nvlink") or not pair.get("pcie_path"):
             continue
-        out.append(f"GPUs {i} and {j} have no NVLink between them: their gradient all-reduce goes over PCIe "
-                   f"({pair['pcie_path']}); expect communication to cost more (nvidia-smi topo -m shows the paths)")
+        out.append(
+            f"GPUs {i} and {j} have no NVLink between them: their gradient all-reduce goes over PCIe "
+            f"({pair['pcie_path']}); expect communication to cost more (nvidia-smi topo -m shows the paths)"
+        )
     return out
 
 

@@ -72,17 +72,23 @@ def tail(path: Path, limit: int = 20_000) -> str:
         return ""
 
 
-def classify(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float, out_path: Path,
-             log_path: Path) -> Measurement:
+def classify(
+    spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float, out_path: Path, log_path: Path
+) -> Measurement:
     failed_rank = rank_failure(out_path, tail(log_path)) if not out_path.exists() else None
     if timed_out:
         if failed_rank is not None:  # a rank failed, and its peers then hung in a collective: the failure is the cause
-            return dataclasses.replace(failed_rank, reason=f"{failed_rank.reason} (the other ranks then hung until "
-                                                           f"trial.timeout_s = {timeout_s:g} s; the process tree "
-                                                           "was killed)")
+            return dataclasses.replace(
+                failed_rank,
+                reason=f"{failed_rank.reason} (the other ranks then hung until "
+                f"trial.timeout_s = {timeout_s:g} s; the process tree "
+                "was killed)",
+            )
         return failed_measurement(
-            spec, "timeout", f"no result within trial.timeout_s = {timeout_s:g} s{hung_ranks(out_path.parent)}; "
-                             "its process tree was killed"
+            spec,
+            "timeout",
+            f"no result within trial.timeout_s = {timeout_s:g} s{hung_ranks(out_path.parent)}; "
+            "its process tree was killed",
         )
     if out_path.exists():
         try:
@@ -94,8 +100,9 @@ def classify(spec: TrialSpec, rc: int | None, timed_out: bool, timeout_s: float,
             return failed_measurement(spec, "bad_output", accepted)
         if accepted.status != "ok" and not accepted.stage:  # the bootstrap's word, from an interpreter that could
             # not load the record types: what the trial was is the spec's
-            return failed_measurement(spec, accepted.status, accepted.reason or "no reason given",
-                                      exception=accepted.exception)
+            return failed_measurement(
+                spec, accepted.status, accepted.reason or "no reason given", exception=accepted.exception
+            )
         return accepted
     if failed_rank is not None:
         return failed_rank
@@ -135,11 +142,18 @@ def rank_failure(out_path: Path, log: str) -> Measurement | None:
     if not silent:
         return first
     rank, local, code = silent[0]
-    how = (f"was killed by {signal_name(-code)}" + (" (not sent by tunekit; the kernel's OOM killer is the usual "
-           "sender)" if -code == signal.SIGKILL else "") if code < 0 else f"exited with code {code}")
+    how = (
+        f"was killed by {signal_name(-code)}"
+        + (" (not sent by tunekit; the kernel's OOM killer is the usual sender)" if -code == signal.SIGKILL else "")
+        if code < 0
+        else f"exited with code {code}"
+    )
     then = f"; then {first.reason}" if first is not None else ""
-    return failed_measurement(TrialSpec.from_dict(read_json(out_path.parent / names.SPEC_FILE)), "crashed",
-                              f"rank {rank} (local rank {local}) {how} without reporting an error{then}")
+    return failed_measurement(
+        TrialSpec.from_dict(read_json(out_path.parent / names.SPEC_FILE)),
+        "crashed",
+        f"rank {rank} (local rank {local}) {how} without reporting an error{then}",
+    )
 
 
 def signal_name(number: int) -> str:
@@ -161,12 +175,17 @@ def hung_ranks(trial_dir: Path) -> str:
     behind = min(where.values(), key=lambda w: (w[0], w[1]))
     stuck = sorted(r for r, w in where.items() if w[:2] == behind[:2])
     if len(stuck) == len(where):
-        return (f": every rank held its batch {behind[0]}, so they hung in the step (the model, or a collective)"
-                if behind[1] else f": every rank waited for its batch {behind[0]} from its DataLoader")
+        return (
+            f": every rank held its batch {behind[0]}, so they hung in the step (the model, or a collective)"
+            if behind[1]
+            else f": every rank waited for its batch {behind[0]} from its DataLoader"
+        )
     who = ", ".join(f"rank {r}" for r in stuck)
     doing = "in its step on" if behind[1] else "waiting for its DataLoader's"
-    return (f": {who} hung {doing} batch {behind[0]} for {time.time() - behind[2]:.0f} s while the others "
-            "waited for it in a collective")
+    return (
+        f": {who} hung {doing} batch {behind[0]} for {time.time() - behind[2]:.0f} s while the others "
+        "waited for it in a collective"
+    )
 
 
 def disk_full(folder: Path) -> str | None:

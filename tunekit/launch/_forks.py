@@ -20,8 +20,18 @@ from tunekit.config import IMPORT_PATH_KEYS, Config
 from tunekit.contract import process as names
 from tunekit.launch._procs import TERM_GRACE_S, group_alive, signal_group
 
-__all__ = ["ForkServer", "Forked", "fork_trial", "fork_script", "server_for", "workload_modules", "refusal",
-           "close_servers", "server_pids", "SERVERS"]
+__all__ = [
+    "ForkServer",
+    "Forked",
+    "fork_trial",
+    "fork_script",
+    "server_for",
+    "workload_modules",
+    "refusal",
+    "close_servers",
+    "server_pids",
+    "SERVERS",
+]
 
 
 class ForkServer:
@@ -32,16 +42,22 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", names.WORKER_MODULE, names.FORK_SERVER, str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True, env=env, cwd=cwd,
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+            cwd=cwd,
         )
         theirs.close()
         self.sock = ours
         self.broken = False
         self.refusal = ""  # the server's reason when it refused to fork (an import made forking unsafe)
 
-    def request(self, argv: list[str], env: dict[str, str], preload: list[str],
-                script: dict[str, Any] | None = None) -> Forked | None:
+    def request(
+        self, argv: list[str], env: dict[str, str], preload: list[str], script: dict[str, Any] | None = None
+    ) -> Forked | None:
         """Fork one trial (the worker on ``argv``, or the user's ``script``, `script_entry`); None when the server
         cannot (then it is not asked again)."""
         read_end, write_end = os.pipe()

@@ -40,8 +40,10 @@ def lock_run(run_dir: Path) -> Any:
         handle.seek(0)
         holder = (handle.read().split() or ["unknown"])[0]
         handle.close()
-        raise UsageError(f"{run_dir}: another tunekit process (pid {holder}) is using this run folder; wait for it "
-                         "to finish, or choose another --out") from None
+        raise UsageError(
+            f"{run_dir}: another tunekit process (pid {holder}) is using this run folder; wait for it "
+            "to finish, or choose another --out"
+        ) from None
     handle.seek(0)
     earlier = handle.read().split()
     token = names.sweep_token()

@@ -92,14 +92,17 @@ class TrialLog:
         try:
             if self._error is None:
                 if self._dropped:
-                    self._file.write(f"\n[tunekit: {self._dropped} bytes of output left out here; worker.log keeps "
-                                     f"the first and last {LOG_KEEP_BYTES} bytes]\n".encode())
+                    self._file.write(
+                        f"\n[tunekit: {self._dropped} bytes of output left out here; worker.log keeps "
+                        f"the first and last {LOG_KEEP_BYTES} bytes]\n".encode()
+                    )
                 self._file.write(bytes(self._tail))
             self._file.close()
         except OSError as failed:
             self._error = self._error or failed
         if self._error is not None and raised == (None, None, None):
             error = self._error
-            raise TunekitError(f"{self.path}: cannot write the trial's log: {error.strerror or error}; free space "
-                               "(or raise the file-size limit) and resume")
-
+            raise TunekitError(
+                f"{self.path}: cannot write the trial's log: {error.strerror or error}; free space "
+                "(or raise the file-size limit) and resume"
+            )

@@ -21,8 +21,9 @@ from tunekit.launch._start import torchrun_command
 __all__ = ["run_node"]
 
 
-def run_node(cfg: Config, node_rank: int, folder: Path, *, idle_timeout_s: float,
-             say: Callable[[str], None] = lambda line: None) -> int:
+def run_node(
+    cfg: Config, node_rank: int, folder: Path, *, idle_timeout_s: float, say: Callable[[str], None] = lambda line: None
+) -> int:
     """Serve node ``node_rank``'s ranks of every multi-rank trial of a sweep run on node 0 (``tunekit node``), until
     the sweep releases this node or no trial came for ``idle_timeout_s``; returns the trials served. Each trial's
     spec comes from rank 0 through the rendezvous; this node's failures stay in ``folder``'s node.log."""
@@ -39,8 +40,14 @@ def run_node(cfg: Config, node_rank: int, folder: Path, *, idle_timeout_s: float
         for stale in (*folder.glob(names.RANK_FAILURES), trial, stop):
             stale.unlink(missing_ok=True)
         with open(folder / names.NODE_LOG_FILE, "ab") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, env=_start.child_env())
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=_start.child_env(),
+            )
             try:
                 rc = _wait_trial(proc, trial, cfg.trial.timeout_s)
             finally:  # an interrupt ends this node's ranks and their workers too
@@ -53,8 +60,10 @@ def run_node(cfg: Config, node_rank: int, folder: Path, *, idle_timeout_s: float
             failed = [Measurement.from_dict(read_json(p)) for p in folder.glob(names.RANK_FAILURES)]
             first = min(failed, key=lambda m: float(m.failed_at or 0.0)) if failed else None
             reason = first.reason if first is not None else None
-            say(f"node {node_rank}: trial {trial.read_text()} "
-                + (f"failed here: {reason}" if reason else "done" if rc == 0 else f"ended with exit code {rc}"))
+            say(
+                f"node {node_rank}: trial {trial.read_text()} "
+                + (f"failed here: {reason}" if reason else "done" if rc == 0 else f"ended with exit code {rc}")
+            )
         elif time.monotonic() - last > idle_timeout_s:
             say(f"node {node_rank}: no trial for {idle_timeout_s:g} s; stopping after {served} trial(s)")
             return served

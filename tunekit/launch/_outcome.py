@@ -9,28 +9,49 @@ __all__ = ["classify_error", "silent_ranks"]
 
 # Real messages from torch, CUDA and the C allocator; each maps a failure to a status.
 _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
-    ("illegal_access", re.compile(r"illegal memory access|illegal instruction was encountered|"
-                                  r"misaligned address|CUDA_ERROR_ILLEGAL_ADDRESS", re.I)),
-    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
-                       r"CUDNN_STATUS_(?:ALLOC_FAILED|NOT_ENOUGH_WORKSPACE)|CUDA error: out of memory|"
-                       r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory)|"
-                       r"\bMemoryError\b|Cannot allocate memory|"
-                       r"HIP out of memory|out of memory on device", re.I)),
+    (
+        "illegal_access",
+        re.compile(
+            r"illegal memory access|illegal instruction was encountered|"
+            r"misaligned address|CUDA_ERROR_ILLEGAL_ADDRESS",
+            re.I,
+        ),
+    ),
+    (
+        "oom",
+        re.compile(
+            r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
+            r"CUDNN_STATUS_(?:ALLOC_FAILED|NOT_ENOUGH_WORKSPACE)|CUDA error: out of memory|"
+            r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory)|"
+            r"\bMemoryError\b|Cannot allocate memory|"
+            r"HIP out of memory|out of memory on device",
+            re.I,
+        ),
+    ),
 ]
 
-_NO_FORK = re.compile(r"BlockingIOError[^\n]*|Resource temporarily unavailable[^\n]*|"
-                      r"can't start new thread[^\n]*", re.I)
+_NO_FORK = re.compile(
+    r"BlockingIOError[^\n]*|Resource temporarily unavailable[^\n]*|"
+    r"can't start new thread[^\n]*",
+    re.I,
+)
 
 _NODES_MISSING = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
 
-_NO_SHM = re.compile(r"[^\n]*(?:insufficient shared memory|unable to write to file </torch_[^\n]*No space left|"
-                     r"unable to allocate shared memory)[^\n]*", re.I)
+_NO_SHM = re.compile(
+    r"[^\n]*(?:insufficient shared memory|unable to write to file </torch_[^\n]*No space left|"
+    r"unable to allocate shared memory)[^\n]*",
+    re.I,
+)
 
 # torch says it two ways, by which of its checks saw the death first: its SIGCHLD handler names the signal
 # ("(pid 4242) is killed by signal: Killed."), a failed queue read only the pids ("(pid(s) 4242, 4243) exited
 # unexpectedly"); either can come first for the same SIGKILL
-_LOADER_DIED = re.compile(r"DataLoader worker \(pid(?:\(s\))?\s*[\d, ]+\) (?:is killed by signal: [\w ]+|"
-                          r"exited unexpectedly[^\n]*)", re.I)
+_LOADER_DIED = re.compile(
+    r"DataLoader worker \(pid(?:\(s\))?\s*[\d, ]+\) (?:is killed by signal: [\w ]+|"
+    r"exited unexpectedly[^\n]*)",
+    re.I,
+)
 
 
 def classify_error(text: str) -> tuple[str, str]:
@@ -45,26 +66,34 @@ def classify_error(text: str) -> tuple[str, str]:
     alone = _NODES_MISSING.search(text)
     if alone:
         waited, joined, world = alone.groups()
-        return "crashed", (f"the other nodes did not join the rendezvous: after {waited} s (launch.join_timeout_s) "
-                           f"{joined} of {world} nodes had joined; start `tunekit node CONFIG --node-rank K` on each "
-                           "other node (K = 1 … nnodes − 1) and check that launch.rdzv_endpoint reaches this one")
+        return "crashed", (
+            f"the other nodes did not join the rendezvous: after {waited} s (launch.join_timeout_s) "
+            f"{joined} of {world} nodes had joined; start `tunekit node CONFIG --node-rank K` on each "
+            "other node (K = 1 … nnodes − 1) and check that launch.rdzv_endpoint reaches this one"
+        )
     shm = _NO_SHM.search(text)
     if shm:
-        return "crashed", ("the DataLoader workers ran out of shared memory (/dev/shm), through which they pass "
-                           f"batches ({shm.group(0).strip()[:160]}): enlarge it (docker run --shm-size=8g, a "
-                           "Kubernetes emptyDir of medium Memory) or lower num_workers x prefetch_factor x batch")
+        return "crashed", (
+            "the DataLoader workers ran out of shared memory (/dev/shm), through which they pass "
+            f"batches ({shm.group(0).strip()[:160]}): enlarge it (docker run --shm-size=8g, a "
+            "Kubernetes emptyDir of medium Memory) or lower num_workers x prefetch_factor x batch"
+        )
     fork = _NO_FORK.search(text)
     if fork:
-        return "crashed", (f"the system refused another process or thread ({fork.group(0).strip()[:200]}): lower "
-                           "num_workers, or raise the process limit (ulimit -u, the container's pids limit)")
+        return "crashed", (
+            f"the system refused another process or thread ({fork.group(0).strip()[:200]}): lower "
+            "num_workers, or raise the process limit (ulimit -u, the container's pids limit)"
+        )
     loader = _LOADER_DIED.search(text)
     if loader:
         died = loader.group(0).rstrip(". ")
         # SIGKILL, or a death whose cause torch did not read (no signal, no exit code): from outside, and a kill
         # no one sent by hand is the kernel's OOM killer
         if re.search(r"killed by signal: Killed", died, re.I) or died.endswith("exited unexpectedly"):
-            return "crashed", (f"a DataLoader worker died: {died} (a kill no one sent by hand is the kernel's "
-                               "OOM killer: host memory ran out; fewer workers, a smaller prefetch_factor or batch)")
+            return "crashed", (
+                f"a DataLoader worker died: {died} (a kill no one sent by hand is the kernel's "
+                "OOM killer: host memory ran out; fewer workers, a smaller prefetch_factor or batch)"
+            )
         return "crashed", f"a DataLoader worker died: {died}"
     caught = re.search(r"Caught (\w+) in DataLoader worker process (\d+)", text)
     if caught:

@@ -19,8 +19,7 @@ import psutil
 
 from tunekit.contract import process as names
 
-__all__ = ["kill_tree", "group_alive", "signal_group", "adopting", "end_processes", "sweep_processes",
-           "TERM_GRACE_S"]
+__all__ = ["kill_tree", "group_alive", "signal_group", "adopting", "end_processes", "sweep_processes", "TERM_GRACE_S"]
 
 TERM_GRACE_S = 5.0
 """How long a trial's processes have between SIGTERM and SIGKILL."""

@@ -72,8 +72,11 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
         result = _ending.script_exit(result, proc.returncode, trial_dir, wrote)
     result.returncode, result.launcher_wall_s, result.pid = proc.returncode, wall, proc.pid
     result.started_by = starter.name
-    refused = _forks.refusal() if files_.cfg.trial.fork_server and isinstance(starter, Interpreter) \
-        and spec.knobs.ranks == 1 else ""
+    refused = (
+        _forks.refusal()
+        if files_.cfg.trial.fork_server and isinstance(starter, Interpreter) and spec.knobs.ranks == 1
+        else ""
+    )
     if refused:
         result.fork_server_refused = refused  # why this trial paid a fresh interpreter
     write_json_atomic(files_.out_path, result.to_dict())
@@ -91,8 +94,14 @@ def run_task(cfg: Config, argv: list[str], timeout_s: float) -> tuple[int | None
         server = _forks.server_for(env)
         proc = None if server.broken else server.request(argv, env, _forks.workload_modules(cfg))
     if proc is None:
-        proc = subprocess.Popen([sys.executable, "-m", names.WORKER_MODULE, *argv], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", names.WORKER_MODULE, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
     chunks: list[bytes] = []
     reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True)
     reader.start()
@@ -138,9 +147,14 @@ def release_nodes(cfg: Config, timeout_s: float | None = None) -> bool:
     out "stop"). True when the rendezvous completed."""
     if cfg.launch.nnodes < 2:
         return True
-    proc = subprocess.Popen(torchrun_command(cfg.launch) + ["-m", names.WORKER_MODULE, names.RELEASE],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=_start.child_env())
+    proc = subprocess.Popen(
+        torchrun_command(cfg.launch) + ["-m", names.WORKER_MODULE, names.RELEASE],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=_start.child_env(),
+    )
     if timeout_s is None:  # the rendezvous waits launch.join_timeout_s for the nodes; start-up beside it
         timeout_s = cfg.launch.join_timeout_s + 30.0
     try:

@@ -21,16 +21,32 @@ from tunekit.contract import TrialSpec
 from tunekit.contract import process as names
 from tunekit.launch import _forks
 
-__all__ = ["Starter", "Interpreter", "Torchrun", "Forked", "TrialFiles", "starter_for", "child_env",
-           "worker_command", "script_command", "torchrun_command", "BOOTSTRAP", "POPEN_PIPES"]
+__all__ = [
+    "Starter",
+    "Interpreter",
+    "Torchrun",
+    "Forked",
+    "TrialFiles",
+    "starter_for",
+    "child_env",
+    "worker_command",
+    "script_command",
+    "torchrun_command",
+    "BOOTSTRAP",
+    "POPEN_PIPES",
+]
 
 BOOTSTRAP = Path(tunekit.__file__).resolve().parent / "worker" / "script" / "_bootstrap"
 """The folder of script mode's ``sitecustomize``: first on a script trial's PYTHONPATH, it loads the meter into the
 user's own process (and into torchrun's ranks); the process that loads it takes the trial out of its environment,
 so no other Python child of the script loads it too."""
 
-POPEN_PIPES: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL,
-                               "start_new_session": True}
+POPEN_PIPES: dict[str, Any] = {
+    "stdout": subprocess.PIPE,
+    "stderr": subprocess.STDOUT,
+    "stdin": subprocess.DEVNULL,
+    "start_new_session": True,
+}
 """A trial's process: its own session, stdout and stderr into one pipe (worker.log), no stdin."""
 
 
@@ -46,8 +62,7 @@ class TrialFiles:
     def env(self) -> dict[str, str]:
         """The trial's environment: the launcher's (:func:`child_env`), when it started, its folder."""
         # the worker counts its start-up from here: interpreter and imports, or the fork
-        return {**child_env(), names.STARTED_AT: repr(time.time()),
-                names.TRIAL_DIR: str(self.spec_path.parent)}
+        return {**child_env(), names.STARTED_AT: repr(time.time()), names.TRIAL_DIR: str(self.spec_path.parent)}
 
 
 class Starter(abc.ABC):
@@ -72,8 +87,12 @@ class Interpreter(Starter):
         env = trial.env()
         if trial.cfg.script is not None:
             script = trial.cfg.script
-            return subprocess.Popen(script_command(trial.spec, cfg=trial.cfg), cwd=script.cwd or None,
-                                    env=_script_env(trial.cfg, env, trial), **POPEN_PIPES)
+            return subprocess.Popen(
+                script_command(trial.spec, cfg=trial.cfg),
+                cwd=script.cwd or None,
+                env=_script_env(trial.cfg, env, trial),
+                **POPEN_PIPES,
+            )
         command = worker_command(trial.spec, trial.cfg) + [str(trial.spec_path), str(trial.out_path)]
         return subprocess.Popen(command, env=env, **POPEN_PIPES)
 
@@ -112,14 +131,25 @@ def starter_for(spec: TrialSpec) -> tuple[Starter, Config]:
 def torchrun_command(launch: Launch, node_rank: int = 0, nproc_per_node: int | None = None) -> list[str]:
     """torchrun starting ``launch``'s ranks of this node (node ``node_rank``), before ``-m tunekit.worker ...``."""
     nproc = launch.nproc_per_node if nproc_per_node is None else nproc_per_node
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={int(nproc)}",
-           f"--nnodes={launch.nnodes}", "--max-restarts=0", "--monitor-interval=0.5"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={int(nproc)}",
+        f"--nnodes={launch.nnodes}",
+        "--max-restarts=0",
+        "--monitor-interval=0.5",
+    ]
     if launch.nnodes == 1:
         return cmd + ["--standalone"]  # a free port on this host
     host, port = str(launch.rdzv_endpoint).rsplit(":", 1)  # static rendezvous: node 0 hosts the store
     join = max(1, math.ceil(launch.join_timeout_s))  # the store waits this long for the nodes
-    return cmd + [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}",
-                  f"--rdzv-conf=timeout={join}"]
+    return cmd + [
+        f"--node-rank={node_rank}",
+        f"--master-addr={host}",
+        f"--master-port={port}",
+        f"--rdzv-conf=timeout={join}",
+    ]
 
 
 def worker_command(spec: TrialSpec, cfg: Config | None = None) -> list[str]:
@@ -131,8 +161,9 @@ def worker_command(spec: TrialSpec, cfg: Config | None = None) -> list[str]:
     return torchrun_command(launch, nproc_per_node=spec.knobs.ranks // launch.nnodes) + ["-m", names.WORKER_MODULE]
 
 
-def script_command(spec: TrialSpec, *, trial: bool = True, leave_out: Collection[str] = (),
-                   cfg: Config | None = None) -> list[str]:
+def script_command(
+    spec: TrialSpec, *, trial: bool = True, leave_out: Collection[str] = (), cfg: Config | None = None
+) -> list[str]:
     """A script trial's command: ``script.command`` with the trial's knobs filled in, ``script.trial_args`` after
     it; for the script's own baseline (stage ``baseline``), only ``script.baseline``'s values, every other
     placeholder left out with its flag. ``trial=False``: the command to apply, without the trial's own arguments;
@@ -160,8 +191,16 @@ def _ranks_of(spec: TrialSpec, launch: Launch, command: list[str]) -> list[str]:
     if found is None:
         return torchrun_command(launch, nproc_per_node=spec.knobs.ranks) + command[1:]
     options, _, program = found
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={spec.knobs.ranks}",
-            "--max-restarts=0", "--monitor-interval=0.5", *options, *program]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={spec.knobs.ranks}",
+        "--max-restarts=0",
+        "--monitor-interval=0.5",
+        *options,
+        *program,
+    ]
 
 
 def _script_env(cfg: Config, env: dict[str, str], trial: TrialFiles) -> dict[str, str]:
@@ -171,8 +210,13 @@ def _script_env(cfg: Config, env: dict[str, str], trial: TrialFiles) -> dict[str
     extra = {str(k): str(v) for k, v in cfg.script.env.items()}
     # the bootstrap first, then the script's own PYTHONPATH (script.env), then the launcher's
     path = os.pathsep.join(p for p in (str(BOOTSTRAP), extra.get("PYTHONPATH"), env.get("PYTHONPATH")) if p)
-    return {**env, **extra, "PYTHONPATH": path, names.SCRIPT_SPEC: str(trial.spec_path),
-            names.SCRIPT_MEASUREMENT: str(trial.out_path)}
+    return {
+        **env,
+        **extra,
+        "PYTHONPATH": path,
+        names.SCRIPT_SPEC: str(trial.spec_path),
+        names.SCRIPT_MEASUREMENT: str(trial.out_path),
+    }
 
 
 def child_env() -> dict[str, str]:

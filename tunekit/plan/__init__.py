@@ -24,8 +24,18 @@ from tunekit.plan._staged import script_baseline
 from tunekit.plan._strategies import STRATEGIES, PlanStrategy, strategy_for
 from tunekit.records import TrialRow, compute_ceiling
 
-__all__ = ["Request", "PlanStrategy", "STRATEGIES", "strategy_for", "next_requests", "estimate_total", "needed_rate",
-           "baseline", "retune_search", "knee_values"]
+__all__ = [
+    "Request",
+    "PlanStrategy",
+    "STRATEGIES",
+    "strategy_for",
+    "next_requests",
+    "estimate_total",
+    "needed_rate",
+    "baseline",
+    "retune_search",
+    "knee_values",
+]
 
 
 def _own_batch(cfg: Config, rows: list[TrialRow]) -> Config:

@@ -41,8 +41,10 @@ def _loader(s: _Finished) -> list[Request] | None:
     if batch is None:
         return None
     pin = pins(s.cfg, s.cuda)[-1]
-    reqs = {w: Request(Stage.loader, Mode.loader, Knobs(num_workers=w, batch_size=batch, pin_memory=pin, **s.base))
-            for w in s.search.num_workers}
+    reqs = {
+        w: Request(Stage.loader, Mode.loader, Knobs(num_workers=w, batch_size=batch, pin_memory=pin, **s.base))
+        for w in s.search.num_workers
+    }
     compute = _compute_at(s, batch)
     counts = sorted(w for w in reqs if w)
     if compute is None or not counts:
@@ -50,8 +52,10 @@ def _loader(s: _Finished) -> list[Request] | None:
     while counts and (failed := s.find(reqs[counts[-1]])) is not None and not failed.ok:
         counts.pop()  # the loader failed at the most workers (out of memory, say): the next most stands in
     if not counts:
-        return [req.skipped("the loader alone failed at every worker count tried") for req in
-                pending(list(reqs.values()), s.raw)]
+        return [
+            req.skipped("the loader alone failed at every worker count tried")
+            for req in pending(list(reqs.values()), s.raw)
+        ]
     lo, hi = 0, len(counts) - 1  # counts[hi] reaches the compute ceiling (or is the most); below lo none does
     top = s.find(reqs[counts[hi]])
     if top is None:
@@ -65,14 +69,18 @@ def _loader(s: _Finished) -> list[Request] | None:
             lo, hi = (lo, mid) if _reaches(s, row, compute) else (mid + 1, hi)
         start = s.find(reqs[counts[hi]])
         assert start is not None
-        reason = (f"the fewest workers whose loader ceiling reaches the compute ceiling ({compute.rate:.1f} "
-                  f"{compute.unit}/s at batch {batch}, trial {compute.number}) are {counts[hi]} (trial {start.number}, "
-                  f"{start.rate:.1f}), found by bisection: the end-to-end walk starts there and measures the "
-                  "counts around it directly")
+        reason = (
+            f"the fewest workers whose loader ceiling reaches the compute ceiling ({compute.rate:.1f} "
+            f"{compute.unit}/s at batch {batch}, trial {compute.number}) are {counts[hi]} (trial {start.number}, "
+            f"{start.rate:.1f}), found by bisection: the end-to-end walk starts there and measures the "
+            "counts around it directly"
+        )
     else:
-        reason = (f"the loader alone at the most workers, {counts[hi]}, gives {top.rate:.1f} {top.unit}/s (trial "
-                  f"{top.number}), below the compute ceiling ({compute.rate:.1f} at batch {batch}, trial "
-                  f"{compute.number}): the end-to-end walk starts at {counts[hi]} workers and measures fewer directly")
+        reason = (
+            f"the loader alone at the most workers, {counts[hi]}, gives {top.rate:.1f} {top.unit}/s (trial "
+            f"{top.number}), below the compute ceiling ({compute.rate:.1f} at batch {batch}, trial "
+            f"{compute.number}): the end-to-end walk starts at {counts[hi]} workers and measures fewer directly"
+        )
     return [req.skipped(reason) for req in pending(list(reqs.values()), s.raw)]
 
 

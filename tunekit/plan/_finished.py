@@ -47,8 +47,9 @@ class _Finished:
         """The knee of the knee stages that run before ``before`` (of all of them for None; the best config while
         there is no knee yet: a single config can still be refined)."""
         if before not in self._knees:
-            found = select_knee([r for r in self.done(*rules.knee_stages(before)) if not rules.changes_result(r)],
-                                self.selection)
+            found = select_knee(
+                [r for r in self.done(*rules.knee_stages(before)) if not rules.changes_result(r)], self.selection
+            )
             self._knees[before] = found.knee or found.best
         return self._knees[before]
 
@@ -69,8 +70,9 @@ def _fitting_batches(s: _Finished) -> list[int]:
     if not fitting:
         return []
     smallest = min(fitting)
-    return sorted((b for b in s.search.batch_size if b in fitting or (b < smallest and b not in measured)),
-                  reverse=True)
+    return sorted(
+        (b for b in s.search.batch_size if b in fitting or (b < smallest and b not in measured)), reverse=True
+    )
 
 
 def _compute_at(s: _Finished, batch: int) -> TrialRow | None:
@@ -82,8 +84,7 @@ def band_target(rows: list[TrialRow], selection: Selection) -> float | None:
     knee-stage trials that fit and keep the training result, as analysis.select takes them, each config's repeats
     pooled); None without one."""
     rows = pooled(rows)
-    fitting = [r for r in rows if r.ok and r.stage.knee and rules.fits(r, selection)
-               and not rules.changes_result(r)]
+    fitting = [r for r in rows if r.ok and r.stage.knee and rules.fits(r, selection) and not rules.changes_result(r)]
     if not fitting:
         return None
     return rules.needed(max(fitting, key=lambda r: r.rate), rules.band(fitting, selection, rules.run_spread(rows)))

@@ -16,14 +16,28 @@ def grid_requests(cfg: Config, cuda: bool) -> list[Request]:
     else:
         shapes = list(itertools.product(s.batch_size, s.grad_accum))
     user = extra_knobs(cfg)
-    settings = [tuple((k.key, v) for k, v in zip(user, values, strict=True) if v != k.baseline)
-                for values in itertools.product(*(k.values for k in user))]
+    settings = [
+        tuple((k.key, v) for k, v in zip(user, values, strict=True) if v != k.baseline)
+        for values in itertools.product(*(k.values for k in user))
+    ]
     out: list[Request] = []
     for w, pin, (batch, accum), comp, threads, extra in itertools.product(
-            s.num_workers, pins(cfg, cuda), shapes, s.compile, [None, *(s.threads or [])], settings):
-        for pf, wt in itertools.product(s.prefetch_factor if w > 0 else [None],
-                                        [None, *(s.worker_threads or [])] if w > 0 else [None]):
-            knobs = Knobs(num_workers=w, prefetch_factor=pf, pin_memory=pin, batch_size=batch, grad_accum=accum,
-                          compile=comp, ranks=cfg.launch.world, threads=threads, worker_threads=wt, extra=extra)
+        s.num_workers, pins(cfg, cuda), shapes, s.compile, [None, *(s.threads or [])], settings
+    ):
+        for pf, wt in itertools.product(
+            s.prefetch_factor if w > 0 else [None], [None, *(s.worker_threads or [])] if w > 0 else [None]
+        ):
+            knobs = Knobs(
+                num_workers=w,
+                prefetch_factor=pf,
+                pin_memory=pin,
+                batch_size=batch,
+                grad_accum=accum,
+                compile=comp,
+                ranks=cfg.launch.world,
+                threads=threads,
+                worker_threads=wt,
+                extra=extra,
+            )
             out.append(Request(Stage.grid, Mode.train, knobs))
     return out

@@ -22,19 +22,32 @@ def _prefetch(s: _Finished) -> list[Request] | None:
     k = knee.knobs
     if k.num_workers == 0:
         return []
-    left = pending([Request(Stage.prefetch, Mode.train, Knobs(**{**k.to_dict(), "prefetch_factor": pf}))
-                    for pf in s.search.prefetch_factor if pf != k.prefetch_factor], s.raw)
+    left = pending(
+        [
+            Request(Stage.prefetch, Mode.train, Knobs(**{**k.to_dict(), "prefetch_factor": pf}))
+            for pf in s.search.prefetch_factor
+            if pf != k.prefetch_factor
+        ],
+        s.raw,
+    )
     m = knee.measurement
     wait = m.data_wait_frac if m.data_wait_frac_max is None else m.data_wait_frac_max  # the rank that waits most
     deeper = all((r.knobs.prefetch_factor or 0) > (k.prefetch_factor or 0) for r in left)
     if left and deeper and wait is not None and wait < rules.NO_WAIT:
-        return [left[0].skipped(f"the knee (trial {knee.number}) waits on data {wait:.1%} of the time, under "
-                                f"{rules.NO_WAIT:.0%}: more batches in flight cannot make it faster")]
+        return [
+            left[0].skipped(
+                f"the knee (trial {knee.number}) waits on data {wait:.1%} of the time, under "
+                f"{rules.NO_WAIT:.0%}: more batches in flight cannot make it faster"
+            )
+        ]
     if left and deeper and rules.keeps_cpus_busy(knee):
-        return [left[0].skipped(
-            f"the knee (trial {knee.number}) keeps {m.cpu_util_frac or 0.0:.0%} of its usable CPUs busy, over "
-            f"{rules.CPU_SATURATED:.0%}: more batches in flight are made with the same CPU time, so they cannot "
-            "arrive faster")]
+        return [
+            left[0].skipped(
+                f"the knee (trial {knee.number}) keeps {m.cpu_util_frac or 0.0:.0%} of its usable CPUs busy, over "
+                f"{rules.CPU_SATURATED:.0%}: more batches in flight are made with the same CPU time, so they cannot "
+                "arrive faster"
+            )
+        ]
     return left
 
 
@@ -55,8 +68,11 @@ def _smaller_batches(s: _Finished) -> list[Request] | None:
         req = Request(Stage.batch, Mode.train, Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))
         # judged against this batch and the larger ones only: a smaller batch that later ran faster must not
         # make this one look as if it fell behind
-        trials = [r for r in s.done(*rules.knee_stages(Stage.compile)) if r.ok and rules.fits(r, s.selection)
-                  and (r.stage != Stage.batch or r.knobs.batch_size >= batch)]
+        trials = [
+            r
+            for r in s.done(*rules.knee_stages(Stage.compile))
+            if r.ok and rules.fits(r, s.selection) and (r.stage != Stage.batch or r.knobs.batch_size >= batch)
+        ]
         best = max(trials, key=lambda r: r.rate)
         allowed = rules.band(trials, s.selection)
         target = rules.needed(best, allowed)
@@ -66,11 +82,14 @@ def _smaller_batches(s: _Finished) -> list[Request] | None:
             # input-bound knee runs far below any ceiling), its ceiling measured only once it keeps within the band
             if ceiling is None or rules.can_reach(ceiling, target, s.selection, knee.knobs.ranks):
                 return [req]
-            return [req.skipped(
-                f"the compute ceiling at batch {batch} is {ceiling.rate:.1f} {ceiling.unit}/s (trial "
-                f"{ceiling.number}), "
-                f"below the {target:.1f} needed to come within the band ({allowed:.1%}) of the best config so far "
-                f"({best.rate:.1f}, trial {best.number})")]
+            return [
+                req.skipped(
+                    f"the compute ceiling at batch {batch} is {ceiling.rate:.1f} {ceiling.unit}/s (trial "
+                    f"{ceiling.number}), "
+                    f"below the {target:.1f} needed to come within the band ({allowed:.1%}) of the best config so far "
+                    f"({best.rate:.1f}, trial {best.number})"
+                )
+            ]
         if not row.ok or row.rate < target:
             return []  # this batch fell behind (or failed): a smaller one will not do better
         if ceiling is None:  # the knee may land here: the verdicts and later stages read its ceiling
@@ -85,14 +104,23 @@ def _compile(s: _Finished) -> list[Request] | None:
     if knee is None:
         return None
     k = knee.knobs
-    left = pending([Request(Stage.compile, Mode.train, Knobs(**{**k.to_dict(), "compile": c}))
-                    for c in s.search.compile if c != k.compile], s.raw)
+    left = pending(
+        [
+            Request(Stage.compile, Mode.train, Knobs(**{**k.to_dict(), "compile": c}))
+            for c in s.search.compile
+            if c != k.compile
+        ],
+        s.raw,
+    )
     ceiling = _compute_at(s, k.batch_size)
     share, wait = rules.of_ceiling(knee, ceiling), knee.measurement.data_wait_frac or 0.0
     if left and rules.waits_on_data(wait, share) and share is not None:
-        return [left[0].skipped(
-            f"the knee (trial {knee.number}) waits on data {wait:.0%} of the time at {share:.0%} of its compute "
-            f"ceiling (trial {ceiling.number}): the input pipeline is the bound, so a faster model changes nothing")]
+        return [
+            left[0].skipped(
+                f"the knee (trial {knee.number}) waits on data {wait:.0%} of the time at {share:.0%} of its compute "
+                f"ceiling (trial {ceiling.number}): the input pipeline is the bound, so a faster model changes nothing"
+            )
+        ]
     return left
 
 
@@ -110,19 +138,33 @@ def _extra(s: _Finished) -> list[Request] | None:
     knee = s.knee(Stage.extra)
     if knee is None:
         return None
-    tries = [Request(Stage.extra, Mode.train, knee.knobs.with_extra(k.key, v, k.baseline))
-             for k in knobs for v in k.values if v != dict(knee.knobs.extra).get(k.key, k.baseline)]
-    tries += [Request(Stage.extra, Mode.train, Knobs(**{**knee.knobs.to_dict(), "threads": t}))
-              for t in s.search.threads or [] if t != knee.knobs.threads]
-    tries += [Request(Stage.extra, Mode.train, Knobs(**{**knee.knobs.to_dict(), "worker_threads": t}))
-              for t in s.search.worker_threads or [] if t != knee.knobs.worker_threads and knee.knobs.num_workers]
+    tries = [
+        Request(Stage.extra, Mode.train, knee.knobs.with_extra(k.key, v, k.baseline))
+        for k in knobs
+        for v in k.values
+        if v != dict(knee.knobs.extra).get(k.key, k.baseline)
+    ]
+    tries += [
+        Request(Stage.extra, Mode.train, Knobs(**{**knee.knobs.to_dict(), "threads": t}))
+        for t in s.search.threads or []
+        if t != knee.knobs.threads
+    ]
+    tries += [
+        Request(Stage.extra, Mode.train, Knobs(**{**knee.knobs.to_dict(), "worker_threads": t}))
+        for t in s.search.worker_threads or []
+        if t != knee.knobs.worker_threads and knee.knobs.num_workers
+    ]
     left = pending(tries, s.raw)
     ceiling = _compute_at(s, knee.knobs.batch_size)
     if left and not rules.input_bound(knee, ceiling):
         share = rules.of_ceiling(knee, ceiling)
         where = f"{share:.0%} of its compute ceiling" if share is not None else "without a compute ceiling"
-        return [left[0].skipped(f"the knee (trial {knee.number}) runs at {where}: the input pipeline is not the "
-                                "bound, so a knob of the pipeline cannot make it faster")]
+        return [
+            left[0].skipped(
+                f"the knee (trial {knee.number}) runs at {where}: the input pipeline is not the "
+                "bound, so a knob of the pipeline cannot make it faster"
+            )
+        ]
     if left:
         return left[:1]
     return _fewer_workers(s, knee, [s.find(r) for r in tries]) or _batch_after_knobs(s)
@@ -133,15 +175,19 @@ def _fewer_workers(s: _Finished, knee: TrialRow, tried: list[TrialRow | None]) -
     fewest that stay within the band of the best, found by bisection of the smaller counts (throughput does not
     rise as workers are taken away, as the end-to-end walk down assumes), so five smaller counts cost three
     trials, not five."""
-    faster = [r for r in tried if r is not None and r.ok and not rules.changes_result(r) and r.rate > knee.rate
-              and rules.fits(r, s.selection)]
+    faster = [
+        r
+        for r in tried
+        if r is not None and r.ok and not rules.changes_result(r) and r.rate > knee.rate and rules.fits(r, s.selection)
+    ]
     if not faster:
         return []
     top = max(faster, key=lambda r: r.rate)
     target = band_target(s.rows, s.selection) or 0.0  # the trials in ``faster`` are candidates: never None
     # worker threads exist only with workers: without any, the config would lose the knob that made it faster
-    counts = sorted(c for c in s.search.num_workers if c < top.knobs.num_workers
-                    and (c or top.knobs.worker_threads is None))
+    counts = sorted(
+        c for c in s.search.num_workers if c < top.knobs.num_workers and (c or top.knobs.worker_threads is None)
+    )
     lo, hi = 0, len(counts)  # counts[hi] (top's own count when hi == len) is within the band; below lo none is
     while lo < hi:
         mid = (lo + hi) // 2
@@ -175,6 +221,15 @@ def _accumulation(s: _Finished) -> list[Request] | None:
     if not target or knee is None:
         return []
     fit = set(_fitting_batches(s))
-    return pending([Request(Stage.accumulation, Mode.train,
-                            Knobs(**{**knee.knobs.to_dict(), "batch_size": b, "grad_accum": target // b}))
-                    for b in s.search.batch_size if target % b == 0 and b in fit], s.raw)
+    return pending(
+        [
+            Request(
+                Stage.accumulation,
+                Mode.train,
+                Knobs(**{**knee.knobs.to_dict(), "batch_size": b, "grad_accum": target // b}),
+            )
+            for b in s.search.batch_size
+            if target % b == 0 and b in fit
+        ],
+        s.raw,
+    )

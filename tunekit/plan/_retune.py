@@ -15,7 +15,7 @@ def _around(values: list[int], value: int) -> list[int]:
     """``value`` and its neighbours in the sorted ``values`` (``value`` joins them when they lack it)."""
     ordered = sorted(set(values) | {value})
     i = ordered.index(value)
-    return ordered[max(0, i - 1): i + 2]
+    return ordered[max(0, i - 1) : i + 2]
 
 
 def knee_values(cfg: Config, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -27,15 +27,17 @@ def knee_values(cfg: Config, values: Mapping[str, Any]) -> dict[str, Any]:
     if not knobs:
         return {}
     held = {k.key: values.get(k.key, k.baseline) for k in knobs}
-    out: dict[str, Any] = {"search.extra": {k.key: {"values": [held[k.key]], "changes_result": k.changes_result}
-                                            for k in knobs}}
+    out: dict[str, Any] = {
+        "search.extra": {k.key: {"values": [held[k.key]], "changes_result": k.changes_result} for k in knobs}
+    }
     if cfg.script is None:
         out.update(held)
     return out
 
 
-def retune_search(cfg: Config, knee: Knobs, values: Mapping[str, Any] | None = None,
-                  measured: Iterable[int] = ()) -> dict[str, Any]:
+def retune_search(
+    cfg: Config, knee: Knobs, values: Mapping[str, Any] | None = None, measured: Iterable[int] = ()
+) -> dict[str, Any]:
     """The overrides of a retune's search around ``knee`` (in ``cfg``'s search lists, as resolved on this machine):
 
     * workers: the counts from half the knee's to twice it, and the next one beyond each end: a per-item cost that
@@ -53,8 +55,8 @@ def retune_search(cfg: Config, knee: Knobs, values: Mapping[str, Any] | None = N
     counts = sorted(set(s.num_workers) | {w})
     below, above = [c for c in counts if c < w], [c for c in counts if c > w]
     up, down = [c for c in above if c <= 2 * w], [c for c in below if c >= w / 2]
-    beyond = [c for c in above[len(up):] if c in set(measured)][:1] or above[len(up):len(up) + 1]
-    workers = below[:len(below) - len(down)][-1:] + down + [w] + up + beyond
+    beyond = [c for c in above[len(up) :] if c in set(measured)][:1] or above[len(up) : len(up) + 1]
+    workers = below[: len(below) - len(down)][-1:] + down + [w] + up + beyond
     out: dict[str, Any] = {
         "search.num_workers": workers,
         "search.prefetch_factor": _around(s.prefetch_factor, knee.prefetch_factor or s.prefetch_factor[0]),

@@ -42,10 +42,16 @@ def scaling_requests(cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Requ
 
 
 STAGES: tuple[tuple[Stage | None, StagePlan], ...] = (
-    (Stage.compute, _compute), (Stage.loader, _loader),
-    (Stage.end_to_end, _end_to_end), (Stage.prefetch, _prefetch),
-    (Stage.batch, _smaller_batches), (Stage.compile, _compile), (Stage.extra, _extra),
-    (Stage.accumulation, _accumulation), (None, _repeats), (Stage.scaling, _scaling),
+    (Stage.compute, _compute),
+    (Stage.loader, _loader),
+    (Stage.end_to_end, _end_to_end),
+    (Stage.prefetch, _prefetch),
+    (Stage.batch, _smaller_batches),
+    (Stage.compile, _compile),
+    (Stage.extra, _extra),
+    (Stage.accumulation, _accumulation),
+    (None, _repeats),
+    (Stage.scaling, _scaling),
 )
 """Each stage of the staged plan with its planner, in the order they run (the enum's; a script's own baseline is
 planned by ``_end_to_end``, after the walk's start, or first of all by ``plan.next_requests`` with own_batch). The
@@ -77,8 +83,9 @@ def estimate_staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> int:
     n_e2e += 1 if cfg.script is not None else 0  # the script's own settings
     total = n_compute + n_loader + n_e2e + (len(s.prefetch_factor) - 1) + (len(s.compile) - 1)
     knobs = extra_knobs(cfg)
-    total += (sum(len(k.values) - 1 for k in knobs) + len(s.threads or [])
-              + len(s.worker_threads or []))  # one each, at the knee
+    total += (
+        sum(len(k.values) - 1 for k in knobs) + len(s.threads or []) + len(s.worker_threads or [])
+    )  # one each, at the knee
     if s.threads or s.worker_threads or any(not k.changes_result for k in knobs):
         total += counts.bit_length()  # the bisection of the smaller worker counts after a faster value
     total += 1 if cfg.launch.world > 1 else 0  # the knee on one GPU: the scaling efficiency

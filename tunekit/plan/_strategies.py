@@ -71,8 +71,12 @@ class GridPlan(PlanStrategy):
     name = Strategy.grid
 
     def requests(self, cfg: Config, rows: list[TrialRow], cuda: bool) -> list[Request]:
-        return (script_baseline(cfg, rows, cuda) or pending(grid_requests(cfg, cuda), rows)
-                or repeat_requests(cfg, rows, cuda) or scaling_requests(cfg, rows, cuda))
+        return (
+            script_baseline(cfg, rows, cuda)
+            or pending(grid_requests(cfg, cuda), rows)
+            or repeat_requests(cfg, rows, cuda)
+            or scaling_requests(cfg, rows, cuda)
+        )
 
     def estimate(self, cfg: Config, rows: list[TrialRow], cuda: bool) -> int:
         return len(grid_requests(cfg, cuda)) + (1 if cfg.launch.world > 1 else 0) + (1 if cfg.script is not None else 0)

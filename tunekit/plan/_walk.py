@@ -16,8 +16,11 @@ from tunekit.records import TrialRow
 
 def _defaults(s: _Finished, batch: int) -> Request:
     """PyTorch's DataLoader defaults at the chosen batch: every report's baseline."""
-    return Request(Stage.end_to_end, Mode.train, Knobs(num_workers=0, batch_size=batch, pin_memory=False,
-                                                       ranks=s.world, **{**s.base, "compile": "none"}))
+    return Request(
+        Stage.end_to_end,
+        Mode.train,
+        Knobs(num_workers=0, batch_size=batch, pin_memory=False, ranks=s.world, **{**s.base, "compile": "none"}),
+    )
 
 
 def _end_to_end(s: _Finished) -> list[Request] | None:
@@ -72,19 +75,32 @@ def _below_band(s: _Finished, batch: int, workers: int, fewer: list[int]) -> Ski
         if here is None or not here.ok or not rules.fits(here, s.selection) or here.rate >= rules.needed(best, allowed):
             continue
         pinned = ("pinned " if req.knobs.pin_memory else "unpinned ") if len(pins(s.cfg, s.cuda)) > 1 else ""
-        reason = (f"{workers} workers {pinned}(trial {here.number}, {here.rate:.1f} {here.unit}/s) already fell out "
-                  f"of the band ({allowed:.1%}) of the best config so far ({best.rate:.1f}, trial {best.number}): "
-                  f"fewer workers {pinned}do not deliver more")
-        skips.update({r.key: (reason, (here.rate, here.number)) for w in fewer for r in _at_count(s, batch, w)
-                      if r.knobs.pin_memory == req.knobs.pin_memory})
+        reason = (
+            f"{workers} workers {pinned}(trial {here.number}, {here.rate:.1f} {here.unit}/s) already fell out "
+            f"of the band ({allowed:.1%}) of the best config so far ({best.rate:.1f}, trial {best.number}): "
+            f"fewer workers {pinned}do not deliver more"
+        )
+        skips.update(
+            {
+                r.key: (reason, (here.rate, here.number))
+                for w in fewer
+                for r in _at_count(s, batch, w)
+                if r.knobs.pin_memory == req.knobs.pin_memory
+            }
+        )
     return skips
 
 
 def _at_count(s: _Finished, batch: int, workers: int) -> list[Request]:
     """The end-to-end requests at one worker count, pinned first."""
-    return [Request(Stage.end_to_end, Mode.train, Knobs(num_workers=workers, batch_size=batch, pin_memory=p,
-                                                        ranks=s.world, **s.base))
-            for p in reversed(pins(s.cfg, s.cuda))]
+    return [
+        Request(
+            Stage.end_to_end,
+            Mode.train,
+            Knobs(num_workers=workers, batch_size=batch, pin_memory=p, ranks=s.world, **s.base),
+        )
+        for p in reversed(pins(s.cfg, s.cuda))
+    ]
 
 
 def _start_count(s: _Finished, batch: int, counts: list[int]) -> int:
@@ -101,8 +117,11 @@ def _start_count(s: _Finished, batch: int, counts: list[int]) -> int:
 
 
 def _best_at(s: _Finished, batch: int, workers: int) -> TrialRow | None:
-    found = [r for r in s.done(Stage.end_to_end) if r.ok and r.knobs.num_workers == workers
-             and r.knobs.batch_size == batch and rules.fits(r, s.selection)]
+    found = [
+        r
+        for r in s.done(Stage.end_to_end)
+        if r.ok and r.knobs.num_workers == workers and r.knobs.batch_size == batch and rules.fits(r, s.selection)
+    ]
     return max(found, key=lambda r: r.rate) if found else None
 
 
@@ -121,12 +140,13 @@ def _climb(s: _Finished, batch: int, counts: list[int], start: int) -> tuple[lis
     return up, {}
 
 
-def _above_plateau(s: _Finished, batch: int, counts: list[int], low: TrialRow, high: TrialRow,
-                   allowed: float) -> Skips:
+def _above_plateau(s: _Finished, batch: int, counts: list[int], low: TrialRow, high: TrialRow, allowed: float) -> Skips:
     """The requests at ``counts``, above a confirmed plateau, to skip (the plan returns them one by one)."""
-    reason = (f"{high.knobs.num_workers} workers (trial {high.number}, {high.rate:.1f} {high.unit}/s) gained no more "
-              f"than the band ({allowed:.1%}) over {low.knobs.num_workers} (trial {low.number}, {low.rate:.1f}): "
-              "the throughput is on its plateau, more workers only add cost")
+    reason = (
+        f"{high.knobs.num_workers} workers (trial {high.number}, {high.rate:.1f} {high.unit}/s) gained no more "
+        f"than the band ({allowed:.1%}) over {low.knobs.num_workers} (trial {low.number}, {low.rate:.1f}): "
+        "the throughput is on its plateau, more workers only add cost"
+    )
     return {r.key: (reason, None) for w in counts for r in _at_count(s, batch, w)}
 
 
@@ -145,8 +165,15 @@ def _maybe_skip(req: Request, s: _Finished) -> Request:
     # The ceiling bounds only trials with its own pin_memory setting: pinning moves work onto the main process (the
     # pin-memory thread), so the loader can be slower pinned than unpinned when the CPUs are saturated.
     # the ceiling at this count, else at the fewest measured workers above it: more workers deliver no less
-    ceiling = min((r for r in s.done(Stage.loader) if r.ok and r.knobs.num_workers >= req.knobs.num_workers
-                   and r.knobs.pin_memory == req.knobs.pin_memory), key=lambda r: r.knobs.num_workers, default=None)
+    ceiling = min(
+        (
+            r
+            for r in s.done(Stage.loader)
+            if r.ok and r.knobs.num_workers >= req.knobs.num_workers and r.knobs.pin_memory == req.knobs.pin_memory
+        ),
+        key=lambda r: r.knobs.num_workers,
+        default=None,
+    )
     fitting = [r for r in s.done(Stage.end_to_end) if r.ok and rules.fits(r, s.selection)]
     if ceiling is None or not fitting:
         return req
@@ -157,13 +184,17 @@ def _maybe_skip(req: Request, s: _Finished) -> Request:
         return req
     ranks = req.knobs.ranks
     times = f" per rank, {ranks} ranks at most {ceiling.rate * ranks:.1f}," if ranks > 1 else ""
-    at = (f"{req.knobs.num_workers} workers" if ceiling.knobs.num_workers == req.knobs.num_workers
-          else f"{ceiling.knobs.num_workers} workers, more than {req.knobs.num_workers}")
+    at = (
+        f"{req.knobs.num_workers} workers"
+        if ceiling.knobs.num_workers == req.knobs.num_workers
+        else f"{ceiling.knobs.num_workers} workers, more than {req.knobs.num_workers}"
+    )
     return req.skipped(
         f"the loader alone gives {ceiling.rate:.1f} {ceiling.unit}/s at {at} (trial "
         f"{ceiling.number}){times} below the {target:.1f} needed to come within the band ({allowed:.1%}) of the best "
-        f"end-to-end config so far ({best.rate:.1f}, trial {best.number})", bound=(ceiling.rate * ranks,
-                                                                                  ceiling.number))
+        f"end-to-end config so far ({best.rate:.1f}, trial {best.number})",
+        bound=(ceiling.rate * ranks, ceiling.number),
+    )
 
 
 def _script_baseline(s: _Finished) -> list[Request]:

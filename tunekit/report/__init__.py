@@ -69,5 +69,7 @@ def _refuse_links(run_dir: Path) -> None:
         paths += sorted((run_dir / "plots").iterdir())
     for path in paths:
         if path.is_symlink() or (path.exists() and root not in path.resolve().parents):
-            raise UsageError(f"{path}: a symlink (to {path.resolve()}); tunekit writes its outputs only inside the "
-                             f"run folder {run_dir}: replace it with a plain file or folder, or choose another --out")
+            raise UsageError(
+                f"{path}: a symlink (to {path.resolve()}); tunekit writes its outputs only inside the "
+                f"run folder {run_dir}: replace it with a plain file or folder, or choose another --out"
+            )

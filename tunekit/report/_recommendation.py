@@ -43,7 +43,8 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
         "data_wait_frac": m.data_wait_frac,
         "gpu_busy_frac": m.gpu_busy_frac,
         "best_items_per_money": round(s.per_money(best.rate) or 0.0, 1) if s.per_hour else None,
-        "defaults_items_per_money": round(s.per_money(s.defaults.rate) or 0.0, 1) if s.per_hour and s.defaults
+        "defaults_items_per_money": round(s.per_money(s.defaults.rate) or 0.0, 1)
+        if s.per_hour and s.defaults
         else None,
         "model_flops": _model_flops(s),
         "disturbed": list(s.disturbances) or None,
@@ -55,8 +56,13 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
         "machine": s.machine or None,
         "date": s.date,
         "distributed": _distributed(s),
-        "run": {"name": s.name, "strategy": s.strategy, "trials": len(s.rows),
-                "trials_run": sum(1 for r in s.rows if r.status != "skipped"), "knee_trial": knee.number},
+        "run": {
+            "name": s.name,
+            "strategy": s.strategy,
+            "trials": len(s.rows),
+            "trials_run": sum(1 for r in s.rows if r.status != "skipped"),
+            "knee_trial": knee.number,
+        },
     }
 
 
@@ -127,9 +133,14 @@ def recommendation_yaml(s: RunSummary) -> str | None:
     if s.script_command:  # how to run the script with the knee: the filled command, and what to set on its loader
         evidence = data.pop("evidence")
         site = {f"dataloader_{key}": value for key, value in s.loader_site.items()}
-        data = {**data, "script": {"command": list(s.script_command), "set_on_dataloader": dict(s.set_on_loader),
-                                   **site}, "evidence": evidence}
-    header = (f"# tunekit recommendation for {s.name} on {s.device} ({s.date}).\n"
-              + "".join(f"# DISTURBED: {line}.\n" for line in s.disturbances)
-              + "# Load it with: tunekit.load_recommended(path).dataloader_kwargs()\n")
+        data = {
+            **data,
+            "script": {"command": list(s.script_command), "set_on_dataloader": dict(s.set_on_loader), **site},
+            "evidence": evidence,
+        }
+    header = (
+        f"# tunekit recommendation for {s.name} on {s.device} ({s.date}).\n"
+        + "".join(f"# DISTURBED: {line}.\n" for line in s.disturbances)
+        + "# Load it with: tunekit.load_recommended(path).dataloader_kwargs()\n"
+    )
     return header + yaml.safe_dump(data, sort_keys=False)

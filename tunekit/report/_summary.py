@@ -95,8 +95,12 @@ class RunSummary:
         if found is None:
             return None
         m = found.measurement
-        return Peak(found.number, float(m.matmul_peak_flops or 0.0), m.matmul_peak_precision or "",
-                    datasheet_flops(m.device_name, m.matmul_peak_precision))
+        return Peak(
+            found.number,
+            float(m.matmul_peak_flops or 0.0),
+            m.matmul_peak_precision or "",
+            datasheet_flops(m.device_name, m.matmul_peak_precision),
+        )
 
     @property
     def disturbances(self) -> tuple[str, ...]:
@@ -107,27 +111,39 @@ class RunSummary:
         band = self.choice.band
         if band is not None and band > rules.DISTURBED_BAND:
             again = [r.number for r in self.rows if rules.disturbed(r)] if self.remeasure else []
-            resumed = (f"the same command alone resumes the run, measuring again trial(s) {again}, whose own figures "
-                       "were disturbed, and keeping the rest" if again else
-                       "the same command alone resumes the run and re-reads these figures")
-            out.append(f"the figures are disturbed: the run's noise band is {band:.1%}, over {rules.DISTURBED_BAND:.0%}"
-                       ", so configs that far apart cannot be told apart and the pick is uncertain; rerun on a quiet "
-                       f"machine with --no-resume ({resumed})")
+            resumed = (
+                f"the same command alone resumes the run, measuring again trial(s) {again}, whose own figures "
+                "were disturbed, and keeping the rest"
+                if again
+                else "the same command alone resumes the run and re-reads these figures"
+            )
+            out.append(
+                f"the figures are disturbed: the run's noise band is {band:.1%}, over {rules.DISTURBED_BAND:.0%}"
+                ", so configs that far apart cannot be told apart and the pick is uncertain; rerun on a quiet "
+                f"machine with --no-resume ({resumed})"
+            )
         busy = [r for r in self.rows if r.ok and rules.busy_host(r)]
         if busy:
             worst = max(busy, key=lambda r: r.measurement.other_cpu_cores or 0.0)
-            out.append(f"other processes kept the CPUs busy during {len(busy)} of the trials (up to "
-                       f"{worst.measurement.other_cpu_cores:.1f} of {worst.measurement.cpu_count} usable CPUs, "
-                       f"trial {worst.number}): their figures are disturbed"
-                       + (", and the same command measures them again (it resumes the run)" if self.remeasure else
-                          ""))
+            out.append(
+                f"other processes kept the CPUs busy during {len(busy)} of the trials (up to "
+                f"{worst.measurement.other_cpu_cores:.1f} of {worst.measurement.cpu_count} usable CPUs, "
+                f"trial {worst.number}): their figures are disturbed"
+                + (", and the same command measures them again (it resumes the run)" if self.remeasure else "")
+            )
         for row in self.rows:
             ceiling = compute_ceiling(self.rows, row.knobs.batch_size) if row.ok and row.mode == Mode.train else None
-            if ceiling is not None and row.knobs.ranks == 1 and row.rate > ceiling.rate * (
-                    1 + rules.trial_margin(Selection(tolerance=self.tolerance), row, ceiling)):
-                out.append(f"trial {row.number} ran at {row.rate / ceiling.rate:.0%} of its own compute ceiling "
-                           f"(trial {ceiling.number}): a pipeline cannot outrun its model on a ready batch, so one "
-                           "of the two measurements was disturbed")
+            if (
+                ceiling is not None
+                and row.knobs.ranks == 1
+                and row.rate
+                > ceiling.rate * (1 + rules.trial_margin(Selection(tolerance=self.tolerance), row, ceiling))
+            ):
+                out.append(
+                    f"trial {row.number} ran at {row.rate / ceiling.rate:.0%} of its own compute ceiling "
+                    f"(trial {ceiling.number}): a pipeline cannot outrun its model on a ready batch, so one "
+                    "of the two measurements was disturbed"
+                )
         return tuple(out)
 
     @property
@@ -168,9 +184,16 @@ class RunSummary:
         return gain + (f", {interval[0]:.2f}-{interval[1]:.2f}x at 95 %" if interval else "")
 
 
-def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: str = "",
-              date: str | None = None, env: dict[str, Any] | None = None,
-              warnings: tuple[str, ...] = ()) -> RunSummary:
+def summarize(
+    cfg: Config,
+    rows: list[TrialRow],
+    *,
+    strategy: str,
+    stop_reason: str = "",
+    date: str | None = None,
+    env: dict[str, Any] | None = None,
+    warnings: tuple[str, ...] = (),
+) -> RunSummary:
     """Select the knee, find the baseline and diagnose the run."""
     choice = select(cfg, rows)
     decided = pooled(rows)  # each config's repeats as one row, as the choice read them
@@ -179,21 +202,37 @@ def summarize(cfg: Config, rows: list[TrialRow], *, strategy: str, stop_reason: 
     per_trial = trial_verdicts(rows, cfg.selection)
     knobs = tuple(extra_knobs(cfg))
     return RunSummary(
-        name=cfg.name, strategy=strategy, choice=choice,
-        defaults=defaults_trial(decided, choice.knee) if choice.knee else None, rows=tuple(rows),
-        device=m.device_name if m else None, versions=(m.versions if m else None) or {},
-        machine=machine_fingerprint(env, device=m.device_name, cpus=m.cpu_count,
-                                    memory_bytes=m.host_mem_total_bytes, versions=m.versions) if m else {},
+        name=cfg.name,
+        strategy=strategy,
+        choice=choice,
+        defaults=defaults_trial(decided, choice.knee) if choice.knee else None,
+        rows=tuple(rows),
+        device=m.device_name if m else None,
+        versions=(m.versions if m else None) or {},
+        machine=machine_fingerprint(
+            env, device=m.device_name, cpus=m.cpu_count, memory_bytes=m.host_mem_total_bytes, versions=m.versions
+        )
+        if m
+        else {},
         date=date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        min_headroom=cfg.selection.min_headroom, tolerance=cfg.selection.tolerance, unit=cfg.unit,
+        min_headroom=cfg.selection.min_headroom,
+        tolerance=cfg.selection.tolerance,
+        unit=cfg.unit,
         counted=cfg.count is not None,
         stop_reason=stop_reason,
         verdicts=tuple(run_verdicts(rows, choice.knee, per_trial, cfg.selection, env)),
-        trial_verdicts=per_trial, per_hour=cfg.cost.per_hour, warnings=tuple(warnings),
-        scaling=_scaling(rows, choice.knee), extra_knobs=knobs,
-        knee_before_extra=select_knee([r for r in decided if r.stage in rules.knee_stages(Stage.extra)],
-                                      cfg.selection).knee if knobs else None,
-        **_script_fields(cfg, decided, choice.knee), peaks=tuple(matmul_peaks(rows)),
+        trial_verdicts=per_trial,
+        per_hour=cfg.cost.per_hour,
+        warnings=tuple(warnings),
+        scaling=_scaling(rows, choice.knee),
+        extra_knobs=knobs,
+        knee_before_extra=select_knee(
+            [r for r in decided if r.stage in rules.knee_stages(Stage.extra)], cfg.selection
+        ).knee
+        if knobs
+        else None,
+        **_script_fields(cfg, decided, choice.knee),
+        peaks=tuple(matmul_peaks(rows)),
         remeasure=cfg.trial.remeasure_disturbed,
     )
 
@@ -208,8 +247,7 @@ def _script_fields(cfg: Config, rows: list[TrialRow], knee: TrialRow | None) -> 
     base = next((r for r in rows if r.stage == Stage.baseline), None)
     if knee is None:
         return {"script_baseline": base, "real_epoch_items": cfg.script.epoch_items}
-    spec = TrialSpec(number=knee.number, stage=Stage.end_to_end, mode=knee.mode, knobs=knee.knobs,
-                     config=cfg.to_dict())
+    spec = TrialSpec(number=knee.number, stage=Stage.end_to_end, mode=knee.mode, knobs=knee.knobs, config=cfg.to_dict())
     loader = knee.measurement.loader_measured or {}
     setting = {k: loader.get(k, getattr(knee.knobs, k)) for k in set_on_loader(cfg.script.command)}
     if knee.stage == Stage.baseline:  # keep your settings: the loader stays as the script builds it
@@ -220,8 +258,13 @@ def _script_fields(cfg: Config, rows: list[TrialRow], knee: TrialRow | None) -> 
     # a value the script already has as its own default needs no flag
     same = {k for k in ("num_workers", "batch_size") if k in own and own[k] == getattr(knee.knobs, k)}
     command = script_command(spec, trial=False, leave_out=same)
-    return {"script_baseline": base, "script_command": tuple(command), "set_on_loader": setting,
-            "real_epoch_items": cfg.script.epoch_items, "loader_site": _site(loader, cfg.script.cwd)}
+    return {
+        "script_baseline": base,
+        "script_command": tuple(command),
+        "set_on_loader": setting,
+        "real_epoch_items": cfg.script.epoch_items,
+        "loader_site": _site(loader, cfg.script.cwd),
+    }
 
 
 def where_built(site: dict[str, str]) -> str:

@@ -55,17 +55,27 @@ def flop_summary(s: RunSummary) -> str | None:
     sheet = f"; datasheet {si(peak.datasheet_flops, 'FLOP/s')}" if peak.datasheet_flops else ""
     # items counted by the workload (tokens, say) are not the positions the model computes on: a padded batch's
     # padding is work too, so the count per item is of executed FLOPs, and it varies with the batch it was taken on
-    executed = (", on one batch, its padding's work included: shares of executed FLOPs, above the useful share "
-                "by the batches' padding" if s.counted else "")
+    executed = (
+        ", on one batch, its padding's work included: shares of executed FLOPs, above the useful share "
+        "by the batches' padding"
+        if s.counted
+        else ""
+    )
     ratio = rules.flops_uncertain(k, s.rows)
     low, high = rules.FLOP_BACKWARD_BAND
-    uncertain = (f" **Uncertain**: the count's backward is {ratio:.1f}x its forward, where a model of matrix "
-                 f"multiplies and convolutions gives {low:g}-{high:g}x (an op the counter miscounts, or frozen "
-                 "layers); the share decides no fix." if ratio is not None else "")
-    return (f"Model FLOP utilisation: {', '.join(shares)} of this device's measured matmul peak ({si(flops, 'FLOP')} "
-            f"per {k.item}, forward and backward, counted with FlopCounterMode, grouped convolutions' backward "
-            f"corrected{executed}; peak {si(peak.flops, 'FLOP/s')} in {peak.precision}, trial {peak.trial}{sheet})."
-            + uncertain)
+    uncertain = (
+        f" **Uncertain**: the count's backward is {ratio:.1f}x its forward, where a model of matrix "
+        f"multiplies and convolutions gives {low:g}-{high:g}x (an op the counter miscounts, or frozen "
+        "layers); the share decides no fix."
+        if ratio is not None
+        else ""
+    )
+    return (
+        f"Model FLOP utilisation: {', '.join(shares)} of this device's measured matmul peak ({si(flops, 'FLOP')} "
+        f"per {k.item}, forward and backward, counted with FlopCounterMode, grouped convolutions' backward "
+        f"corrected{executed}; peak {si(peak.flops, 'FLOP/s')} in {peak.precision}, trial {peak.trial}{sheet})."
+        + uncertain
+    )
 
 
 def money_summary(s: RunSummary) -> str | None:
@@ -75,21 +85,32 @@ def money_summary(s: RunSummary) -> str | None:
     if k is None or not s.per_hour:
         return None
     u = s.unit
-    others = [f"{name} {s.per_money(r.rate):,.0f}" for name, r in (("best", s.choice.best), ("defaults", s.defaults))
-              if r is not None and r.number != k.number]
-    return (f"{s.per_money(k.rate):,.0f} {u} per unit of money at {k.rate:.1f} {u}/s (cost.per_hour "
-            f"{s.per_hour:g})" + (f"; {', '.join(others)}" if others else "") + ".")
+    others = [
+        f"{name} {s.per_money(r.rate):,.0f}"
+        for name, r in (("best", s.choice.best), ("defaults", s.defaults))
+        if r is not None and r.number != k.number
+    ]
+    return (
+        f"{s.per_money(k.rate):,.0f} {u} per unit of money at {k.rate:.1f} {u}/s (cost.per_hour "
+        f"{s.per_hour:g})" + (f"; {', '.join(others)}" if others else "") + "."
+    )
 
 
 def trials_csv(s: RunSummary) -> str:
     """trials.csv: one row per trial with its verdict, the verdict's evidence, its items (of ``unit``) per unit of
     money and its model's share of the device's measured matmul peak (``flop_share``)."""
     verdicts = s.trial_verdicts
-    extra = {r.number: {"verdict": verdicts[r.number].name if r.number in verdicts else None,
-                        "verdict_evidence": "; ".join(f"{k} {v}" for k, v in verdicts[r.number].evidence.items())
-                        if r.number in verdicts else None,
-                        "items_per_money": s.per_money(rate_or_none(r)),
-                        "flop_share": s.flop_share(r)} for r in s.rows}
+    extra = {
+        r.number: {
+            "verdict": verdicts[r.number].name if r.number in verdicts else None,
+            "verdict_evidence": "; ".join(f"{k} {v}" for k, v in verdicts[r.number].evidence.items())
+            if r.number in verdicts
+            else None,
+            "items_per_money": s.per_money(rate_or_none(r)),
+            "flop_share": s.flop_share(r),
+        }
+        for r in s.rows
+    }
     buf = io.StringIO()
     trials_frame(list(s.rows), extra, {k.key: k.baseline for k in s.extra_knobs}).to_csv(buf, index=False)
     return buf.getvalue()
@@ -101,19 +122,45 @@ def console_table(s: RunSummary) -> Any:
 
     table = Table(title=f"{s.name}: {len(s.rows)} trials", show_lines=False)
     ranks = any(r.knobs.ranks > 1 for r in s.rows)
-    columns = ("#", "stage", *(("ranks",) if ranks else ()), "workers", "pf", "pin", "batch", "accum", "compile",
-               "status", f"{s.unit}/s", "noise", "wait")
+    columns = (
+        "#",
+        "stage",
+        *(("ranks",) if ranks else ()),
+        "workers",
+        "pf",
+        "pin",
+        "batch",
+        "accum",
+        "compile",
+        "status",
+        f"{s.unit}/s",
+        "noise",
+        "wait",
+    )
     for col in columns:
         table.add_column(col, justify="right" if col not in ("stage", "status", "compile") else "left")
     knee, best = s.choice.knee, s.choice.best
     for r in sorted(s.rows, key=lambda r: r.number):
         mark = " ◀ knee" if knee is not None and r.number == knee.number else ""
-        mark += " ★ best" if best is not None and r.number == best.number and (knee is None or
-                                                                             knee.number != best.number) else ""
+        mark += (
+            " ★ best"
+            if best is not None and r.number == best.number and (knee is None or knee.number != best.number)
+            else ""
+        )
         k = r.knobs
-        table.add_row(str(r.number), r.stage, *((str(k.ranks),) if ranks else ()), str(k.num_workers),
-                      str(k.prefetch_factor or "-"),
-                      "y" if k.pin_memory else "n", str(k.batch_size), str(k.grad_accum), k.compile,
-                      (r.status if r.ok else f"{r.status}: {r.reason[:40]}") + mark, fmt(rate_or_none(r)),
-                      fmt(r.noise_cv, ".1%"), fmt(r.measurement.data_wait_frac, ".0%"))
+        table.add_row(
+            str(r.number),
+            r.stage,
+            *((str(k.ranks),) if ranks else ()),
+            str(k.num_workers),
+            str(k.prefetch_factor or "-"),
+            "y" if k.pin_memory else "n",
+            str(k.batch_size),
+            str(k.grad_accum),
+            k.compile,
+            (r.status if r.ok else f"{r.status}: {r.reason[:40]}") + mark,
+            fmt(rate_or_none(r)),
+            fmt(r.noise_cv, ".1%"),
+            fmt(r.measurement.data_wait_frac, ".0%"),
+        )
     return table

@@ -22,12 +22,14 @@ SAME_MEMORY = 0.05
 another machine type differs by far more)."""
 
 
-def machine_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]
-                    ) -> tuple[list[tuple[str, Any, Any]], list[tuple[str, Any, Any]]]:
+def machine_changes(
+    recorded: Mapping[str, Any], current: Mapping[str, Any]
+) -> tuple[list[tuple[str, Any, Any]], list[tuple[str, Any, Any]]]:
     """What differs between the machine a recommendation was tuned on and this one, as ``(key, recorded, current)``:
     the hardware (:data:`MACHINE_HARDWARE`: another machine, on which the recorded figure does not apply) and the
     software (:data:`MACHINE_SOFTWARE`: the same machine upgraded). A key that either side does not know (None, or
     missing from an older recommendation) is not compared; host memory within :data:`SAME_MEMORY` is the same."""
+
     def differs(key: str) -> bool:
         old, new = recorded.get(key), current.get(key)
         if old is None or new is None:
@@ -36,12 +38,19 @@ def machine_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]
             return abs(float(new) - float(old)) > SAME_MEMORY * max(float(old), 1.0)
         return old != new
 
-    return ([(k, recorded.get(k), current.get(k)) for k in MACHINE_HARDWARE if differs(k)],
-            [(k, recorded.get(k), current.get(k)) for k in MACHINE_SOFTWARE if differs(k)])
+    return (
+        [(k, recorded.get(k), current.get(k)) for k in MACHINE_HARDWARE if differs(k)],
+        [(k, recorded.get(k), current.get(k)) for k in MACHINE_SOFTWARE if differs(k)],
+    )
 
 
-def check_margin(band: float, recorded_noise: float | None, recorded_interval: float | None, noise: float | None,
-                 interval: float | None) -> float:
+def check_margin(
+    band: float,
+    recorded_noise: float | None,
+    recorded_interval: float | None,
+    noise: float | None,
+    interval: float | None,
+) -> float:
     """How far a fresh trial of the committed config may lie from the recorded figure and still hold: the widest of
     the recorded band (``max(tolerance, the run's noise)``), either trial's own window CV (as ``trial_margin``
     widens a comparison of single trials) and the two trials' 95 % intervals combined (``sqrt(a² + b²)``, the

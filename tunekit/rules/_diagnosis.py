@@ -116,8 +116,11 @@ def peak_trial(rows: Iterable[TrialRow], row: TrialRow) -> TrialRow | None:
         p = other.measurement
         if not p.matmul_peak_flops or dict(other.knobs.extra).get("workload.precision") != precision:
             continue
-        if (p.device_uuid == m.device_uuid) if m.device_uuid else (p.device, p.device_name) == (m.device,
-                                                                                                 m.device_name):
+        if (
+            (p.device_uuid == m.device_uuid)
+            if m.device_uuid
+            else (p.device, p.device_name) == (m.device, m.device_name)
+        ):
             return other
     return None
 
@@ -148,7 +151,8 @@ def communication_bound(row: TrialRow, efficiency: float | None) -> bool:
     if row.knobs.ranks < 2 or share is None or share < SYNC_SHARE:
         return False
     return (row.measurement.data_wait_frac or 0.0) <= STARVED_WAIT and (
-        efficiency is None or efficiency < SCALING_HEALTHY)
+        efficiency is None or efficiency < SCALING_HEALTHY
+    )
 
 
 def machine_noise(row: TrialRow) -> bool:

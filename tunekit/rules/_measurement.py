@@ -66,8 +66,14 @@ def settling(rates: list[float], min_windows: int, precision: float) -> int:
     return drop
 
 
-def window_stop(items: Sequence[float], seconds: Sequence[float], min_windows: int, max_windows: int,
-                precision: float | None, needed: float | None = None) -> str | None:
+def window_stop(
+    items: Sequence[float],
+    seconds: Sequence[float],
+    min_windows: int,
+    max_windows: int,
+    precision: float | None,
+    needed: float | None = None,
+) -> str | None:
     """Why a trial stops measuring after these windows (items and seconds of each), or None to measure another:
     ``fixed`` (no precision asked, ``min_windows`` done), ``below_band`` (the settled windows' interval lies wholly
     below ``needed``, the rate that would bring the trial within the band of the best so far: more windows cannot

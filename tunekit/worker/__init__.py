@@ -131,15 +131,19 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - every failure becomes data
         when = {} if rank is None else {"failed_at": time.time()}
         if type(exc).__name__ == "Diverged":  # a NaN/Inf loss: its own status, the reason as written
-            write_json_atomic(failure_path, failed_measurement(spec, "diverged", f"{where}{exc}",
-                                                               exception="Diverged", **when).to_dict())
+            write_json_atomic(
+                failure_path,
+                failed_measurement(spec, "diverged", f"{where}{exc}", exception="Diverged", **when).to_dict(),
+            )
             return EXIT_FAILED
         text = "".join(traceback.format_exception(exc))
         sys.stderr.write(f"{where}{text}")
         sys.stderr.flush()
         status, reason = classify_error(f"{type(exc).__name__}: {exc}\n{text}")
-        write_json_atomic(failure_path, failed_measurement(spec, status, f"{where}{reason}",
-                                                           exception=type(exc).__name__, **when).to_dict())
+        write_json_atomic(
+            failure_path,
+            failed_measurement(spec, status, f"{where}{reason}", exception=type(exc).__name__, **when).to_dict(),
+        )
         if rank is not None:  # a rank's interpreter exit can hang in the backend's teardown, its peers gone
             sys.stderr.flush()
             os._exit(EXIT_FAILED)

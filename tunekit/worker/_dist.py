@@ -50,15 +50,17 @@ class Ranks:
     def __post_init__(self) -> None:
         folder = os.environ.get(names.TRIAL_DIR)
         if folder and os.path.isdir(folder):
-            self.progress = os.open(os.path.join(folder, names.progress_file(self.rank)),
-                                    os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self.progress = os.open(
+                os.path.join(folder, names.progress_file(self.rank)), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644
+            )
 
     def mark(self, batch: int, received: bool) -> None:
         """Record the batch this rank asks for or holds, overwriting the last: on a timeout the launcher names the
         rank that waits for a batch the others hold (``ending.hung_ranks``). One small write per fetch."""
         if self.progress >= 0:
-            os.pwrite(self.progress, f"{batch} {'got' if received else 'asked'} {time.time():.3f}".ljust(40)
-                      .encode(), 0)
+            os.pwrite(
+                self.progress, f"{batch} {'got' if received else 'asked'} {time.time():.3f}".ljust(40).encode(), 0
+            )
 
     def any(self, flag: bool) -> bool:
         """True on every rank when it is True on any rank."""
@@ -106,8 +108,9 @@ def init(device_name: str, backend: str, timeout_s: float) -> tuple[Ranks, str]:
         count = torch.cuda.device_count()
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if per_node > count:
-            raise RuntimeError(f"launch.nproc_per_node = {per_node} ranks, but this node has {count} CUDA "
-                               f"device(s): one GPU per rank")
+            raise RuntimeError(
+                f"launch.nproc_per_node = {per_node} ranks, but this node has {count} CUDA device(s): one GPU per rank"
+            )
         device_name = f"cuda:{local}"
         torch.cuda.set_device(local)
     if backend == "auto":
@@ -130,8 +133,10 @@ class EndlessDistributedSampler(DistributedSampler):
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=0, drop_last=True)
         if self.num_samples == 0:
-            raise ValueError(f"the dataset has {len(dataset)} samples, fewer than the {num_replicas} ranks: "  # type: ignore[arg-type]
-                             "every rank needs at least one")
+            raise ValueError(
+                f"the dataset has {len(dataset)} samples, fewer than the {num_replicas} ranks: "  # type: ignore[arg-type]
+                "every rank needs at least one"
+            )
 
     def __iter__(self) -> Iterator[int]:
         epoch = 0
@@ -153,8 +158,12 @@ def _store() -> Any:
     """A client of the store torchrun's node 0 hosts for this rendezvous (it lives as long as the trial)."""
     import datetime
 
-    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                         timeout=datetime.timedelta(seconds=_SPEC_WAIT_S))
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=_SPEC_WAIT_S),
+    )
 
 
 def publish(spec: dict[str, Any] | None) -> None:
@@ -173,9 +182,23 @@ def receive() -> dict[str, Any] | None:
 
 # --- merging the ranks' measurements into the trial's -----------------------------------------------------------
 
-_PER_RANK = ("rate", "data_wait_frac", "step_time_s", "gpu_busy_frac", "noise_cv", "headroom",
-             "sync_share", "pinned_peak_bytes", "cpu_util_cores", "worker_cpu_per_item_s", "device",
-             "device_mem_peak_reserved_bytes", "nvml_util_gpu_pct", "host", "host_mem_peak_bytes")
+_PER_RANK = (
+    "rate",
+    "data_wait_frac",
+    "step_time_s",
+    "gpu_busy_frac",
+    "noise_cv",
+    "headroom",
+    "sync_share",
+    "pinned_peak_bytes",
+    "cpu_util_cores",
+    "worker_cpu_per_item_s",
+    "device",
+    "device_mem_peak_reserved_bytes",
+    "nvml_util_gpu_pct",
+    "host",
+    "host_mem_peak_bytes",
+)
 
 
 def _mean(values: list[Any]) -> float | None:
@@ -211,24 +234,26 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     out.update(_throughput(results))
     out.update(_cpu(results, hosts, out))
     out.update(_memory(results, hosts, out["headroom_basis"]))
-    out.update({
-        "step_time_s": max(r["step_time_s"] for r in results),
-        "data_wait_frac": _mean([r["data_wait_frac"] for r in results]),
-        "data_wait_frac_max": _max([r["data_wait_frac"] for r in results]),
-        "gpu_busy_frac": _mean([r["gpu_busy_frac"] for r in results]),
-        "items_per_batch_mean": _mean([r["items_per_batch_mean"] for r in results]),
-        "items_per_batch_cv": _max([r["items_per_batch_cv"] for r in results]),
-        "nvml_util_gpu_pct": _mean([r["nvml_util_gpu_pct"] for r in results]),
-        "sync_share": _mean([r.get("sync_share") for r in results]),
-        "epochs_ended": max(r["epochs_ended"] for r in results),
-        "epoch_boundary_in_trial": any(r["epoch_boundary_in_trial"] for r in results),
-        "warnings": list(dict.fromkeys(w for r in results for w in r["warnings"])),
-        "ranks": len(results),
-        "nodes": len(hosts),
-        "slowest_rank": min(range(len(rates)), key=rates.__getitem__),
-        "rank_spread": (max(rates) - min(rates)) / max(rates) if max(rates) else 0.0,
-        "per_rank": [{"rank": i, **{k: r.get(k) for k in _PER_RANK}} for i, r in enumerate(results)],
-    })
+    out.update(
+        {
+            "step_time_s": max(r["step_time_s"] for r in results),
+            "data_wait_frac": _mean([r["data_wait_frac"] for r in results]),
+            "data_wait_frac_max": _max([r["data_wait_frac"] for r in results]),
+            "gpu_busy_frac": _mean([r["gpu_busy_frac"] for r in results]),
+            "items_per_batch_mean": _mean([r["items_per_batch_mean"] for r in results]),
+            "items_per_batch_cv": _max([r["items_per_batch_cv"] for r in results]),
+            "nvml_util_gpu_pct": _mean([r["nvml_util_gpu_pct"] for r in results]),
+            "sync_share": _mean([r.get("sync_share") for r in results]),
+            "epochs_ended": max(r["epochs_ended"] for r in results),
+            "epoch_boundary_in_trial": any(r["epoch_boundary_in_trial"] for r in results),
+            "warnings": list(dict.fromkeys(w for r in results for w in r["warnings"])),
+            "ranks": len(results),
+            "nodes": len(hosts),
+            "slowest_rank": min(range(len(rates)), key=rates.__getitem__),
+            "rank_spread": (max(rates) - min(rates)) / max(rates) if max(rates) else 0.0,
+            "per_rank": [{"rank": i, **{k: r.get(k) for k in _PER_RANK}} for i, r in enumerate(results)],
+        }
+    )
     out.update(_whole_epoch(results, out["rate"]))
     return out
 
@@ -240,17 +265,26 @@ def _whole_epoch(results: list[dict[str, Any]], steady: float) -> dict[str, Any]
     rate. Without a boundary on every rank the figure stays the steady rate."""
     if any(r.get("rate_in_epoch") is None for r in results):
         return {}
-    out: dict[str, Any] = {"rate_in_epoch": steady, "rate_whole_epoch": None,
-                           "epoch_boundaries": min(r.get("epoch_boundaries") or 0 for r in results)}
+    out: dict[str, Any] = {
+        "rate_in_epoch": steady,
+        "rate_whole_epoch": None,
+        "epoch_boundaries": min(r.get("epoch_boundaries") or 0 for r in results),
+    }
     costs = [r.get("boundary_s") for r in results]
     items = [r.get("epoch_items") for r in results]
     if any(c is None for c in costs) or any(not i for i in items):
         return {**out, "boundary_s": None}
     slowest = max(range(len(results)), key=costs.__getitem__)
     whole = rules.epoch_rate(sum(items), steady, costs[slowest])
-    return {**out, "boundary_s": costs[slowest], "boundaries_s": results[slowest].get("boundaries_s"),
-            "boundary_cv": results[slowest].get("boundary_cv"), "epoch_items": sum(items),
-            "rate_whole_epoch": whole, "rate": whole}
+    return {
+        **out,
+        "boundary_s": costs[slowest],
+        "boundaries_s": results[slowest].get("boundaries_s"),
+        "boundary_cv": results[slowest].get("boundary_cv"),
+        "epoch_items": sum(items),
+        "rate_whole_epoch": whole,
+        "rate": whole,
+    }
 
 
 def _throughput(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -300,8 +334,11 @@ def _memory(results: list[dict[str, Any]], hosts: dict[str, dict[str, Any]], bas
     on the CPU at the fullest node (the memory that runs out is each node's own)."""
     headroom = min(r["headroom"] for r in results)
     if basis == "host":
-        nodes = [1.0 - r["node_mem_peak_bytes"] / r["host_mem_total_bytes"] for r in hosts.values()
-                 if r.get("node_mem_peak_bytes") and r.get("host_mem_total_bytes")]
+        nodes = [
+            1.0 - r["node_mem_peak_bytes"] / r["host_mem_total_bytes"]
+            for r in hosts.values()
+            if r.get("node_mem_peak_bytes") and r.get("host_mem_total_bytes")
+        ]
         headroom = min(nodes, default=headroom)
     return {
         "headroom": headroom,

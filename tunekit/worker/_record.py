@@ -20,32 +20,68 @@ from tunekit.worker.meter._monitor import Monitor
 __all__ = ["measurement", "assemble", "device_memory"]
 
 
-def measurement(spec: TrialSpec, setup: Setup, reading: Reading, monitor: Monitor, *, times: dict[str, float],
-                memory: dict[str, Any], warmup_memory: dict[str, Any], epochs_ended: int, warnings: list[str],
-                sync_share: float | None) -> dict[str, Any]:
+def measurement(
+    spec: TrialSpec,
+    setup: Setup,
+    reading: Reading,
+    monitor: Monitor,
+    *,
+    times: dict[str, float],
+    memory: dict[str, Any],
+    warmup_memory: dict[str, Any],
+    epochs_ended: int,
+    warnings: list[str],
+    sync_share: float | None,
+) -> dict[str, Any]:
     """The measurement of an ok trial of the built-in step. ``times`` holds ``loop_setup_s``, ``teardown_s`` and
     ``trial_s``."""
     built = setup.built
     on_device = spec.mode == Mode.train and hasattr(built.dataset, "batch_to_device")
-    out = assemble(spec, reading, monitor, device=setup.device, dataset=built.dataset,
-                   workers=setup.loader_knobs.num_workers, unit=setup.cfg.workload.unit,
-                   times={"startup_s": setup.startup_s, "cuda_init_s": setup.cuda_init_s, "build_s": built.build_s,
-                          **times},
-                   memory=memory, warmup_memory=warmup_memory, epochs_ended=epochs_ended, warnings=warnings,
-                   sync_share=sync_share)
+    out = assemble(
+        spec,
+        reading,
+        monitor,
+        device=setup.device,
+        dataset=built.dataset,
+        workers=setup.loader_knobs.num_workers,
+        unit=setup.cfg.workload.unit,
+        times={"startup_s": setup.startup_s, "cuda_init_s": setup.cuda_init_s, "build_s": built.build_s, **times},
+        memory=memory,
+        warmup_memory=warmup_memory,
+        epochs_ended=epochs_ended,
+        warnings=warnings,
+        sync_share=sync_share,
+    )
     # a dataset that moves its batches itself (decode: gpu) does input work on the device inside each step, or one
     # batch ahead beside it (decode: gpu-overlap)
-    out.update(input_on_device=on_device, input_ahead=on_device and moves_ahead(built, spec),
-               # the user-defined knobs set away from their baseline that may change what training learns
-               changes_result=sorted(k.key for k in extra_knobs(setup.cfg)
-                                     if k.changes_result and k.key in dict(spec.knobs.extra)))
+    out.update(
+        input_on_device=on_device,
+        input_ahead=on_device and moves_ahead(built, spec),
+        # the user-defined knobs set away from their baseline that may change what training learns
+        changes_result=sorted(
+            k.key for k in extra_knobs(setup.cfg) if k.changes_result and k.key in dict(spec.knobs.extra)
+        ),
+    )
     return out
 
 
-def assemble(spec: TrialSpec, reading: Reading, monitor: Monitor, *, device: torch.device, dataset: Any,
-             workers: int, unit: str, times: dict[str, float], memory: dict[str, Any],
-             warmup_memory: dict[str, Any], epochs_ended: int, warnings: list[str], sync_share: float | None,
-             params: dict[str, Any] | None = None) -> dict[str, Any]:
+def assemble(
+    spec: TrialSpec,
+    reading: Reading,
+    monitor: Monitor,
+    *,
+    device: torch.device,
+    dataset: Any,
+    workers: int,
+    unit: str,
+    times: dict[str, float],
+    memory: dict[str, Any],
+    warmup_memory: dict[str, Any],
+    epochs_ended: int,
+    warnings: list[str],
+    sync_share: float | None,
+    params: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The measurement of an ok trial around any step: the meter's reading with the trial's identity, the host,
     device, memory and NVML figures. ``params`` are the knobs as run (default: the spec's)."""
     cpus = cpu_count()
@@ -77,8 +113,11 @@ def assemble(spec: TrialSpec, reading: Reading, monitor: Monitor, *, device: tor
     }
     other = out.get("other_cpu_cores")
     if other is not None and other > rules.BUSY_HOST * cpus:  # named per trial, not hidden in the noise
-        out["warnings"] = [*warnings, f"other processes kept {other:.1f} of the {cpus} usable CPUs busy during the "
-                           "windows: this trial's figures are disturbed"]
+        out["warnings"] = [
+            *warnings,
+            f"other processes kept {other:.1f} of the {cpus} usable CPUs busy during the "
+            "windows: this trial's figures are disturbed",
+        ]
     out.update(_memory_fields(memory, warmup_memory, out))
     out.update(_nvml_fields(monitor))
     out.update(sync_share=sync_share, pinned_peak_bytes=_pinned_peak(device))

@@ -62,10 +62,12 @@ def check_paths(paths: dict[str, str]) -> dict[str, str | None]:
             problems[key] = None
         except ModuleNotFoundError as exc:
             # say where it looked: a module (or a relative file) is found from the folder tunekit runs in
-            where = (f"a file path is relative to the folder tunekit runs in, {os.getcwd()}"
-                     if path.rpartition(":")[0].endswith(".py") else
-                     f"looked in {os.getcwd()} (the folder tunekit runs in) and on PYTHONPATH; run tunekit from the "
-                     "folder that holds it, or add that folder to PYTHONPATH")
+            where = (
+                f"a file path is relative to the folder tunekit runs in, {os.getcwd()}"
+                if path.rpartition(":")[0].endswith(".py")
+                else f"looked in {os.getcwd()} (the folder tunekit runs in) and on PYTHONPATH; run tunekit from the "
+                "folder that holds it, or add that folder to PYTHONPATH"
+            )
             problems[key] = f"does not resolve: no module named '{exc.name}' ({where})"
         except AttributeError:
             module_name, _, attr = path.rpartition(":")

@@ -104,8 +104,9 @@ def sleepy_dataset(
     """
     if build_wait_s > 0:
         time.sleep(build_wait_s)
-    return _SleepyDataset(num_samples, sample_wait_s, shape, num_classes, hang_at, raise_at, kill_at, pid_dir,
-                          sample_cpu_s, print_every)
+    return _SleepyDataset(
+        num_samples, sample_wait_s, shape, num_classes, hang_at, raise_at, kill_at, pid_dir, sample_cpu_s, print_every
+    )
 
 
 class _SleepyModel(nn.Module):

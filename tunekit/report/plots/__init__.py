@@ -31,9 +31,23 @@ from tunekit.report.plots._data import (
 )
 
 __all__ = [
-    "Point", "Series", "WorkersPlot", "BatchPlot", "UtilPlot", "StepTimePlot", "FractionsPlot", "CompilePlot",
-    "PlotResult", "workers_data", "batch_data", "util_data", "step_time_data", "fractions_data", "compile_data",
-    "render_all", "PLOTS",
+    "Point",
+    "Series",
+    "WorkersPlot",
+    "BatchPlot",
+    "UtilPlot",
+    "StepTimePlot",
+    "FractionsPlot",
+    "CompilePlot",
+    "PlotResult",
+    "workers_data",
+    "batch_data",
+    "util_data",
+    "step_time_data",
+    "fractions_data",
+    "compile_data",
+    "render_all",
+    "PLOTS",
 ]
 
 
@@ -56,8 +70,9 @@ PLOTS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def render_all(plots_dir: Path, rows: list[TrialRow], choice: Choice, title: str,
-               min_headroom: float) -> list[PlotResult]:
+def render_all(
+    plots_dir: Path, rows: list[TrialRow], choice: Choice, title: str, min_headroom: float
+) -> list[PlotResult]:
     """Build and draw every plot the run has data for into ``plots_dir`` (a run's ``plots/`` as report.md links
     them); the others are listed with the reason they were skipped, and a stale PNG of theirs is removed."""
     builders: dict[str, tuple[Callable[[], Any], Callable[[Any, Path], None]]] = {

@@ -151,8 +151,6 @@ class CompilePlot:
     unit: str = "samples"
 
 
-
-
 def _unit(rows: list[TrialRow]) -> str:
     return next((r.unit for r in rows if r.ok), "samples")
 
@@ -163,8 +161,13 @@ def _point(row: TrialRow) -> Point:
     m = row.measurement
     interval = m.rate_interval
     if interval is not None and math.isfinite(interval):
-        return Point(row.knobs.num_workers, row.rate, row.rate * max(0.0, 1.0 - interval),
-                     row.rate * (1.0 + interval), row.number)
+        return Point(
+            row.knobs.num_workers,
+            row.rate,
+            row.rate * max(0.0, 1.0 - interval),
+            row.rate * (1.0 + interval),
+            row.number,
+        )
     # epoch-aware windows hold the rate inside an epoch: their spread is drawn around the whole-epoch rate
     scale = row.rate / m.rate_in_epoch if m.rate_in_epoch else 1.0
     windows = [w * scale for w in m.rate_windows] if m.rate_windows else [row.rate]
@@ -187,8 +190,15 @@ def _knee_batch(choice: Choice) -> int | None:
 
 
 def _train_at(rows: list[TrialRow], batch: int | None) -> list[TrialRow]:
-    return [r for r in rows if r.ok and r.mode == Mode.train and r.knobs.compile == "none" and r.knobs.grad_accum == 1
-            and (batch is None or r.knobs.batch_size == batch)]
+    return [
+        r
+        for r in rows
+        if r.ok
+        and r.mode == Mode.train
+        and r.knobs.compile == "none"
+        and r.knobs.grad_accum == 1
+        and (batch is None or r.knobs.batch_size == batch)
+    ]
 
 
 def _swept_batch(rows: list[TrialRow], choice: Choice) -> int | None:
@@ -215,15 +225,17 @@ def _series(train: list[TrialRow], batch: int | None, world: int) -> tuple[Serie
     """The end-to-end trials as curves, one per setting other than the workers (pinning, prefetch, GPUs, the
     user's knobs, and the batch when it is not the axis batch): the axis batch's first, then larger batches."""
     groups: dict[tuple[bool, str], list[Point]] = {}
-    for r in sorted(train, key=lambda r: (r.knobs.batch_size != batch, -r.knobs.batch_size, -r.knobs.ranks,
-                                          r.knobs.num_workers)):
+    for r in sorted(
+        train, key=lambda r: (r.knobs.batch_size != batch, -r.knobs.batch_size, -r.knobs.ranks, r.knobs.num_workers)
+    ):
         pf = f"prefetch={r.knobs.prefetch_factor}" if r.knobs.num_workers else "loading in the main process"
         gpus = "" if world == 1 else f"{r.knobs.ranks} GPU{'s' if r.knobs.ranks > 1 else ''}: "
         mine = "".join(f", {k.removeprefix('workload.')}={v}" for k, v in r.knobs.extra)  # user-defined knobs set
         other = r.knobs.batch_size != batch
         where = f", batch {r.knobs.batch_size}" if other else ""
-        groups.setdefault((other, f"{gpus}pin_memory={'on' if r.knobs.pin_memory else 'off'}, {pf}{mine}{where}"),
-                          []).append(_point(r))
+        groups.setdefault(
+            (other, f"{gpus}pin_memory={'on' if r.knobs.pin_memory else 'off'}, {pf}{mine}{where}"), []
+        ).append(_point(r))
     return tuple(Series(label, tuple(v), other) for (other, label), v in groups.items())
 
 
@@ -236,17 +248,31 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
     if len({r.knobs.num_workers for r in train}) < 2:
         return "the run has fewer than two worker counts measured end to end"
     world = max(r.knobs.ranks for r in train)
-    loader = tuple(sorted((_point(r) for r in rows if r.ok and r.mode == Mode.loader
-                           and (batch is None or r.knobs.batch_size == batch)), key=lambda p: p.workers))
-    compute = compute_ceiling(rows, batch) if batch is not None else next(
-        (r for r in rows if r.ok and r.mode == Mode.compute), None)
+    loader = tuple(
+        sorted(
+            (
+                _point(r)
+                for r in rows
+                if r.ok and r.mode == Mode.loader and (batch is None or r.knobs.batch_size == batch)
+            ),
+            key=lambda p: p.workers,
+        )
+    )
+    compute = (
+        compute_ceiling(rows, batch)
+        if batch is not None
+        else next((r for r in rows if r.ok and r.mode == Mode.compute), None)
+    )
 
     def at(row: TrialRow) -> str:
         return "" if row.knobs.batch_size == batch else f", batch {row.knobs.batch_size}"
 
     knee = choice.knee
-    knee_ceiling = (compute_ceiling(rows, knee.knobs.batch_size) if knee is not None and batch is not None
-                    and knee.knobs.batch_size != batch else None)
+    knee_ceiling = (
+        compute_ceiling(rows, knee.knobs.batch_size)
+        if knee is not None and batch is not None and knee.knobs.batch_size != batch
+        else None
+    )
 
     label = ""
     if choice.knee is not None and choice.ratio is not None:
@@ -255,17 +281,23 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
             label = label.replace(" workers", f" workers per rank x {choice.knee.knobs.ranks}")
     return WorkersPlot(
         unit=_unit(rows),
-        title=title, series=_series(_train_at(rows, None), batch, world),
-        knee=_point(choice.knee) if choice.knee else None, knee_label=label,
-        best=_point(choice.best) if choice.best else None, loader_ceiling=loader,
+        title=title,
+        series=_series(_train_at(rows, None), batch, world),
+        knee=_point(choice.knee) if choice.knee else None,
+        knee_label=label,
+        best=_point(choice.best) if choice.best else None,
+        loader_ceiling=loader,
         compute_ceiling=compute.rate * world if compute else None,
         best_label=f"best{' (' + at(choice.best)[2:] + ')' if choice.best and at(choice.best) else ''}",
-        bounded=_bounded(rows, batch), knee_ceiling=knee_ceiling.rate * world if knee_ceiling else None,
-        knee_ceiling_label=f"compute ceiling at the knee's batch {knee.knobs.batch_size}" if knee_ceiling and knee
+        bounded=_bounded(rows, batch),
+        knee_ceiling=knee_ceiling.rate * world if knee_ceiling else None,
+        knee_ceiling_label=f"compute ceiling at the knee's batch {knee.knobs.batch_size}"
+        if knee_ceiling and knee
         else "",
-        own=_point(own) if (own := own_trial(rows)) else None, own_label=own_label(own) if own else "",
+        own=_point(own) if (own := own_trial(rows)) else None,
+        own_label=own_label(own) if own else "",
         compute_label=f"compute ceiling{f' x {world} GPUs' if world > 1 else ''}"
-                      f"{f' (batch {batch})' if batch is not None else ''}",
+        f"{f' (batch {batch})' if batch is not None else ''}",
         **({} if world == 1 else {"axis": "workers per rank", "loader_label": "loader alone, one rank (ceiling)"}),
     )
 
@@ -277,8 +309,9 @@ def _peak_gib(r: TrialRow) -> float | None:
 
 
 def batch_data(rows: list[TrialRow], choice: Choice, title: str, min_headroom: float) -> BatchPlot | str:
-    source = [r for r in rows if r.mode == Mode.compute] or [r for r in rows if r.mode == Mode.train
-                                                           and r.knobs.compile == "none"]
+    source = [r for r in rows if r.mode == Mode.compute] or [
+        r for r in rows if r.mode == Mode.train and r.knobs.compile == "none"
+    ]
     best_by_batch: dict[int, TrialRow] = {}
     for r in source:
         if r.ok and (r.knobs.batch_size not in best_by_batch or r.rate > best_by_batch[r.knobs.batch_size].rate):
@@ -294,17 +327,23 @@ def batch_data(rows: list[TrialRow], choice: Choice, title: str, min_headroom: f
     total = m.device_mem_total_bytes if device else m.host_mem_total_bytes
     return BatchPlot(
         unit=_unit(rows),
-        title=title, points=tuple(BatchPoint(r.knobs.batch_size, r.rate, _peak_gib(r)) for r in ok_rows), oom=oom,
+        title=title,
+        points=tuple(BatchPoint(r.knobs.batch_size, r.rate, _peak_gib(r)) for r in ok_rows),
+        oom=oom,
         limit_gib=None if not total else (1 - min_headroom) * total / _GIB,
         memory_label="peak device memory, reserved (GiB)" if device else "peak host memory, PSS (GiB)",
         chosen=_knee_batch(choice),
-        own=own.knobs.batch_size if (own := own_trial(rows)) else None, own_label=own_label(own) if own else "",
+        own=own.knobs.batch_size if (own := own_trial(rows)) else None,
+        own_label=own_label(own) if own else "",
     )
 
 
 def util_data(rows: list[TrialRow], choice: Choice, title: str) -> UtilPlot | str:
-    points = tuple(UtilPoint(float(r.measurement.nvml_util_gpu_pct), r.rate, r.stage, r.number)
-                   for r in rows if r.ok and r.measurement.nvml_util_gpu_pct is not None)
+    points = tuple(
+        UtilPoint(float(r.measurement.nvml_util_gpu_pct), r.rate, r.stage, r.number)
+        for r in rows
+        if r.ok and r.measurement.nvml_util_gpu_pct is not None
+    )
     if len(points) < 2:
         return "no NVML utilization was sampled (a CPU run, or NVML unavailable)"
     return UtilPlot(title, points, choice.knee.number if choice.knee else None, unit=_unit(rows))
@@ -314,9 +353,14 @@ def step_time_data(rows: list[TrialRow], title: str) -> StepTimePlot | str:
     compute = sorted((r for r in rows if r.ok and r.mode == Mode.compute), key=lambda r: r.knobs.batch_size)
     if len(compute) < 2:
         return "the run has fewer than two compute-ceiling trials (batch sizes)"
-    return StepTimePlot(unit=_unit(rows), title=title, points=tuple(
-        StepPoint(r.knobs.batch_size, 1000.0 / r.rate, 1000.0 * float(r.measurement.step_time_s or 0.0))
-        for r in compute))
+    return StepTimePlot(
+        unit=_unit(rows),
+        title=title,
+        points=tuple(
+            StepPoint(r.knobs.batch_size, 1000.0 / r.rate, 1000.0 * float(r.measurement.step_time_s or 0.0))
+            for r in compute
+        ),
+    )
 
 
 def fractions_data(rows: list[TrialRow], choice: Choice, title: str) -> FractionsPlot | str:
@@ -329,9 +373,14 @@ def fractions_data(rows: list[TrialRow], choice: Choice, title: str) -> Fraction
     for r in sorted(train, key=lambda r: (r.knobs.num_workers, -r.rate)):
         busy = r.measurement.gpu_busy_frac
         label = f"pin_memory={'on' if r.knobs.pin_memory else 'off'}"
-        series.setdefault(label, {}).setdefault(r.knobs.num_workers, FractionPoint(
-            r.knobs.num_workers, float(r.measurement.data_wait_frac or 0.0),
-            None if busy is None else 1.0 - float(busy)))
+        series.setdefault(label, {}).setdefault(
+            r.knobs.num_workers,
+            FractionPoint(
+                r.knobs.num_workers,
+                float(r.measurement.data_wait_frac or 0.0),
+                None if busy is None else 1.0 - float(busy),
+            ),
+        )
     return FractionsPlot(title, tuple((k, tuple(v.values())) for k, v in series.items()))
 
 
@@ -340,11 +389,20 @@ def compile_data(rows: list[TrialRow], choice: Choice, title: str) -> CompilePlo
     if ref is None:
         return "no end-to-end config completed"
     k = ref.knobs
-    same = [r for r in rows if r.ok and r.mode == Mode.train and r.knobs.num_workers == k.num_workers
-            and r.knobs.prefetch_factor == k.prefetch_factor and r.knobs.pin_memory == k.pin_memory
-            and r.knobs.batch_size == k.batch_size and r.knobs.grad_accum == k.grad_accum]
-    order = {m: i for i, m in enumerate(("none", "default", "reduce-overhead", "max-autotune-no-cudagraphs",
-                                        "max-autotune"))}
+    same = [
+        r
+        for r in rows
+        if r.ok
+        and r.mode == Mode.train
+        and r.knobs.num_workers == k.num_workers
+        and r.knobs.prefetch_factor == k.prefetch_factor
+        and r.knobs.pin_memory == k.pin_memory
+        and r.knobs.batch_size == k.batch_size
+        and r.knobs.grad_accum == k.grad_accum
+    ]
+    order = {
+        m: i for i, m in enumerate(("none", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"))
+    }
     by_mode = {r.knobs.compile: r for r in sorted(same, key=lambda r: r.rate)}  # the fastest trial of each mode wins
     by_mode = dict(sorted(by_mode.items(), key=lambda kv: order.get(kv[0], 99)))
     if len(by_mode) < 2 or "none" not in by_mode:
@@ -357,5 +415,3 @@ def compile_data(rows: list[TrialRow], choice: Choice, title: str) -> CompilePlo
         steps = None if items is None else items / (k.batch_size * k.grad_accum)
         points.append(CompilePoint(mode, r.rate, r.compile_s, 0.0 if mode == "none" else steps))
     return CompilePlot(title, tuple(points), k.batch_size * k.grad_accum, unit=_unit(rows))
-
-

@@ -43,25 +43,67 @@ def workers_figure(plot: WorkersPlot) -> tuple[Any, Any]:
         hollow = {"markerfacecolor": "none"} if series.other_batch else {}
         ax.errorbar(xs, ys, yerr=err, marker="o", linestyle="none", capsize=3, label=series.label, **hollow)
     if plot.loader_ceiling:
-        ax.plot([p.workers for p in plot.loader_ceiling], [p.rate for p in plot.loader_ceiling], ":",
-                color="grey", marker=".", label=plot.loader_label)
+        ax.plot(
+            [p.workers for p in plot.loader_ceiling],
+            [p.rate for p in plot.loader_ceiling],
+            ":",
+            color="grey",
+            marker=".",
+            label=plot.loader_label,
+        )
     if plot.bounded:  # skipped: at most this, by the plan's evidence (a loader ceiling, a count out of the band)
-        ax.plot([p.workers for p in plot.bounded], [p.rate for p in plot.bounded], marker="v", markersize=9,
-                markerfacecolor="none", markeredgecolor="grey", linestyle="none",
-                label="skipped: at most this (the bound the plan inferred)")
+        ax.plot(
+            [p.workers for p in plot.bounded],
+            [p.rate for p in plot.bounded],
+            marker="v",
+            markersize=9,
+            markerfacecolor="none",
+            markeredgecolor="grey",
+            linestyle="none",
+            label="skipped: at most this (the bound the plan inferred)",
+        )
     if plot.compute_ceiling:
         ax.axhline(plot.compute_ceiling, color="black", linestyle="--", linewidth=1, label=plot.compute_label)
     if plot.knee_ceiling:
         ax.axhline(plot.knee_ceiling, color="red", linestyle="--", linewidth=1, label=plot.knee_ceiling_label)
     if plot.best is not None:
-        ax.plot(plot.best.workers, plot.best.rate, marker="*", markersize=16, color="gold",
-                markeredgecolor="black", linestyle="none", label=plot.best_label, zorder=5)
+        ax.plot(
+            plot.best.workers,
+            plot.best.rate,
+            marker="*",
+            markersize=16,
+            color="gold",
+            markeredgecolor="black",
+            linestyle="none",
+            label=plot.best_label,
+            zorder=5,
+        )
     if plot.knee is not None:
-        ax.plot(plot.knee.workers, plot.knee.rate, marker="o", markersize=14, markerfacecolor="none",
-                markeredgecolor="red", markeredgewidth=2, linestyle="none", label=plot.knee_label, zorder=6)
+        ax.plot(
+            plot.knee.workers,
+            plot.knee.rate,
+            marker="o",
+            markersize=14,
+            markerfacecolor="none",
+            markeredgecolor="red",
+            markeredgewidth=2,
+            linestyle="none",
+            label=plot.knee_label,
+            zorder=6,
+        )
     if plot.own is not None:
-        ax.plot(plot.own.workers, plot.own.rate, marker="D", markersize=10, markerfacecolor="none",
-                markeredgecolor="black", markeredgewidth=1.5, linestyle="none", label=plot.own_label, zorder=6)
+        ax.plot(
+            plot.own.workers,
+            plot.own.rate,
+            marker="D",
+            markersize=10,
+            markerfacecolor="none",
+            markeredgecolor="black",
+            markeredgewidth=1.5,
+            linestyle="none",
+            label=plot.own_label,
+            zorder=6,
+        )
     ax.set_xlabel(plot.axis)
     from matplotlib.ticker import MaxNLocator
 
@@ -86,8 +128,9 @@ is drawn on a log scale: on a linear one the end-to-end points lie flat on zero.
 
 def log_scale(plot: WorkersPlot) -> bool:
     measured = [p.rate for s in plot.series for p in s.points if p.rate > 0]
-    top = max([*measured, *(p.rate for p in plot.loader_ceiling), plot.compute_ceiling or 0.0,
-               plot.knee_ceiling or 0.0])
+    top = max(
+        [*measured, *(p.rate for p in plot.loader_ceiling), plot.compute_ceiling or 0.0, plot.knee_ceiling or 0.0]
+    )
     return bool(measured) and top >= LOG_SPAN * min(measured)
 
 
@@ -136,8 +179,9 @@ def draw_util(plot: UtilPlot, path: Path) -> None:
         ax.scatter([p.util_pct for p in pts], [p.rate for p in pts], label=stage, s=36)
     for p in plot.points:
         if p.trial == plot.knee_trial:
-            ax.scatter([p.util_pct], [p.rate], s=220, facecolors="none", edgecolors="red", linewidths=2,
-                       label="knee", zorder=5)
+            ax.scatter(
+                [p.util_pct], [p.rate], s=220, facecolors="none", edgecolors="red", linewidths=2, label="knee", zorder=5
+            )
     ax.set_xlabel("NVML GPU utilization, mean over the windows (%)")
     ax.set_ylabel(f"{plot.unit}/s")
     ax.set_xlim(0, 105)
@@ -152,8 +196,13 @@ def draw_step_time(plot: StepTimePlot, path: Path) -> None:
     per = "sample" if plot.unit == "samples" else plot.unit.removesuffix("s")
     ax.plot(xs, [p.ms_per_item for p in plot.points], "o-", label=f"step time per {per} (ms)")
     for p in plot.points:
-        ax.annotate(f"{p.ms_per_step:.0f} ms/step", (p.batch, p.ms_per_item), xytext=(4, 6),
-                    textcoords="offset points", fontsize=8)
+        ax.annotate(
+            f"{p.ms_per_step:.0f} ms/step",
+            (p.batch, p.ms_per_item),
+            xytext=(4, 6),
+            textcoords="offset points",
+            fontsize=8,
+        )
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs)
     ax.get_xaxis().set_major_formatter(_int_formatter())
@@ -177,8 +226,14 @@ def fractions_figure(plot: FractionsPlot) -> tuple[Any, Any]:
         line = ax.plot(xs, [p.data_wait for p in pts], "o", markersize=8, label=f"data wait, {label}")[0]
         idle = [(p.workers, p.gpu_idle) for p in pts if p.gpu_idle is not None]
         if idle:
-            ax.plot(*zip(*idle, strict=True), "s", markerfacecolor="none", markersize=9, color=line.get_color(),
-                    label=f"GPU idle (events), {label}")
+            ax.plot(
+                *zip(*idle, strict=True),
+                "s",
+                markerfacecolor="none",
+                markersize=9,
+                color=line.get_color(),
+                label=f"GPU idle (events), {label}",
+            )
     ax.set_xlabel("num_workers")
     from matplotlib.ticker import MaxNLocator
 
@@ -201,11 +256,16 @@ def draw_compile(plot: CompilePlot, path: Path) -> None:
             note = f"compile {p.compile_s:.0f} s\nnever pays off"
         else:
             note = f"compile {p.compile_s:.0f} s\npays off after\n{math.ceil(p.break_even_steps):,} steps"
-        ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 4),
-                    textcoords="offset points", ha="center", va="bottom", fontsize=8)
+        ax.annotate(
+            note,
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            xytext=(0, 4),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_ylabel(f"steady {plot.unit}/s (batch {plot.batch})")
     ax.set_ylim(0, max(p.rate for p in plot.points) * 1.3)
     ax.set_xlabel("torch.compile mode")
     _save(fig, path)
-
-

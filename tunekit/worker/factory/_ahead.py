@@ -37,8 +37,9 @@ class AheadStream:
     """Batches the stream can hold beyond the loader's: the moved one in its queue and the one in the thread's
     hands."""
 
-    def __init__(self, source: Iterator[Any] | Callable[[], Any], move: Callable[..., Any], ctx: Any,
-                 non_blocking: bool):
+    def __init__(
+        self, source: Iterator[Any] | Callable[[], Any], move: Callable[..., Any], ctx: Any, non_blocking: bool
+    ):
         self.source = source.__next__ if hasattr(source, "__next__") else source
         self.move, self.ctx, self.non_blocking = move, ctx, non_blocking
         self.device: torch.device = ctx.device

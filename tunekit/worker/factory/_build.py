@@ -110,23 +110,34 @@ def build(cfg: Config, knobs: Knobs, device: torch.device, distributed: bool = F
     if knobs.compile != "none":
         model = torch.compile(model, mode=None if knobs.compile == "default" else knobs.compile)
     scaler = torch.amp.GradScaler(device.type) if wl.precision == "fp16" else None
-    ctx = StepContext(device=device, loss_fn=loss_fn, precision=wl.precision, channels_last=wl.channels_last,
-                      optimizer=optimizer, scaler=scaler, grad_accum=knobs.grad_accum)
+    ctx = StepContext(
+        device=device,
+        loss_fn=loss_fn,
+        precision=wl.precision,
+        channels_last=wl.channels_last,
+        optimizer=optimizer,
+        scaler=scaler,
+        grad_accum=knobs.grad_accum,
+    )
     step_fn = resolve(wl.step) if wl.step else _default_step
     return Built(model, dataset, optimizer, ctx, step_fn, scaler, knobs.compile, time.perf_counter() - t0, ddp)
 
 
 def loader_kwargs(knobs: Knobs, device: torch.device) -> dict[str, Any]:
     """The knobs as DataLoader keyword arguments (what recommended.yaml's ``dataloader_kwargs()`` gives)."""
-    kwargs: dict[str, Any] = {"batch_size": knobs.batch_size, "num_workers": knobs.num_workers,
-                              "pin_memory": knobs.pin_memory and device.type == "cuda"}
+    kwargs: dict[str, Any] = {
+        "batch_size": knobs.batch_size,
+        "num_workers": knobs.num_workers,
+        "pin_memory": knobs.pin_memory and device.type == "cuda",
+    }
     if knobs.num_workers > 0:
         kwargs.update(prefetch_factor=knobs.prefetch_factor, persistent_workers=True)
     return kwargs
 
 
-def make_loader(dataset: Dataset, knobs: Knobs, device: torch.device, cfg: Config,
-                rank: tuple[int, int] | None = None) -> DataLoader:
+def make_loader(
+    dataset: Dataset, knobs: Knobs, device: torch.device, cfg: Config, rank: tuple[int, int] | None = None
+) -> DataLoader:
     """The DataLoader under test: the user's factory when there is one, else one built with the configured hooks.
     A map-style dataset without a sampler of its own gets fresh permutations that never end the epoch (with
     ``rank = (rank, world)``: this rank's share of them, a DistributedSampler advanced by set_epoch every pass); an
@@ -149,9 +160,14 @@ def make_loader(dataset: Dataset, knobs: Knobs, device: torch.device, cfg: Confi
         sampler = RandomSampler(dataset, num_samples=_SAMPLES_PER_EPOCH, generator=torch.Generator().manual_seed(0))
     kwargs.pop("persistent_workers", None)  # the trial's loader lives as long as the trial: one epoch
     init = worker_threads_init(knobs.worker_threads, resolve(wl.worker_init_fn) if wl.worker_init_fn else None)
-    return DataLoader(dataset, sampler=sampler, drop_last=True,
-                      collate_fn=resolve(wl.collate_fn) if wl.collate_fn else getattr(dataset, "collate_fn", None),
-                      worker_init_fn=init, **kwargs)
+    return DataLoader(
+        dataset,
+        sampler=sampler,
+        drop_last=True,
+        collate_fn=resolve(wl.collate_fn) if wl.collate_fn else getattr(dataset, "collate_fn", None),
+        worker_init_fn=init,
+        **kwargs,
+    )
 
 
 def _check_factory(loader: Any, kwargs: dict[str, Any]) -> None:
@@ -160,8 +176,10 @@ def _check_factory(loader: Any, kwargs: dict[str, Any]) -> None:
         raise LoaderError(f"workload.loader returned a {type(loader).__name__}, not a torch DataLoader")
     for key in ("num_workers", "batch_size", "pin_memory", "prefetch_factor"):
         if key in kwargs and getattr(loader, key, None) != kwargs[key]:
-            raise LoaderError(f"workload.loader built a DataLoader with {key}={getattr(loader, key, None)!r}, not "
-                              f"the trial's {kwargs[key]!r}: the factory must pass on the knobs it is given")
+            raise LoaderError(
+                f"workload.loader built a DataLoader with {key}={getattr(loader, key, None)!r}, not "
+                f"the trial's {kwargs[key]!r}: the factory must pass on the knobs it is given"
+            )
 
 
 def to_device(batch: Any, ctx: StepContext, non_blocking: bool) -> Any:
@@ -181,6 +199,12 @@ def to_device(batch: Any, ctx: StepContext, non_blocking: bool) -> Any:
         except Exception:  # noqa: BLE001 - a mapping type that cannot be rebuilt from a dict
             return moved
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        return dataclasses.replace(batch, **{f.name: to_device(getattr(batch, f.name), ctx, non_blocking)
-                                             for f in dataclasses.fields(batch) if f.init})
+        return dataclasses.replace(
+            batch,
+            **{
+                f.name: to_device(getattr(batch, f.name), ctx, non_blocking)
+                for f in dataclasses.fields(batch)
+                if f.init
+            },
+        )
     return batch

@@ -51,8 +51,10 @@ def count_flops(step: TrialStep, built: Built, step_updates: bool) -> dict[str, 
     finally:
         built.optimizer.zero_grad(set_to_none=True)
     if total <= 0:
-        return _not_counted("FlopCounterMode counted no matrix multiply, convolution or attention: the model's work "
-                            "is in ops it has no formula for (custom kernels)")
+        return _not_counted(
+            "FlopCounterMode counted no matrix multiply, convolution or attention: the model's work "
+            "is in ops it has no formula for (custom kernels)"
+        )
     ratio = (total - forward_flops) / forward_flops if forward_flops > 0 and not step_updates else None
     return {"flops_per_item": total / items, "flops_reason": None, "flops_backward_ratio": ratio}
 
@@ -72,9 +74,21 @@ def counted(forward: Callable[[], Any], backward: bool = True) -> tuple[int, int
     return forward_flops, counter.get_total_flops()
 
 
-def conv_backward_flops(grad_out_shape: list[int], x_shape: list[int], w_shape: list[int], _bias: Any,
-                        _stride: Any, _padding: Any, _dilation: Any, transposed: bool, _output_padding: Any,
-                        groups: int, output_mask: list[bool], out_shape: Any, **_: Any) -> int:
+def conv_backward_flops(
+    grad_out_shape: list[int],
+    x_shape: list[int],
+    w_shape: list[int],
+    _bias: Any,
+    _stride: Any,
+    _padding: Any,
+    _dilation: Any,
+    transposed: bool,
+    _output_padding: Any,
+    groups: int,
+    output_mask: list[bool],
+    out_shape: Any,
+    **_: Any,
+) -> int:
     """The FLOPs of a convolution's backward: the input's gradient, a transposed convolution of the output's
     gradient with the weight (whose shape holds in channels / groups, so a grouped convolution counts right), and
     the weight's gradient, a convolution of the input with the output's gradient over every pair of channels, of
@@ -95,8 +109,9 @@ def conv_backward_flops(grad_out_shape: list[int], x_shape: list[int], w_shape: 
     return flops
 
 
-def matmul_peak(device: torch.device, precision: str, size: int | None = None,
-                seconds: float | None = None) -> dict[str, Any]:
+def matmul_peak(
+    device: torch.device, precision: str, size: int | None = None, seconds: float | None = None
+) -> dict[str, Any]:
     """``matmul_peak_flops``, ``matmul_peak_precision`` and ``matmul_peak_reason``: the rate of back-to-back
     multiplies of two random ``size`` x ``size`` matrices over ``seconds`` on ``device`` (defaults: :data:`PROBE`),
     in the trial's precision: bf16 or fp16, else fp32 with TF32 where the trial allows it (``torch.backends.cuda.
@@ -108,8 +123,11 @@ def matmul_peak(device: torch.device, precision: str, size: int | None = None,
     try:
         flops = _sustained(device, dtype, size or default_size, seconds or default_seconds)
     except Exception as exc:  # noqa: BLE001 - a probe that fails is data
-        return {"matmul_peak_flops": None, "matmul_peak_precision": label,
-                "matmul_peak_reason": f"the matmul probe failed: {_one_line(exc)}"}
+        return {
+            "matmul_peak_flops": None,
+            "matmul_peak_precision": label,
+            "matmul_peak_reason": f"the matmul probe failed: {_one_line(exc)}",
+        }
     return {"matmul_peak_flops": flops, "matmul_peak_precision": label, "matmul_peak_reason": None}
 
 

@@ -66,9 +66,15 @@ def _settings(spec: TrialSpec, setup: Setup, queued: int) -> MeterSettings:
     # a script's are (docs/measurement.md, rule 4), and waited for within a third of the timeout
     epochs = _epochs_end(spec, setup)
     return MeterSettings.from_trial(
-        t, compiling=knobs.compile != "none", grad_accum=knobs.grad_accum, round_batches=max(1, workers), fill=fill,
+        t,
+        compiling=knobs.compile != "none",
+        grad_accum=knobs.grad_accum,
+        round_batches=max(1, workers),
+        fill=fill,
         needed=spec.needed / knobs.ranks if spec.needed is not None else None,  # each rank's share
-        epoch_batches=epochs, boundary_wait_s=t.timeout_s / 3 if epochs else 0.0)
+        epoch_batches=epochs,
+        boundary_wait_s=t.timeout_s / 3 if epochs else 0.0,
+    )
 
 
 def _run(spec: TrialSpec, setup: Setup, monitor: Monitor) -> _Metered:
@@ -79,8 +85,11 @@ def _run(spec: TrialSpec, setup: Setup, monitor: Monitor) -> _Metered:
     iterable = isinstance(setup.built.dataset, IterableDataset)
     # ranks that shard their data themselves (a stream, their own sampler or loader) must not all read the same
     self_sharded = ranks is not None and (iterable or bool(cfg.workload.sampler or cfg.workload.loader))
-    loader = LoaderBatches(setup.loader, workers if iterable and workers >= 2 and spec.mode != Mode.compute else 0,
-                           check_ranks=self_sharded)
+    loader = LoaderBatches(
+        setup.loader,
+        workers if iterable and workers >= 2 and spec.mode != Mode.compute else 0,
+        check_ranks=self_sharded,
+    )
     step = None
     try:
         step = trial_step(setup.built, spec, cfg, loader)
@@ -96,11 +105,20 @@ def _run(spec: TrialSpec, setup: Setup, monitor: Monitor) -> _Metered:
             monitor.measuring = True
 
         settings = _settings(spec, setup, step.queued)
-        meter = Meter(step.batches, settings, device=device, count=step.count,
-                      cpu=TreeCpu(), ranks=ranks, ready=step.ready, epochs=lambda: loader.epochs_ended,
-                      device_wait=step.device_wait,
-                      window_done=lambda: check_loss(step, ranks.any if ranks is not None else bool),
-                      measuring=measuring, epoch_aware=settings.epoch_batches is not None)
+        meter = Meter(
+            step.batches,
+            settings,
+            device=device,
+            count=step.count,
+            cpu=TreeCpu(),
+            ranks=ranks,
+            ready=step.ready,
+            epochs=lambda: loader.epochs_ended,
+            device_wait=step.device_wait,
+            window_done=lambda: check_loss(step, ranks.any if ranks is not None else bool),
+            measuring=measuring,
+            epoch_aware=settings.epoch_batches is not None,
+        )
         for batch in meter:
             step.run(batch)
         out.reading = meter.reading
@@ -135,17 +153,35 @@ def measure(spec: TrialSpec) -> Measurement | None:
     finally:
         monitor.stop()
     t_done = time.perf_counter()
-    times = {"loop_setup_s": setup.loader_s + metered.loop_s, "teardown_s": t_done - metered.reading.windows_end,
-             "trial_s": t_done - t_start}
-    out = measurement(spec, setup, metered.reading, monitor, times=times, memory=metered.memory,
-                      warmup_memory=metered.warmup_memory, epochs_ended=metered.epochs_ended,
-                      warnings=metered.warnings, sync_share=metered.sync_share)
+    times = {
+        "loop_setup_s": setup.loader_s + metered.loop_s,
+        "teardown_s": t_done - metered.reading.windows_end,
+        "trial_s": t_done - t_start,
+    }
+    out = measurement(
+        spec,
+        setup,
+        metered.reading,
+        monitor,
+        times=times,
+        memory=metered.memory,
+        warmup_memory=metered.warmup_memory,
+        epochs_ended=metered.epochs_ended,
+        warnings=metered.warnings,
+        sync_share=metered.sync_share,
+    )
     out.update(metered.flops, **peak)
     if ranks is None:
         return Measurement(**out)
-    out.update(host=_dist.host(), rank=ranks.rank, local_rank=ranks.local_rank, world=ranks.world,
-               backend=ranks.backend, node_mem_peak_bytes=monitor.node_pss_peak or None,
-               node_processes=monitor.node_processes or None)
+    out.update(
+        host=_dist.host(),
+        rank=ranks.rank,
+        local_rank=ranks.local_rank,
+        world=ranks.world,
+        backend=ranks.backend,
+        node_mem_peak_bytes=monitor.node_pss_peak or None,
+        node_processes=monitor.node_processes or None,
+    )
     results = ranks.gather(out)
     ranks.close()
     return Measurement(**_dist.merge(results)) if ranks.rank == 0 else None

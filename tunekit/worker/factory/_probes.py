@@ -23,7 +23,8 @@ def warn_if_ranks_read_the_same(ranks: _dist.Ranks, batches: LoaderBatches) -> N
         batches.warnings.append(
             "the ranks' first batches are identical: every rank reads the same samples (shard the data by "
             "torch.distributed.get_rank(), e.g. with a DistributedSampler), so the global throughput counts each "
-            "sample once per rank")
+            "sample once per rank"
+        )
 
 
 def sync_share(step: TrialStep, built: Built, device: torch.device, ranks: _dist.Ranks) -> float:

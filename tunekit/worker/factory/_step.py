@@ -66,8 +66,7 @@ def _counter(cfg: Config, batch_size: int) -> Callable[[Any], float]:
     return checked_count(resolve(cfg.workload.count), "workload.count")
 
 
-def _fed(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches,
-         move: Callable[..., Any]) -> TrialStep:
+def _fed(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches, move: Callable[..., Any]) -> TrialStep:
     """The batches the step of ``spec.mode`` is fed, and how they are counted (its ``run`` still to be set)."""
     ctx, count = built.ctx, _counter(cfg, spec.knobs.batch_size)
     if spec.mode == Mode.compute:  # one batch staged on the device: counted once, on the host
@@ -76,15 +75,24 @@ def _fed(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches,
         staged = move(first, ctx, non_blocking=False)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
-        return TrialStep(batches=itertools.repeat(staged), run=lambda b: None, count=lambda b: items,
-                         ready=lambda: 0)
+        return TrialStep(batches=itertools.repeat(staged), run=lambda b: None, count=lambda b: items, ready=lambda: 0)
     if moves_ahead(built, spec):
         # the dataset's count reads the batch as the loader made it: count it before the move, in the thread
-        stream = AheadStream(loader, lambda b, c, non_blocking: (move(b, c, non_blocking=non_blocking), count(b)),
-                             ctx, spec.knobs.non_blocking)
-        return TrialStep(batches=stream, run=lambda b: None, count=lambda b: b[1],
-                         ready=lambda: stream.ready(loader.ready()), queued=AheadStream.QUEUED,
-                         device_wait=lambda: stream.device_wait_s, close=stream.close)
+        stream = AheadStream(
+            loader,
+            lambda b, c, non_blocking: (move(b, c, non_blocking=non_blocking), count(b)),
+            ctx,
+            spec.knobs.non_blocking,
+        )
+        return TrialStep(
+            batches=stream,
+            run=lambda b: None,
+            count=lambda b: b[1],
+            ready=lambda: stream.ready(loader.ready()),
+            queued=AheadStream.QUEUED,
+            device_wait=lambda: stream.device_wait_s,
+            close=stream.close,
+        )
     return TrialStep(batches=loader, run=lambda b: None, count=count, ready=loader.ready)
 
 
@@ -115,8 +123,10 @@ def trial_step(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches
                 return
             if not isinstance(loss, torch.Tensor):
                 key = "workload.step" if cfg.workload.step else "the model (workload.loss: null)"
-                raise TypeError(f"{key} returned {type(loss).__name__}, not the loss: it must return a tensor to "
-                                "call backward on (or, with workload.step_updates: true, do the update itself)")
+                raise TypeError(
+                    f"{key} returned {type(loss).__name__}, not the loss: it must return a tensor to "
+                    "call backward on (or, with workload.step_updates: true, do the update itself)"
+                )
             _update(built, step, loss / knobs.grad_accum, knobs.grad_accum)
 
     def copy_only(batch: Any) -> None:

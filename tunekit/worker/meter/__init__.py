@@ -18,6 +18,24 @@ from tunekit.worker.meter._reading import (
     whole_epoch,
 )
 
-__all__ = ["Meter", "checked_count", "MeterSettings", "OneProcess", "Ranks", "Reading", "SourceEnded", "Window",
-           "summarise", "whole_epoch", "LoaderBatches", "digest", "epoch_batches", "tensors", "JOIN_S",
-           "MIN_WINDOW_STEPS", "EPOCH_WINDOWS", "BOUNDARY_WAIT", "FEW_BOUNDARIES"]
+__all__ = [
+    "Meter",
+    "checked_count",
+    "MeterSettings",
+    "OneProcess",
+    "Ranks",
+    "Reading",
+    "SourceEnded",
+    "Window",
+    "summarise",
+    "whole_epoch",
+    "LoaderBatches",
+    "digest",
+    "epoch_batches",
+    "tensors",
+    "JOIN_S",
+    "MIN_WINDOW_STEPS",
+    "EPOCH_WINDOWS",
+    "BOUNDARY_WAIT",
+    "FEW_BOUNDARIES",
+]

@@ -64,7 +64,8 @@ class LoaderBatches:
             self.warnings.append(
                 f"IterableDataset: the first batches of workers {', '.join(map(str, same))} are identical: every "
                 "worker yields the same samples (shard the stream with torch.utils.data.get_worker_info()), so "
-                "the throughput counts each sample once per worker")
+                "the throughput counts each sample once per worker"
+            )
 
     def ready(self) -> int | None:
         """How many batches the loader's workers have made that wait to be taken: in the result queues (the

@@ -81,11 +81,22 @@ class Meter:
         epoch_aware: measure the source's epoch boundaries apart (step 5).
     """
 
-    def __init__(self, batches: Iterator[Any], settings: MeterSettings, *, device: torch.device,
-                 count: Callable[[Any], float], cpu: TreeCpu, ranks: Ranks | None = None,
-                 ready: Callable[[], int | None] = lambda: None, epochs: Callable[[], int] = lambda: 0,
-                 device_wait: Callable[[], float] = lambda: 0.0, window_done: Callable[[], None] = lambda: None,
-                 measuring: Callable[[], None] = lambda: None, epoch_aware: bool = False):
+    def __init__(
+        self,
+        batches: Iterator[Any],
+        settings: MeterSettings,
+        *,
+        device: torch.device,
+        count: Callable[[Any], float],
+        cpu: TreeCpu,
+        ranks: Ranks | None = None,
+        ready: Callable[[], int | None] = lambda: None,
+        epochs: Callable[[], int] = lambda: 0,
+        device_wait: Callable[[], float] = lambda: 0.0,
+        window_done: Callable[[], None] = lambda: None,
+        measuring: Callable[[], None] = lambda: None,
+        epoch_aware: bool = False,
+    ):
         self._batches, self.settings, self.device = batches, settings, device
         self._count, self._cpu, self._ranks = count, cpu, ranks or OneProcess()
         self._ready, self._epochs, self._device_wait = ready, epochs, device_wait
@@ -216,9 +227,14 @@ class Meter:
     def _windows(self) -> Generator[Any, None, None]:
         """The windows until ``rules.window_stop`` stops them, then the settling cut."""
         s, windows, pace = self.settings, [], self._pace
-        if self.reading.epoch_aware and s.epoch_batches and self._ranks.any(
+        if (
+            self.reading.epoch_aware
+            and s.epoch_batches
+            and self._ranks.any(
                 self._too_short_inside(s.epoch_batches)
-                or (pace is not None and s.epoch_batches * pace <= EPOCH_WINDOWS * s.window_s)):
+                or (pace is not None and s.epoch_batches * pace <= EPOCH_WINDOWS * s.window_s)
+            )
+        ):
             # epochs of at most two windows, or too few batches outside their boundary: windows of whole epochs
             # hold the boundaries in their share, and the figure is the rate over whole epochs directly (step 4)
             self.reading.epoch_aware, self._open = False, None
@@ -231,8 +247,14 @@ class Meter:
                 self._restart, dropped_s = False, dropped_s + sum(w.wall_s + w.boundary_s for w in windows)
                 windows.clear()
                 continue
-            reason = rules.window_stop([w.items for w in windows], [w.wall_s for w in windows], s.measure_windows,
-                                       s.max_windows, s.precision, s.needed)
+            reason = rules.window_stop(
+                [w.items for w in windows],
+                [w.wall_s for w in windows],
+                s.measure_windows,
+                s.max_windows,
+                s.precision,
+                s.needed,
+            )
             if not self._ranks.any(reason is None or self._boundary_near(windows)):
                 break
         self.reading.windows_end = time.perf_counter()
@@ -245,9 +267,13 @@ class Meter:
             self.reading.epoch_items = s.epoch_batches * sum(w.items for w in kept) / sum(w.micro_batches for w in kept)
         self.reading.warmup_s += settling_s + dropped_s  # windows cut as still settling were warm-up after all
         self.reading.warmup_batches += sum(w.micro_batches for w in windows[:drop])
-        self.reading.stop = {"stop_reason": reason, "windows_measured": len(windows),
-                             "settling_windows": rates[:drop], "settling_s": settling_s,
-                             "rate_interval": rules.rate_interval([w.items for w in kept], [w.wall_s for w in kept])}
+        self.reading.stop = {
+            "stop_reason": reason,
+            "windows_measured": len(windows),
+            "settling_windows": rates[:drop],
+            "settling_s": settling_s,
+            "rate_interval": rules.rate_interval([w.items for w in kept], [w.wall_s for w in kept]),
+        }
 
     def _boundary_near(self, windows: list[Window]) -> bool:
         """Epoch-aware, before the trial has seen ``FEW_BOUNDARIES`` epoch boundaries: whether the current epoch
@@ -256,8 +282,12 @@ class Meter:
         s = self.settings
         if self._open is not None:  # one under way: the windows go on to its end
             return True
-        if len(self.reading.boundaries) >= FEW_BOUNDARIES or not self.reading.epoch_aware or not s.epoch_batches \
-                or not s.boundary_wait_s:
+        if (
+            len(self.reading.boundaries) >= FEW_BOUNDARIES
+            or not self.reading.epoch_aware
+            or not s.epoch_batches
+            or not s.boundary_wait_s
+        ):
             return False
         measured = sum(w.wall_s for w in windows)
         per_batch = measured / max(1, sum(w.micro_batches for w in windows))
@@ -272,8 +302,9 @@ class Meter:
         epochs); windows that cut epochs would hold 0, 1 or 2 such ends and spread by their cost. The ranks decide
         together."""
         epoch = self._ranks.max(self.settings.epoch_batches or 0)  # one span for all ranks, or windows part
-        short = epoch > 0 and (epoch * elapsed / batches <= EPOCH_WINDOWS * self.settings.window_s
-                               or self._too_short_inside(epoch))
+        short = epoch > 0 and (
+            epoch * elapsed / batches <= EPOCH_WINDOWS * self.settings.window_s or self._too_short_inside(epoch)
+        )
         if self._ranks.any(short):  # epoch-aware too, once the first window shows epochs that short (the warm-up's
             # pace did not): their boundaries stay inside whole-epoch windows
             self.reading.epoch_aware, self._open = False, None
@@ -307,8 +338,17 @@ class Meter:
         self._window_done()
         busy = sum(a.elapsed_time(b) for a, b in tally.events) / 1000.0 if cuda else None
         device_wait = self._device_wait() - device0
-        return Window(wall, steps, tally.items, steps * s.grad_accum, tally.wait_s - device_wait, busy, used,
-                      device_wait, tally.boundary_s)
+        return Window(
+            wall,
+            steps,
+            tally.items,
+            steps * s.grad_accum,
+            tally.wait_s - device_wait,
+            busy,
+            used,
+            device_wait,
+            tally.boundary_s,
+        )
 
     def _take(self, tally: _Tally, cuda: bool) -> Generator[Any, None, None]:
         """One micro-batch of a window: fetched, handed out (its step spanned by CUDA events), counted; a batch of
@@ -348,8 +388,12 @@ class Meter:
         if self.reading.epoch_aware and tally.closed >= FEW_BOUNDARIES:
             self._whole_epochs_after_all()  # the ranks see the same epochs (they step in lockstep)
             return False
-        if (steps < MIN_WINDOW_STEPS or (steps * s.grad_accum) % span or self._open is not None
-                or not self._ranks.any(elapsed >= s.window_s)):
+        if (
+            steps < MIN_WINDOW_STEPS
+            or (steps * s.grad_accum) % span
+            or self._open is not None
+            or not self._ranks.any(elapsed >= s.window_s)
+        ):
             return False
         if self._span is None:
             self._span = self._window_span(elapsed, steps * s.grad_accum)
@@ -391,11 +435,14 @@ def checked_count(count: Callable[[Any], Any], key: str) -> Callable[[Any], floa
         try:
             items = float(got)
         except (TypeError, ValueError):
-            raise TypeError(f"{key} returned {type(got).__name__} {got!r} for a batch: it must return the items "
-                            "the batch holds, a number above 0") from None
+            raise TypeError(
+                f"{key} returned {type(got).__name__} {got!r} for a batch: it must return the items "
+                "the batch holds, a number above 0"
+            ) from None
         if not math.isfinite(items) or items <= 0:
-            raise ValueError(f"{key} returned {got!r} for a batch: it must return the items the batch holds, a "
-                             "finite number above 0")
+            raise ValueError(
+                f"{key} returned {got!r} for a batch: it must return the items the batch holds, a finite number above 0"
+            )
         return items
 
     return counted

@@ -99,8 +99,15 @@ class Monitor:
     the windows, :meth:`sample_now` reads PSS once more.
     """
 
-    def __init__(self, nvml: Any | None, host_period_s: float = 1.0, nvml_period_s: float = 0.2,
-                 node_root: int | None = None, forked_from: int | None = None, pss_period_s: float = 10.0):
+    def __init__(
+        self,
+        nvml: Any | None,
+        host_period_s: float = 1.0,
+        nvml_period_s: float = 0.2,
+        node_root: int | None = None,
+        forked_from: int | None = None,
+        pss_period_s: float = 10.0,
+    ):
         self._nvml = nvml
         self._server = psutil.Process(forked_from) if forked_from else None
         # a rank of a multi-GPU trial may also sample the node's whole tree (torchrun, every rank, every worker)
@@ -261,8 +268,9 @@ class TreeCpu:
             if cpu >= len(after) or cpu >= len(before):
                 continue
             total = sum(after[cpu]) - sum(before[cpu])
-            idle = (after[cpu].idle - before[cpu].idle) + (getattr(after[cpu], "iowait", 0.0)
-                                                           - getattr(before[cpu], "iowait", 0.0))
+            idle = (after[cpu].idle - before[cpu].idle) + (
+                getattr(after[cpu], "iowait", 0.0) - getattr(before[cpu], "iowait", 0.0)
+            )
             busy += max(0.0, total - idle) / total if total > 0 else 0.0
         return busy
 

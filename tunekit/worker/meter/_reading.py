@@ -12,8 +12,18 @@ from tunekit import rules
 from tunekit.config import TrialSettings
 from tunekit.worker.meter._monitor import CpuUse
 
-__all__ = ["MeterSettings", "OneProcess", "Ranks", "Reading", "SourceEnded", "Window", "summarise", "whole_epoch",
-           "BOUNDARY_WAIT", "FEW_BOUNDARIES"]
+__all__ = [
+    "MeterSettings",
+    "OneProcess",
+    "Ranks",
+    "Reading",
+    "SourceEnded",
+    "Window",
+    "summarise",
+    "whole_epoch",
+    "BOUNDARY_WAIT",
+    "FEW_BOUNDARIES",
+]
 
 FEW_BOUNDARIES = 2
 """Epoch-aware: the boundaries a trial waits for (when an epoch ends soon enough). The first pays what only a
@@ -95,8 +105,14 @@ class MeterSettings:
     def from_trial(cls, trial: TrialSettings, **shape: Any) -> MeterSettings:
         """The config's ``trial`` settings, with the pipeline's shape (``compiling``, ``grad_accum``,
         ``round_batches``, ``epoch_batches``, ``fill``, ``needed``)."""
-        return cls(window_s=trial.window_s, measure_windows=trial.measure_windows, max_windows=trial.max_windows,
-                   precision=trial.precision, warmup_steps=trial.warmup_steps, **shape)
+        return cls(
+            window_s=trial.window_s,
+            measure_windows=trial.measure_windows,
+            max_windows=trial.max_windows,
+            precision=trial.precision,
+            warmup_steps=trial.warmup_steps,
+            **shape,
+        )
 
 
 @dataclass
@@ -157,17 +173,22 @@ class Reading:
     def fields(self, cpus: int, workers: int, compiling: bool) -> dict[str, Any]:
         """The measurement's fields the meter owns (docs/measurement.md): throughput, noise, waits, GPU busy, CPU,
         warm-up and stop."""
-        warm = {"warmup_s": self.warmup_s, "warmup_batches": self.warmup_batches,
-                "warmup_set_aside": self.set_aside, "first_batch_wait_s": self.first_batch_wait_s,
-                "first_step_s": self.first_step_s, "batch_bytes": self.batch_bytes,
-                "compile_s": self.first_step_s - self.first_batch_wait_s if compiling else 0.0}
+        warm = {
+            "warmup_s": self.warmup_s,
+            "warmup_batches": self.warmup_batches,
+            "warmup_set_aside": self.set_aside,
+            "first_batch_wait_s": self.first_batch_wait_s,
+            "first_step_s": self.first_step_s,
+            "batch_bytes": self.batch_bytes,
+            "compile_s": self.first_step_s - self.first_batch_wait_s if compiling else 0.0,
+        }
         fields = {**summarise(self.windows, cpus, workers), **warm, **self.stop, "epoch_batches": self.epoch_batches}
         return {**fields, **(whole_epoch(fields, self.boundaries, self.epoch_items) if self.epoch_aware else {})}
 
 
-
-def whole_epoch(fields: dict[str, Any], boundaries: list[tuple[float, float]],
-                epoch_items: float | None) -> dict[str, Any]:
+def whole_epoch(
+    fields: dict[str, Any], boundaries: list[tuple[float, float]], epoch_items: float | None
+) -> dict[str, Any]:
     """Epoch-aware figures: the steady rate inside an epoch (the windows'), what an epoch boundary costs (the mean,
     over those the trial saw, of its span less its batches' items at the steady rate: the time it added to its
     epoch; the first left out when there are ``FEW_BOUNDARIES``), and the rate over whole epochs, ``epoch_items /
@@ -175,10 +196,15 @@ def whole_epoch(fields: dict[str, Any], boundaries: list[tuple[float, float]],
     steady = fields["rate"]
     costs = [max(0.0, span - items / steady) for span, items in boundaries] if steady else []
     kept = costs[1:] if len(costs) >= FEW_BOUNDARIES else costs  # the first pays one-time costs
-    out: dict[str, Any] = {"rate_in_epoch": steady, "epoch_boundaries": len(boundaries),
-                           "boundary_s": statistics.fmean(kept) if kept else None,
-                           "boundary_cv": _cv(kept) if len(kept) > 1 else None, "boundaries_s": costs or None,
-                           "epoch_items": epoch_items, "rate_whole_epoch": None}
+    out: dict[str, Any] = {
+        "rate_in_epoch": steady,
+        "epoch_boundaries": len(boundaries),
+        "boundary_s": statistics.fmean(kept) if kept else None,
+        "boundary_cv": _cv(kept) if len(kept) > 1 else None,
+        "boundaries_s": costs or None,
+        "epoch_items": epoch_items,
+        "rate_whole_epoch": None,
+    }
     if kept and epoch_items:  # rate_interval stays the steady rate's (relative) half-width
         whole = rules.epoch_rate(epoch_items, steady, out["boundary_s"])
         out.update(rate_whole_epoch=whole, rate=whole)

@@ -47,8 +47,9 @@ def _preload(modules: list[str]) -> None:
             pass
 
 
-def _child(argv: list[str], env: dict[str, str], out_fd: int, sock: socket.socket,
-           script: dict[str, Any] | None = None) -> None:
+def _child(
+    argv: list[str], env: dict[str, str], out_fd: int, sock: socket.socket, script: dict[str, Any] | None = None
+) -> None:
     """The trial: a session of its own, the pipe as stdout and stderr, the launcher's environment, the signal
     dispositions of a fresh interpreter (the server's own: it installs none); never returns."""
     code = 1

@@ -30,11 +30,14 @@ _original_iter = DataLoader.__iter__
 
 _SESSION: Session | None = None
 
+
 def _torchrun_agent() -> bool:
     """Whether this process is torchrun itself (it starts the ranks; they train)."""
     argv = getattr(sys, "orig_argv", sys.argv)
     return "LOCAL_RANK" not in os.environ and (
-        any(os.path.basename(a) == "torchrun" for a in argv[1:2]) or "torch.distributed.run" in argv[1:3])
+        any(os.path.basename(a) == "torchrun" for a in argv[1:2]) or "torch.distributed.run" in argv[1:3]
+    )
+
 
 def _init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
     _original_init(self, *args, **kwargs)
@@ -44,8 +47,10 @@ def _init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
         _SESSION.marks.put(built=len(_SESSION.built))
 
 
-_NOT_THE_SCRIPTS = (os.path.dirname(torch.__file__) + os.sep,
-                    os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep)
+_NOT_THE_SCRIPTS = (
+    os.path.dirname(torch.__file__) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep,
+)
 """torch's and tunekit's own folders: their frames are never where a script built its loader."""
 
 _PASSING_ON = frozenset({"wrapper", "wrapped", "inner", "_wrapper"})

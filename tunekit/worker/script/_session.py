@@ -167,10 +167,18 @@ class Session:
         self.monitor = Monitor(nvml_sampler(device), node_root=node_root, forked_from=fork_server_pid()).start()
         aware = self.spec.mode in (Mode.train, Mode.loader)
         settings = self._settings(params["num_workers"], fill, epoch, aware)
-        self.meter = Meter(batches, settings, device=device, count=count, cpu=TreeCpu(), ranks=self.ranks,
-                           ready=ready,
-                           epochs=lambda: self.loader.epochs_ended if self.loader is not None else 0,
-                           measuring=lambda: self._measuring(device), epoch_aware=aware)
+        self.meter = Meter(
+            batches,
+            settings,
+            device=device,
+            count=count,
+            cpu=TreeCpu(),
+            ranks=self.ranks,
+            ready=ready,
+            epochs=lambda: self.loader.epochs_ended if self.loader is not None else 0,
+            measuring=lambda: self._measuring(device),
+            epoch_aware=aware,
+        )
         if self.spec.mode == Mode.loader:  # drained here, before the script's loop gets a batch
             for batch in self.meter:
                 _copy(batch, device, params["pin_memory"])
@@ -181,11 +189,18 @@ class Session:
     def _loader_facts(self, loader: DataLoader, found_by: str, params: dict[str, Any]) -> dict[str, Any]:
         """``loader_measured``: the training loader as the script built it and the knobs left it, and where it was
         built (``persistent_workers`` moves here out of ``params``)."""
-        return {"index": self.index(loader), "found_by": found_by, "dataset": type(loader.dataset).__name__,
-                "length": _length(loader.dataset), "batch_size": params["batch_size"],
-                "num_workers": params["num_workers"], "pin_memory": params["pin_memory"],
-                "prefetch_factor": params["prefetch_factor"], "persistent_workers": params.pop("persistent_workers"),
-                **self.site(loader)}
+        return {
+            "index": self.index(loader),
+            "found_by": found_by,
+            "dataset": type(loader.dataset).__name__,
+            "length": _length(loader.dataset),
+            "batch_size": params["batch_size"],
+            "num_workers": params["num_workers"],
+            "pin_memory": params["pin_memory"],
+            "prefetch_factor": params["prefetch_factor"],
+            "persistent_workers": params.pop("persistent_workers"),
+            **self.site(loader),
+        }
 
     def _settings(self, workers: int, fill: int, epoch: int | None, aware: bool) -> MeterSettings:
         """The meter's settings. The script's own loop trains (and the loader alone restarts): its epoch boundaries
@@ -195,10 +210,15 @@ class Session:
         the whole third."""
         trial = self.cfg.trial
         needed = self.spec.needed / self.world if self.spec.needed is not None else None  # each rank's share
-        return MeterSettings.from_trial(trial, round_batches=max(1, workers), fill=fill, needed=needed,
-                                        epoch_batches=epoch, boundary_wait_s=trial.timeout_s / 3 if aware else 0.0,
-                                        boundary_patience=math.inf if self.spec.stage == "baseline"
-                                        else BOUNDARY_WAIT)
+        return MeterSettings.from_trial(
+            trial,
+            round_batches=max(1, workers),
+            fill=fill,
+            needed=needed,
+            epoch_batches=epoch,
+            boundary_wait_s=trial.timeout_s / 3 if aware else 0.0,
+            boundary_patience=math.inf if self.spec.stage == "baseline" else BOUNDARY_WAIT,
+        )
 
     def _asked(self, params: dict[str, Any]) -> dict[str, Any]:
         """The loader knobs this trial set (filled into the command or set on the loader) that the loader does not
@@ -226,8 +246,11 @@ class Session:
             return False
         if loader.dataset is old.dataset:
             return True
-        return type(loader.dataset) is type(old.dataset) and _length(loader.dataset) == _length(old.dataset) \
+        return (
+            type(loader.dataset) is type(old.dataset)
+            and _length(loader.dataset) == _length(old.dataset)
             and _length(loader.dataset) is not None
+        )
 
     def follow(self, loader: DataLoader) -> Any:
         """Go on with the measurement on the training loader built anew: the trial's knobs set on it, its next epoch
@@ -259,9 +282,14 @@ class Session:
         monitor.stop()
         now = time.perf_counter()
         started_at = float(os.environ.get(names.STARTED_AT) or self.started)
-        times = {"startup_s": max(0.0, self.started - started_at), "cuda_init_s": 0.0,
-                 "build_s": self.facts["build_s"], "loop_setup_s": 0.0,
-                 "teardown_s": now - reading.windows_end, "trial_s": time.time() - self.started}
+        times = {
+            "startup_s": max(0.0, self.started - started_at),
+            "cuda_init_s": 0.0,
+            "build_s": self.facts["build_s"],
+            "loop_setup_s": 0.0,
+            "teardown_s": now - reading.windows_end,
+            "trial_s": time.time() - self.started,
+        }
         if self.items is not None and self.items.first is not None:  # the batch the loop received, not the
             # loader's batch_size (None for a batch_sampler's loader: HF Trainer's, Lightning's)
             self.facts["params"]["batch_size"] = self.facts["loader_measured"]["batch_size"] = self.items.first
@@ -270,19 +298,37 @@ class Session:
         self.facts["asked"] = self._asked(self.facts["params"])
         params = {**self.spec.knobs.to_dict(), **self.facts["params"]}
         dataset = self.training.dataset if self.training is not None else None  # not `if loader`: its len()
-        out = assemble(self.spec, reading, monitor, device=device, dataset=dataset, workers=params["num_workers"],
-                       unit=self.unit, times=times, memory=memory,
-                       warmup_memory=self.facts.get("warmup_memory", {}), epochs_ended=self.loader.epochs_ended,
-                       warnings=self.loader.warnings, sync_share=None, params=params)
+        out = assemble(
+            self.spec,
+            reading,
+            monitor,
+            device=device,
+            dataset=dataset,
+            workers=params["num_workers"],
+            unit=self.unit,
+            times=times,
+            memory=memory,
+            warmup_memory=self.facts.get("warmup_memory", {}),
+            epochs_ended=self.loader.epochs_ended,
+            warnings=self.loader.warnings,
+            sync_share=None,
+            params=params,
+        )
         out["loader_measured"] = self.facts["loader_measured"]
         out["asked"] = self.facts["asked"] or None
         if self.ranks is None:
             write_json_atomic(self.out_path, Measurement(**out).to_dict())
         else:  # rank 0 writes every rank's measurement merged
             ranks = self.ranks
-            out.update(host=_dist.host(), rank=ranks.rank, local_rank=ranks.local_rank, world=ranks.world,
-                       backend=ranks.backend, node_mem_peak_bytes=monitor.node_pss_peak or None,
-                       node_processes=monitor.node_processes or None)
+            out.update(
+                host=_dist.host(),
+                rank=ranks.rank,
+                local_rank=ranks.local_rank,
+                world=ranks.world,
+                backend=ranks.backend,
+                node_mem_peak_bytes=monitor.node_pss_peak or None,
+                node_processes=monitor.node_processes or None,
+            )
             results = ranks.gather(out)
             if ranks.rank == 0:
                 write_json_atomic(self.out_path, Measurement(**_dist.merge(results)).to_dict())
@@ -316,15 +362,20 @@ class Session:
 
     def _why_no_measurement(self) -> str:
         if self.training is not None:
-            return (f"the script's loop ended after {self.handed_out} batch(es) of the training loader, before the "
-                    "windows were done: give it more batches (more epochs or steps), or shorter trial.window_s / "
-                    "trial.measure_windows")
+            return (
+                f"the script's loop ended after {self.handed_out} batch(es) of the training loader, before the "
+                "windows were done: give it more batches (more epochs or steps), or shorter trial.window_s / "
+                "trial.measure_windows"
+            )
         if not self.built:
             return "the script ended without building a torch DataLoader: script mode measures the training loader"
         seen = ", ".join(f"#{i} ({n} batches)" for i, n in sorted(self.yielded.items())) or "none iterated"
-        which = ("none was iterated with autograd enabled (evaluation runs under no_grad); name it with "
-                 "script.loader: N (the N-th DataLoader the script builds)" if self.which == "auto"
-                 else f"script.loader = {self.which} was never iterated")
+        which = (
+            "none was iterated with autograd enabled (evaluation runs under no_grad); name it with "
+            "script.loader: N (the N-th DataLoader the script builds)"
+            if self.which == "auto"
+            else f"script.loader = {self.which} was never iterated"
+        )
         return f"the script ended without training on a DataLoader: it built {len(self.built)} ({seen}); {which}"
 
 
@@ -361,8 +412,6 @@ class _Stream:
         return batch
 
 
-
-
 def _length(dataset: Any) -> int | None:
     try:
         return len(dataset)
@@ -377,14 +426,13 @@ def _join_ranks(timeout_s: float) -> _dist.Ranks:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        raise RuntimeError("the script iterated its training DataLoader under torchrun before joining a process "
-                           "group: script mode needs torch.distributed.init_process_group() called first")
+        raise RuntimeError(
+            "the script iterated its training DataLoader under torchrun before joining a process "
+            "group: script mode needs torch.distributed.init_process_group() called first"
+        )
     backend = str(dist.get_backend())
     control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
-    return _dist.Ranks(dist.get_rank(), int(os.environ.get("LOCAL_RANK") or 0), dist.get_world_size(), backend,
-                       control)
-
-
+    return _dist.Ranks(dist.get_rank(), int(os.environ.get("LOCAL_RANK") or 0), dist.get_world_size(), backend, control)
 
 
 def _device() -> torch.device:
@@ -442,6 +490,10 @@ def apply_knobs(loader: DataLoader, spec: TrialSpec, inject: set[str]) -> dict[s
         sampler = BatchSampler(loader.sampler, knobs.batch_size, loader.drop_last)
         object.__setattr__(loader, "batch_sampler", sampler)
         object.__setattr__(loader, "batch_size", knobs.batch_size)
-    return {"num_workers": workers, "batch_size": loader.batch_size or knobs.batch_size,
-            "pin_memory": bool(loader.pin_memory), "prefetch_factor": loader.prefetch_factor if workers else None,
-            "persistent_workers": bool(loader.persistent_workers)}
+    return {
+        "num_workers": workers,
+        "batch_size": loader.batch_size or knobs.batch_size,
+        "pin_memory": bool(loader.pin_memory),
+        "prefetch_factor": loader.prefetch_factor if workers else None,
+        "persistent_workers": bool(loader.persistent_workers),
+    }

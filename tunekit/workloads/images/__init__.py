@@ -10,5 +10,14 @@ reading ImageNet from local disk. `image_folder` does the same for a real `Image
 from tunekit.workloads.images._datasets import SyntheticJpegDataset, image_folder, read_bytes, synthetic_jpeg
 from tunekit.workloads.images._pipeline import DECODE, GpuDecode, augment_batch, crop_boxes, train_transform
 
-__all__ = ["synthetic_jpeg", "image_folder", "train_transform", "GpuDecode", "DECODE", "augment_batch", "crop_boxes",
-           "SyntheticJpegDataset", "read_bytes"]
+__all__ = [
+    "synthetic_jpeg",
+    "image_folder",
+    "train_transform",
+    "GpuDecode",
+    "DECODE",
+    "augment_batch",
+    "crop_boxes",
+    "SyntheticJpegDataset",
+    "read_bytes",
+]

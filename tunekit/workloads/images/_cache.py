@@ -149,9 +149,7 @@ def _process_pool(workers: int) -> ProcessPoolExecutor:
 def _write_range(folder: str, params: _Params, start: int, stop: int) -> None:
     for index in range(start, stop):
         pixels = _render(params.seed, index, params.width, params.height)
-        Image.fromarray(pixels).save(
-            _image_path(folder, index), format="JPEG", quality=params.quality, optimize=False
-        )
+        Image.fromarray(pixels).save(_image_path(folder, index), format="JPEG", quality=params.quality, optimize=False)
 
 
 def _image_path(root: str | Path, index: int) -> str:

@@ -101,8 +101,7 @@ def synthetic_jpeg(
     params = _Params(width=width, height=height, quality=quality, seed=seed, num_images=num_images)
     _check_decode(decode)
     folder = _ensure_generated(_cache_root(cache_dir) / "synthetic_jpeg", params)
-    return SyntheticJpegDataset(str(folder), num_images=num_images, num_classes=num_classes, crop=crop,
-                                decode=decode)
+    return SyntheticJpegDataset(str(folder), num_images=num_images, num_classes=num_classes, crop=crop, decode=decode)
 
 
 def image_folder(root: str, crop: int = 224, decode: str = "cpu") -> datasets.ImageFolder:

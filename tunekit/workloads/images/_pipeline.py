@@ -69,8 +69,7 @@ class GpuDecode:
         crosses the worker queue and gets pinned, not one per image: on a 2-core box two workers delivered about
         3x the samples/s this way."""
         data = [d for d, _ in samples]
-        return (torch.cat(data), torch.tensor([d.numel() for d in data]),
-                torch.tensor([label for _, label in samples]))
+        return (torch.cat(data), torch.tensor([d.numel() for d in data]), torch.tensor([label for _, label in samples]))
 
     @staticmethod
     def encoded(batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> list[torch.Tensor]:
@@ -78,16 +77,19 @@ class GpuDecode:
         data, lengths, _ = batch
         return list(torch.split(data, lengths.tolist()))
 
-    def batch_to_device(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ctx: object,
-                        non_blocking: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch_to_device(
+        self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ctx: object, non_blocking: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode and augment a batch on ``ctx.device``: a float32 tensor [N, 3, crop, crop] (channels-last when
         ``ctx.channels_last``) and the labels."""
         from torchvision.io import ImageReadMode, decode_jpeg
 
         device = ctx.device  # type: ignore[attr-defined]
         if device.type != "cuda":
-            raise RuntimeError(f"decode: gpu decodes on a CUDA device, but this trial runs on {device}; set decode: "
-                               "cpu, or run on a GPU")
+            raise RuntimeError(
+                f"decode: gpu decodes on a CUDA device, but this trial runs on {device}; set decode: "
+                "cpu, or run on a GPU"
+            )
         labels = batch[2]
         # nvJPEG's hardware decoder does not wait for work already queued on the stream it is given: it can write
         # into memory the caching allocator just freed while the previous step's kernels still read it (NaN losses

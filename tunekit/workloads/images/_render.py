@@ -64,9 +64,7 @@ def _add_detail(rng: np.random.Generator, pixels: np.ndarray) -> None:
     pixels += detail
 
 
-def _noise(
-    rng: np.random.Generator, width: int, height: int, cells: Sequence[int], falloff: float
-) -> np.ndarray:
+def _noise(rng: np.random.Generator, width: int, height: int, cells: Sequence[int], falloff: float) -> np.ndarray:
     """Zero-mean, unit-variance smooth noise summed over octaves (a Laplacian-pyramid style synthesis).
 
     Each octave is a random grid ``cells`` wide, added to the bicubic upscale of the coarser octaves, with

@@ -13,5 +13,15 @@ from tunekit.workloads.text._documents import SyntheticDocuments, count_tokens, 
 from tunekit.workloads.text._model import GPT, IGNORE_INDEX, LMOutput, gpt_model
 from tunekit.workloads.text._tokenizer import PAD_ID, ByteBPETokenizer
 
-__all__ = ["LMOutput", "gpt_model", "synthetic_documents", "pad_collate", "count_tokens", "GPT", "ByteBPETokenizer",
-           "SyntheticDocuments", "PAD_ID", "IGNORE_INDEX"]
+__all__ = [
+    "LMOutput",
+    "gpt_model",
+    "synthetic_documents",
+    "pad_collate",
+    "count_tokens",
+    "GPT",
+    "ByteBPETokenizer",
+    "SyntheticDocuments",
+    "PAD_ID",
+    "IGNORE_INDEX",
+]

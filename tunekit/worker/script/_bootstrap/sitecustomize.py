@@ -52,9 +52,16 @@ def _bootstrap(names: object) -> None:
     except BaseException as exc:  # noqa: BLE001 - any failure here must end the trial, said in one line
         import json
 
-        reason = f"tunekit's bootstrap could not load in the script's interpreter ({sys.executable}): " \
-                 f"{type(exc).__name__}: {exc}" + ("; run the sweep with the interpreter of the script's environment "
-                 "(its virtualenv activated) or install tunekit there" if isinstance(exc, ImportError) else "")
+        reason = (
+            f"tunekit's bootstrap could not load in the script's interpreter ({sys.executable}): "
+            f"{type(exc).__name__}: {exc}"
+            + (
+                "; run the sweep with the interpreter of the script's environment "
+                "(its virtualenv activated) or install tunekit there"
+                if isinstance(exc, ImportError)
+                else ""
+            )
+        )
         with open(out_path, "w") as out:
             json.dump({"version": 2, "status": "crashed", "reason": reason, "exception": type(exc).__name__}, out)
         sys.stderr.write(f"tunekit: {reason}\n")
