@@ -226,8 +226,11 @@ def test_dataloader_kwargs_drive_a_dataloader(tmp_path: Path, case: str):
 
 
 def test_the_mappings_import_neither_transformers_nor_lightning():
-    source = (Path(tunekit.__file__).parent / "recommended.py").read_text()
-    assert "import transformers" not in source and "import lightning" not in source
+    sources = sorted((Path(tunekit.__file__).parent / "recommended").glob("*.py"))
+    assert sources
+    for path in sources:
+        source = path.read_text()
+        assert "import transformers" not in source and "import lightning" not in source, path
 
 
 def test_worker_threads_reach_the_workers_of_a_loader_built_from_the_recommendation(tmp_path: Path):

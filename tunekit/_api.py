@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from tunekit import config as config_mod
-from tunekit.contract import Measurement, Mode, Strategy
+from tunekit.config import Config
+from tunekit.contract import Knobs, Measurement, Mode, Strategy, TrialSpec
 from tunekit.errors import UsageError
 from tunekit.recommended import Recommended, load_recommended
 
@@ -193,7 +194,6 @@ def trial(
     Raises:
         ConfigError, UsageError: a bad config, knob value, mode or folder (one line each).
     """
-    from tunekit.driver import first_knobs, run_single
 
     if mode not in MODES:
         raise UsageError(f"mode={mode!r}: choose one of: {', '.join(MODES)}")
@@ -217,3 +217,59 @@ def trial(
 _KNOBS_DOC = "\n".join(f"        {key}: {help}" for key, help in config_mod.KNOB_HELP.items())
 for _function in (sweep, trial):  # the knobs listed once (config.KNOB_HELP), rendered into both docstrings
     _function.__doc__ = f"{_function.__doc__}\n    Knobs:\n{_KNOBS_DOC}\n"
+
+
+def first_knobs(cfg: Config, **chosen: Any) -> Knobs:
+    """The knobs of a single trial: ``chosen`` ones, the rest the first value of each search list (and the config's
+    ranks: ``launch`` runs the job on every rank)."""
+    s = cfg.search
+    world = cfg.launch.world
+    if chosen.get("ranks", world) not in (1, world):
+        raise UsageError(
+            f"ranks={chosen['ranks']}: {cfg.source} launches {world} rank(s) (launch.nproc_per_node x "
+            f"launch.nnodes); choose {'1 or ' if world > 1 else ''}{world}"
+        )
+    first = {
+        "num_workers": s.num_workers[0],
+        "prefetch_factor": s.prefetch_factor[0],
+        "pin_memory": s.pin_memory[0],
+        "batch_size": s.batch_size[0],
+        "grad_accum": s.grad_accum[0],
+        "compile": s.compile[0],
+        "ranks": world,
+    }
+    return Knobs(**{**first, **chosen})
+
+
+def run_single(
+    cfg: Config,
+    knobs: Knobs,
+    mode: str,
+    out: Path,
+    announce: Callable[[int], None] = lambda number: None,
+    own: bool = False,
+) -> tuple[Measurement, Path]:
+    """Exactly one trial into ``out/trials/<n>/`` (``tunekit trial``): its measurement and its folder. A sweep's run
+    folder is refused (a resumed sweep would reuse the number). ``announce(number)`` runs once the folder is held.
+    ``own``: a script's own settings (stage ``baseline``: no knob filled in or set on its loader)."""
+    import yaml
+
+    from tunekit import store
+    from tunekit._files import write_text_atomic
+    from tunekit.launch import lock_run, run_trial
+
+    with lock_run(out):  # no other sweep or trial writes here meanwhile
+        if (out / store.STUDY_FILE).exists():
+            raise UsageError(
+                f"{out}: a sweep's run folder (it holds {store.STUDY_FILE}), whose trial numbers a "
+                "resumed sweep would reuse; give the trial another --out"
+            )
+        trials = out / "trials"
+        number = max((int(p.name) for p in trials.glob("*") if p.name.isdigit()), default=-1) + 1
+        write_text_atomic(out / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        spec = TrialSpec(
+            number=number, stage="baseline" if own else "single", mode=mode, knobs=knobs, config=cfg.to_dict()
+        )
+        announce(number)
+        result = run_trial(spec, trials / str(number), cfg.trial.timeout_s)
+        return result, trials / str(number)

@@ -14,7 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,20 +24,17 @@ import yaml
 from tunekit import plan, report, rules, store
 from tunekit._files import read_json, write_json_atomic, write_text_atomic
 from tunekit.config import Config, from_dict
-from tunekit.contract import Knobs, Measurement, Mode, TrialSpec, process, skipped_measurement
+from tunekit.contract import Measurement, Mode, TrialSpec, process, skipped_measurement
 from tunekit.env import matmul_peaks, snapshot, sweep_warnings
-from tunekit.errors import UsageError
 from tunekit.launch import lock_run, release_nodes, run_task, run_trial, start_fork_server
 from tunekit.records import TrialRow
+from tunekit.report import Progress, make_console, warn
 
 __all__ = [
     "SweepResult",
     "run_sweep",
-    "run_single",
-    "first_knobs",
     "rebuild",
     "probe_cuda",
-    "make_console",
     "interrupts_as_keyboard_interrupt",
 ]
 
@@ -47,26 +44,6 @@ class SweepResult:
     run_dir: Path
     summary: report.RunSummary
     interrupted: bool
-
-
-def make_console(quiet: bool = False) -> Any:
-    """A stderr console; without a terminal (CI logs) it is wide enough for the trial table.
-
-    It reads no markup: what it prints holds library and user text (a gloo error's ``[/__w/pytorch/...]``, a path
-    in brackets), which must print as it is. Styles are given as styles (:func:`warn`), never inside the text."""
-    from rich.console import Console
-
-    console = Console(stderr=True, quiet=quiet, markup=False, highlight=False)
-    if not console.is_terminal:
-        console = Console(stderr=True, quiet=quiet, markup=False, highlight=False, width=160)
-    return console
-
-
-def warn(console: Any, line: str, prefix: str = "warning:") -> None:
-    """``prefix line`` with the prefix in yellow; ``line`` is printed as text, whatever brackets it holds."""
-    from rich.text import Text
-
-    console.print(Text.assemble((prefix, "yellow"), " ", line))
 
 
 def probe_cuda(device: str) -> bool:
@@ -258,7 +235,7 @@ def _keep_unmeasured(sweep: _RunningSweep, again: list[TrialRow]) -> None:
 def _run_trials(sweep: _RunningSweep, budget: _Budget) -> None:
     """Ask the plan, run one trial, record it; until the plan is done or the budget stops the sweep."""
     estimate = plan.estimate_total(sweep.cfg, sweep.rows, strategy=sweep.strategy, cuda=sweep.cuda)
-    with _Progress(sweep.console, estimate, len(sweep.rows)) as bar:
+    with Progress(sweep.console, estimate, len(sweep.rows)) as bar:
         while True:
             requests = plan.next_requests(sweep.cfg, sweep.rows, strategy=sweep.strategy, cuda=sweep.cuda)
             if not requests:
@@ -414,56 +391,6 @@ def _invocations(run_dir: Path) -> list[dict[str, Any]]:
         return []
 
 
-def first_knobs(cfg: Config, **chosen: Any) -> Knobs:
-    """The knobs of a single trial: ``chosen`` ones, the rest the first value of each search list (and the config's
-    ranks: ``launch`` runs the job on every rank)."""
-    s = cfg.search
-    world = cfg.launch.world
-    if chosen.get("ranks", world) not in (1, world):
-        raise UsageError(
-            f"ranks={chosen['ranks']}: {cfg.source} launches {world} rank(s) (launch.nproc_per_node x "
-            f"launch.nnodes); choose {'1 or ' if world > 1 else ''}{world}"
-        )
-    first = {
-        "num_workers": s.num_workers[0],
-        "prefetch_factor": s.prefetch_factor[0],
-        "pin_memory": s.pin_memory[0],
-        "batch_size": s.batch_size[0],
-        "grad_accum": s.grad_accum[0],
-        "compile": s.compile[0],
-        "ranks": world,
-    }
-    return Knobs(**{**first, **chosen})
-
-
-def run_single(
-    cfg: Config,
-    knobs: Knobs,
-    mode: str,
-    out: Path,
-    announce: Callable[[int], None] = lambda number: None,
-    own: bool = False,
-) -> tuple[Measurement, Path]:
-    """Exactly one trial into ``out/trials/<n>/`` (``tunekit trial``): its measurement and its folder. A sweep's run
-    folder is refused (a resumed sweep would reuse the number). ``announce(number)`` runs once the folder is held.
-    ``own``: a script's own settings (stage ``baseline``: no knob filled in or set on its loader)."""
-    with lock_run(out):  # no other sweep or trial writes here meanwhile
-        if (out / store.STUDY_FILE).exists():
-            raise UsageError(
-                f"{out}: a sweep's run folder (it holds {store.STUDY_FILE}), whose trial numbers a "
-                "resumed sweep would reuse; give the trial another --out"
-            )
-        trials = out / "trials"
-        number = max((int(p.name) for p in trials.glob("*") if p.name.isdigit()), default=-1) + 1
-        write_text_atomic(out / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        spec = TrialSpec(
-            number=number, stage="baseline" if own else "single", mode=mode, knobs=knobs, config=cfg.to_dict()
-        )
-        announce(number)
-        result = run_trial(spec, trials / str(number), cfg.trial.timeout_s)
-        return result, trials / str(number)
-
-
 def rebuild(run_dir: Path) -> report.RunSummary:
     """Rebuild a run's outputs from study.db alone (no trial is re-run, no GPU needed, the study is not written)."""
     runs = store.load_run(run_dir)
@@ -499,56 +426,3 @@ def _prepare_dataset(cfg: Config, console: Any) -> None:
     size = lines[-1] if lines else "?"
     said = "an IterableDataset" if size == "an iterable of" else f"{size} samples"
     console.print(f"dataset ready: {said} ({time.monotonic() - t0:.1f} s)")
-
-
-class _Progress:
-    """A live bar (trials done / planned, elapsed, ETA, current stage and knobs, last throughput) plus one log
-    line per finished trial, so logs without a terminal still show progress."""
-
-    def __init__(self, console: Any, total: int, done: int):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self.progress = Progress(
-            # the fields hold knob values and failure reasons: text, never markup
-            TextColumn("{task.fields[stage]:<12}", style="bold", markup=False),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[current]}", markup=False),
-            TextColumn("{task.fields[last]}", style="dim", markup=False),
-            console=console,
-            transient=False,
-        )
-        self.task = self.progress.add_task("sweep", total=total, completed=done, stage="", current="", last="")
-
-    def __enter__(self) -> _Progress:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.progress.__exit__(*exc)
-
-    def starting(self, req: plan.Request) -> None:
-        self.progress.update(self.task, stage=req.stage, current=f"{req.mode}: {req.knobs.describe()}")
-
-    def finished(self, row: TrialRow, total: int) -> None:
-        last = f"last {row.rate:.1f}/s" if row.ok else f"last {row.status}"
-        self.progress.update(self.task, advance=1, total=total, last=last)
-        result = f"{row.rate:.1f} {row.unit}/s" if row.ok else f"{row.status}: {row.reason}"
-        m = row.measurement
-        if row.ok and m.rate_whole_epoch is not None and m.rate_in_epoch and m.boundary_s is not None:
-            result += (
-                f" over whole epochs ({m.rate_in_epoch:.1f}/s inside an epoch, {m.boundary_s:.1f} s between epochs)"
-            )
-        self.progress.console.print(f"trial {row.number} [{row.stage}/{row.mode}] {row.knobs.describe()}: {result}")
-        for warning in row.measurement.warnings or []:
-            warn(self.progress.console, f"trial {row.number}: {warning}")

@@ -11,8 +11,8 @@ from tunekit.cli._outcome import print_disturbances, print_outcome
 @click.argument("run_dir", metavar="RUN_DIR", type=click.Path(file_okay=False))
 def report(run_dir: str) -> None:
     """Rebuild a run's outputs (trials.csv, report.md, recommended.yaml, plots) from its study; re-runs nothing."""
-    from tunekit.driver import make_console, rebuild
-    from tunekit.report import console_table
+    from tunekit.driver import rebuild
+    from tunekit.report import console_table, make_console
 
     summary = rebuild(Path(run_dir))
     print_disturbances(summary)

@@ -62,8 +62,8 @@ def sweep(
     """Run short isolated trials, pick the throughput knee, write plots, report.md, trials.csv, study.db and
     recommended.yaml under results/<name>/."""
     from tunekit import _api
-    from tunekit.driver import interrupts_as_keyboard_interrupt, make_console
-    from tunekit.report import console_table
+    from tunekit.driver import interrupts_as_keyboard_interrupt
+    from tunekit.report import console_table, make_console
 
     knobs, overrides = split_sets(sets)
     source = config_source(config_path, script, name, "search.batch_size" in overrides or "batch_size" in knobs)

@@ -9,16 +9,14 @@ test holds the two equal).
 
 from tunekit.contract import process
 from tunekit.contract._knobs import KNOB_NAMES, Knobs
-from tunekit.contract._measurement import (
-    MEASUREMENT_VERSION,
+from tunekit.contract._measurement import MEASUREMENT_VERSION, STATUSES, Measurement
+from tunekit.contract._spec import TrialSpec
+from tunekit.contract._unmeasured import (
     REQUIRED_FIELDS,
-    STATUSES,
-    Measurement,
     failed_measurement,
     measurement_problem,
     skipped_measurement,
 )
-from tunekit.contract._spec import TrialSpec
 from tunekit.contract._words import Mode, Stage, Strategy
 
 __all__ = [

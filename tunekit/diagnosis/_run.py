@@ -6,7 +6,7 @@ from tunekit import rules
 from tunekit.analysis import defaults_trial
 from tunekit.config import Selection
 from tunekit.contract import Mode
-from tunekit.diagnosis._trial import Trials
+from tunekit.diagnosis._facts import Trials
 from tunekit.diagnosis._verdicts import Verdict, verdict
 from tunekit.records import TrialRow
 

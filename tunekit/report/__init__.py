@@ -12,12 +12,23 @@ from typing import Any
 
 from tunekit._files import write_text_atomic
 from tunekit.errors import UsageError
+from tunekit.report._console import Progress, make_console, warn
 from tunekit.report._markdown import report_md
 from tunekit.report._recommendation import recommendation_yaml
 from tunekit.report._summary import RunSummary, summarize
 from tunekit.report._tables import console_table, flop_summary, money_summary, trials_csv
 
-__all__ = ["RunSummary", "summarize", "write_outputs", "console_table", "flop_summary", "money_summary"]
+__all__ = [
+    "RunSummary",
+    "summarize",
+    "write_outputs",
+    "console_table",
+    "flop_summary",
+    "money_summary",
+    "make_console",
+    "warn",
+    "Progress",
+]
 
 
 OUTPUTS = ("trials.csv", "recommended.yaml", "report.md", "plots")

@@ -35,7 +35,7 @@ import weakref
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader
+from torch.utils.data import DataLoader
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from tunekit._files import write_json_atomic
@@ -51,15 +51,13 @@ from tunekit.worker.meter import (
     LoaderBatches,
     Meter,
     MeterSettings,
-    checked_count,
     epoch_batches,
-    tensors,
 )
 from tunekit.worker.meter._monitor import Monitor, TreeCpu, fork_server_pid, nvml_sampler
+from tunekit.worker.script._loader import Items, apply_knobs, copy_to_device, loader_length
 from tunekit.worker.script._marks import Marks
-from tunekit.workloads import resolve
 
-__all__ = ["Session", "apply_knobs"]
+__all__ = ["Session"]
 
 _original_iter = DataLoader.__iter__
 
@@ -106,7 +104,7 @@ class Session:
         self.facts: dict[str, Any] = {}
         self.handed_out = 0
         self.done = False
-        self.items: _Items | None = None
+        self.items: Items | None = None
         self.own: _Own | None = None
         self.rebuilt = 0
         """Training loaders the script built anew (each epoch, say) that the measurement went on with."""
@@ -153,7 +151,7 @@ class Session:
             self.ranks = _join_ranks(self.cfg.trial.timeout_s)
         self.own = _Own(loader)
         self.loader = LoaderBatches(self.own)
-        self.items = _Items(self.count_path, params["batch_size"])
+        self.items = Items(self.count_path, params["batch_size"])
         count = self.items
         batches, ready, fill = self.loader, self.loader.ready, params["num_workers"] * (params["prefetch_factor"] or 2)
         epoch = epoch_batches(loader)
@@ -181,7 +179,7 @@ class Session:
         )
         if self.spec.mode == Mode.loader:  # drained here, before the script's loop gets a batch
             for batch in self.meter:
-                _copy(batch, device, params["pin_memory"])
+                copy_to_device(batch, device, params["pin_memory"])
             self.finish()
         self.stream = _Stream(self, self.meter)
         return self.stream
@@ -193,7 +191,7 @@ class Session:
             "index": self.index(loader),
             "found_by": found_by,
             "dataset": type(loader.dataset).__name__,
-            "length": _length(loader.dataset),
+            "length": loader_length(loader.dataset),
             "batch_size": params["batch_size"],
             "num_workers": params["num_workers"],
             "pin_memory": params["pin_memory"],
@@ -248,8 +246,8 @@ class Session:
             return True
         return (
             type(loader.dataset) is type(old.dataset)
-            and _length(loader.dataset) == _length(old.dataset)
-            and _length(loader.dataset) is not None
+            and loader_length(loader.dataset) == loader_length(old.dataset)
+            and loader_length(loader.dataset) is not None
         )
 
     def follow(self, loader: DataLoader) -> Any:
@@ -412,13 +410,6 @@ class _Stream:
         return batch
 
 
-def _length(dataset: Any) -> int | None:
-    try:
-        return len(dataset)
-    except TypeError:
-        return None
-
-
 def _join_ranks(timeout_s: float) -> _dist.Ranks:
     """This rank's place among the script's ranks, with a gloo group for the meter's agreements."""
     import datetime
@@ -440,60 +431,3 @@ def _device() -> torch.device:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-class _Items:
-    """The items a batch holds (``script.count``'s hook, else the batch's leading dimension), and the batch size the
-    loop first received: read from the batches, never from ``DataLoader.batch_size`` (None for a loader built with a
-    batch sampler, as HF Trainer's and Lightning's are)."""
-
-    def __init__(self, path: str | None, fallback: int):
-        self.hook = checked_count(resolve(path), "script.count") if path is not None else None
-        self.fallback = fallback
-        self.first: int | None = None
-
-    def __call__(self, batch: Any) -> float:
-        if self.hook is not None and self.first is not None:  # the batch size is known: the hook alone counts
-            return self.hook(batch)
-        size = _leading(batch)
-        if self.first is None and size is not None:
-            self.first = size
-        return self.hook(batch) if self.hook is not None else float(size or self.fallback)
-
-
-def _leading(batch: Any) -> int | None:
-    """The leading dimension of a batch's first tensor that has one: its batch size."""
-    return next((t.shape[0] for t in tensors(batch) if t.dim() > 0), None)
-
-
-def _copy(batch: Any, device: torch.device, pinned: bool) -> None:
-    if device.type == "cuda":
-        for t in tensors(batch):
-            t.to(device, non_blocking=pinned)
-
-
-def apply_knobs(loader: DataLoader, spec: TrialSpec, inject: set[str]) -> dict[str, Any]:
-    """Set the knobs in ``inject`` on the loader (before its iterator starts its workers); what it runs with."""
-    knobs = spec.knobs
-    if "num_workers" in inject:
-        object.__setattr__(loader, "num_workers", knobs.num_workers)
-    workers = loader.num_workers
-    if "prefetch_factor" in inject and workers > 0:
-        object.__setattr__(loader, "prefetch_factor", knobs.prefetch_factor or 2)
-    if workers > 0 and loader.prefetch_factor is None:
-        object.__setattr__(loader, "prefetch_factor", 2)
-    if "pin_memory" in inject:
-        object.__setattr__(loader, "pin_memory", knobs.pin_memory and torch.cuda.is_available())
-    if inject & set(LOADER_KNOBS) and workers > 0:  # the workers live as long as the trial, as recommended
-        object.__setattr__(loader, "persistent_workers", True)
-    if "batch_size" in inject and loader.batch_size is not None and loader.batch_size != knobs.batch_size:
-        sampler = BatchSampler(loader.sampler, knobs.batch_size, loader.drop_last)
-        object.__setattr__(loader, "batch_sampler", sampler)
-        object.__setattr__(loader, "batch_size", knobs.batch_size)
-    return {
-        "num_workers": workers,
-        "batch_size": loader.batch_size or knobs.batch_size,
-        "pin_memory": bool(loader.pin_memory),
-        "prefetch_factor": loader.prefetch_factor if workers else None,
-        "persistent_workers": bool(loader.persistent_workers),
-    }
