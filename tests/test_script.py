@@ -120,9 +120,11 @@ def test_script_mode_and_workload_mode_agree_on_the_knee_of_a_known_answer_job(t
     script = tunekit.sweep(raw, out=tmp_path / "script", strategy="grid")
     knees = {}
     for mode, outcome in (("script", script), ("factory", factory)):
-        knee = outcome.summary.choice.knee
-        assert knee is not None, (mode, outcome.reason)
-        knees[mode] = knee
+        assert outcome.summary.choice.knee is not None, (mode, outcome.reason)
+        knees[mode] = outcome.summary.choice.knee
+    bands = [outcome.summary.choice.band or 0.0 for outcome in (script, factory)]
+    if max(bands) > 0.3:  # 1 worker gives half of 3 workers' rate: a band that wide cannot tell them apart
+        pytest.skip(f"the box was too busy to tell 1 worker from 3 (the runs' bands {bands[0]:.0%}, {bands[1]:.0%})")
     assert knees["script"].knobs.num_workers == knees["factory"].knobs.num_workers == 3, knees
     analytic = expected_samples_per_s(3, 8, 0.005, 0.02)
     assert 0.6 * analytic < knees["script"].rate < 1.1 * analytic
