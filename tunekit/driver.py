@@ -167,21 +167,7 @@ def _locked_sweep(
     started = time.monotonic()
     console = make_console(quiet)
     runs = store.open_run(run_dir, cfg, resume=resume, strategy=strategy)
-    seeded = len(seed) if seed and not runs.rows() else 0
-    for measurement in seed[:seeded]:  # the trial's own stage, mode and knobs; the run's next number
-        knobs = TrialRow.from_measurement(measurement).knobs.to_dict()
-        trial, number = runs.start(cfg, measurement.stage, measurement.mode, knobs)
-        runs.finish(trial, measurement.mode, replace(measurement, number=number))
-    recovered = runs.recover_running()
-    if recovered:
-        console.print(f"resuming: trial(s) {recovered} were running when the last sweep stopped; they run again")
-    again = [r for r in runs.rows() if rules.disturbed(r)] if cfg.trial.remeasure_disturbed and not seeded else []
-    if again:
-        runs.set_aside([r.number for r in again])
-        console.print(
-            f"resuming: trial(s) {[r.number for r in again]} were disturbed (other processes kept the CPUs "
-            f"busy, or their windows scattered over {rules.NOISY_CV:.0%}); they are measured again"
-        )
+    seeded, again = _seed_and_recover(runs, cfg, seed, console)
     write_text_atomic(run_dir / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     env = snapshot()
     write_json_atomic(run_dir / "env.json", env)
@@ -199,10 +185,6 @@ def _locked_sweep(
         started=started,
         earlier=_invocations(run_dir) if resume else [],
     )
-    if seeded:
-        console.print(f"recorded first: {seeded} finished trial(s) measured before this sweep (each says where)")
-    elif sweep.rows:
-        console.print(f"resuming: {len(sweep.rows)} finished trial(s) in {run_dir / store.STUDY_FILE} are kept")
     try:
         _run_trials(sweep, _Budget(budget_minutes, cfg.budget.max_trials))
         if cfg.launch.nnodes > 1 and not release_nodes(cfg):  # their tunekit node loops end here
@@ -220,6 +202,34 @@ def _locked_sweep(
     if again:
         _keep_unmeasured(sweep, again)
     return _finish(sweep, env, before)
+
+
+def _seed_and_recover(
+    runs: store.RunStore, cfg: Config, seed: Sequence[Measurement], console: Any
+) -> tuple[int, list[TrialRow]]:
+    """Before the first trial: the seed recorded (into a run without trials), trials a dead sweep left running
+    closed, and (``trial.remeasure_disturbed``) the disturbed ones set aside to be measured again. Returns how many
+    were seeded and the trials set aside."""
+    seeded = len(seed) if seed and not runs.rows() else 0
+    for measurement in seed[:seeded]:  # the trial's own stage, mode and knobs; the run's next number
+        knobs = TrialRow.from_measurement(measurement).knobs.to_dict()
+        trial, number = runs.start(cfg, measurement.stage, measurement.mode, knobs)
+        runs.finish(trial, measurement.mode, replace(measurement, number=number))
+    recovered = runs.recover_running()
+    if recovered:
+        console.print(f"resuming: trial(s) {recovered} were running when the last sweep stopped; they run again")
+    again = [r for r in runs.rows() if rules.disturbed(r)] if cfg.trial.remeasure_disturbed and not seeded else []
+    if again:
+        runs.set_aside([r.number for r in again])
+        console.print(
+            f"resuming: trial(s) {[r.number for r in again]} were disturbed (other processes kept the CPUs "
+            f"busy, or their windows scattered over {rules.NOISY_CV:.0%}); they are measured again"
+        )
+    if seeded:
+        console.print(f"recorded first: {seeded} finished trial(s) measured before this sweep (each says where)")
+    elif kept := runs.rows():
+        console.print(f"resuming: {len(kept)} finished trial(s) in {runs.run_dir / store.STUDY_FILE} are kept")
+    return seeded, again
 
 
 def _keep_unmeasured(sweep: _RunningSweep, again: list[TrialRow]) -> None:

@@ -114,14 +114,7 @@ def check(
     rec_path = Path(recommended)
     rec = load_recommended(rec_path)
     recorded = _recorded(rec, rec_path)
-    cfg = config_mod.load(config, overrides=overrides, check_imports=False)
-    if cfg.unit != recorded["unit"]:
-        raise ConfigError(
-            [
-                f"{rec_path}: evidence.unit = {recorded['unit']}, but {cfg.source} counts {cfg.unit}: "
-                "the figures cannot be compared; check it with the config it was tuned with"
-            ]
-        )
+    cfg = _tuned_config(config, overrides, recorded["unit"], rec_path)
     run_knobs = config_mod.check_knobs({**{k: v for k, v in rec.knobs.items() if v is not None}, **(knobs or {})})
     out_dir = Path(out or Path("results") / f"{cfg.name}-check")
     env = snapshot()
@@ -131,18 +124,27 @@ def check(
     if hardware:  # another machine: no trial (the figure would not apply), unless a retune needs one
         machine = MachineCheck(tuned_on, machine_fingerprint(env), tuple(hardware), ())
         outcome = CheckOutcome("other_machine", _other_machine_line(recorded, machine), machine=machine, **base)
-        return _with_retune(outcome, rec, config, cfg, overrides, knobs, out_dir, quiet) if retune else outcome
-
-    trial = _api.trial(
-        config,
-        knobs=run_knobs,
-        mode=Mode.train.value,
-        out=out_dir,
-        overrides={**(overrides or {}), **plan.knee_values(cfg, rec.config)},
-        on_start=on_start,
-    )
-    outcome = _measured(base, trial, env, tuned_on, cfg)
+    else:
+        overrides_r = {**(overrides or {}), **plan.knee_values(cfg, rec.config)}
+        trial = _api.trial(
+            config, knobs=run_knobs, mode=Mode.train.value, out=out_dir, overrides=overrides_r, on_start=on_start
+        )
+        outcome = _measured(base, trial, env, tuned_on, cfg)
     return _with_retune(outcome, rec, config, cfg, overrides, knobs, out_dir, quiet) if retune else outcome
+
+
+def _tuned_config(config: Any, overrides: dict[str, Any] | None, unit: str, rec_path: Path) -> config_mod.Config:
+    """The config the recommendation is checked with; one that counts another unit than the file recorded is
+    refused (the figures cannot be compared)."""
+    cfg = config_mod.load(config, overrides=overrides, check_imports=False)
+    if cfg.unit != unit:
+        raise ConfigError(
+            [
+                f"{rec_path}: evidence.unit = {unit}, but {cfg.source} counts {cfg.unit}: "
+                "the figures cannot be compared; check it with the config it was tuned with"
+            ]
+        )
+    return cfg
 
 
 def _measured(

@@ -88,18 +88,11 @@ def _with_retune(
     new = swept.recommendation
     before = {**rec.knobs, **rec.config}
     after = {**new.knobs, **new.config} if new is not None else None
-    written = None
-    if new is not None:
-        written = outcome.recommended.with_name(f"{outcome.recommended.stem}.retuned{outcome.recommended.suffix}")
-        text = (run_dir / "recommended.yaml").read_text()
-        write_text_atomic(
-            written, f"# retuned from {outcome.recommended} by tunekit check --retune (run: {run_dir})\n{text}"
-        )
     run = rec.evidence.get("run") if isinstance(rec.evidence.get("run"), dict) else {}
     full = run.get("trials_run", run.get("trials"))
     result = RetuneOutcome(
         run_dir=run_dir,
-        written=written,
+        written=_write_retuned(outcome.recommended, run_dir) if new is not None else None,
         before=before,
         after=after,
         changes=tuple(
@@ -118,6 +111,15 @@ def _with_retune(
         interrupted=swept.interrupted,
     )
     return dataclasses.replace(outcome, retune=result)
+
+
+def _write_retuned(committed: Path, run_dir: Path) -> Path:
+    """recommended.retuned.yaml beside the committed file: the retune's recommendation, headed by where it came
+    from."""
+    written = committed.with_name(f"{committed.stem}.retuned{committed.suffix}")
+    text = (run_dir / "recommended.yaml").read_text()
+    write_text_atomic(written, f"# retuned from {committed} by tunekit check --retune (run: {run_dir})\n{text}")
+    return written
 
 
 def _bounding_ceilings(outcome: CheckOutcome, rec: Recommended) -> list[TrialRow]:

@@ -54,6 +54,31 @@ def _launch_from_torchrun(cfg: Config, raw: dict[str, Any], source: str, errors:
         cfg.launch.nproc_per_node = int(found[1])
 
 
+def _check_unfilled(cfg: Config, source: str, errors: list[str]) -> None:
+    """Searched knobs a script can take only through its command (neither set on its DataLoader nor by tunekit in
+    its process) need a placeholder there."""
+    script, search = cfg.script, cfg.search
+    assert script is not None
+    filled = placeholders(script.command)
+    for key, values in (("grad_accum", search.grad_accum), ("compile", search.compile)):
+        if len(values) > 1 and key not in filled:
+            errors.append(
+                f"{source}: search.{key}: the script sets it itself; searching it needs a {{{key}}} "
+                "placeholder in script.command"
+            )
+    for key in ("worker_threads",):  # threads (the script's own process) tunekit sets itself at its start
+        if getattr(search, key) and key not in filled:
+            errors.append(f"{source}: search.{key}: searching it needs a {{{key}}} placeholder in script.command")
+    for key in search.extra:
+        if key not in filled:
+            errors.append(
+                f"{source}: search.extra.{key}: script mode sets a knob of your own through the command; "
+                f"add {{{key}}} to script.command"
+            )
+    if search.target_effective_batch is not None and "grad_accum" not in filled:
+        errors.append(f"{source}: search.target_effective_batch: needs a {{grad_accum}} placeholder in script.command")
+
+
 def _check_script(cfg: Config, source: str, errors: list[str]) -> None:
     """script: a command, placeholders that name knobs, a loader choice; no workload-only search keys."""
     script, search = cfg.script, cfg.search
@@ -79,25 +104,7 @@ def _check_script(cfg: Config, source: str, errors: list[str]) -> None:
             f"{source}: script.loader: {_show(loader)} is not allowed; choose auto or N (an integer, the "
             "N-th DataLoader the script builds, from 1)"
         )
-    # what can be neither filled into the command nor set on the DataLoader
-    filled = placeholders(script.command)
-    for key, values in (("grad_accum", search.grad_accum), ("compile", search.compile)):
-        if len(values) > 1 and key not in filled:
-            errors.append(
-                f"{source}: search.{key}: the script sets it itself; searching it needs a {{{key}}} "
-                "placeholder in script.command"
-            )
-    for key in ("worker_threads",):  # threads (the script's own process) tunekit sets itself at its start
-        if getattr(search, key) and key not in filled:
-            errors.append(f"{source}: search.{key}: searching it needs a {{{key}}} placeholder in script.command")
-    for key in search.extra:
-        if key not in filled:
-            errors.append(
-                f"{source}: search.extra.{key}: script mode sets a knob of your own through the command; "
-                f"add {{{key}}} to script.command"
-            )
-    if search.target_effective_batch is not None and "grad_accum" not in filled:
-        errors.append(f"{source}: search.target_effective_batch: needs a {{grad_accum}} placeholder in script.command")
+    _check_unfilled(cfg, source, errors)
     if cfg.launch.nnodes > 1:
         errors.append(f"{source}: launch.nnodes: script mode runs a trial's ranks on one node; set 1")
     elif (

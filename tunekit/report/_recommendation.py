@@ -24,22 +24,11 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
         "best_rate": round(best.rate, 2),
         "ratio": round(float(s.choice.ratio or 0), 4),
         "best_config": best.knobs.to_dict(),
-        "defaults_rate": round(s.defaults.rate, 2) if s.defaults else None,
-        "speedup_vs_defaults": round(s.speedup_vs_defaults, 3) if s.speedup_vs_defaults else None,
-        "script_rate": round(s.script_baseline.rate, 2) if s.script_baseline and s.script_baseline.ok else None,
-        "speedup_vs_script": round(s.speedup_vs_script, 3) if s.speedup_vs_script else None,
-        "speedup_vs_script_interval": _interval(s, s.script_baseline),
-        "speedup_vs_defaults_interval": _interval(s, s.defaults),
-        "keep_own_settings": s.choice.kept if s.script_baseline is not None else None,
+        **_gains(s),
         "headroom": round(float(knee.headroom), 4) if knee.headroom is not None else None,
         "headroom_basis": m.headroom_basis,
         "items_per_batch_mean": m.items_per_batch_mean,
-        "noise_cv": round(knee.noise_cv, 4),
-        "rate_interval": round(m.rate_interval, 4) if m.rate_interval is not None else None,
-        "runs": [round(r, 2) for r in knee.runs] or None,
-        "runs_interval": round(knee.interval, 4) if knee.runs and knee.interval is not None else None,
-        "run_spread": round(rules.run_spread(pooled(s.rows)), 4) or None,
-        "band": round(float(s.choice.band or 0), 4),
+        **_noise(s),
         "data_wait_frac": m.data_wait_frac,
         "gpu_busy_frac": m.gpu_busy_frac,
         "best_items_per_money": round(s.per_money(best.rate) or 0.0, 1) if s.per_hour else None,
@@ -63,6 +52,37 @@ def _evidence(s: RunSummary) -> dict[str, Any]:
             "trials_run": sum(1 for r in s.rows if r.status != "skipped"),
             "knee_trial": knee.number,
         },
+    }
+
+
+def _gains(s: RunSummary) -> dict[str, Any]:
+    """The PyTorch defaults' and the script's own rates, the knee's gains over them with their intervals, and
+    whether the script's own settings are kept."""
+    own = s.script_baseline
+    return {
+        "defaults_rate": round(s.defaults.rate, 2) if s.defaults else None,
+        "speedup_vs_defaults": round(s.speedup_vs_defaults, 3) if s.speedup_vs_defaults else None,
+        "script_rate": round(own.rate, 2) if own and own.ok else None,
+        "speedup_vs_script": round(s.speedup_vs_script, 3) if s.speedup_vs_script else None,
+        "speedup_vs_script_interval": _interval(s, own),
+        "speedup_vs_defaults_interval": _interval(s, s.defaults),
+        "keep_own_settings": s.choice.kept if own is not None else None,
+    }
+
+
+def _noise(s: RunSummary) -> dict[str, Any]:
+    """The knee's window noise and interval (what ``tunekit check`` compares with), its runs and their interval,
+    the run-to-run spread and the band the knee was chosen in."""
+    knee = s.choice.knee
+    assert knee is not None
+    interval = knee.measurement.rate_interval
+    return {
+        "noise_cv": round(knee.noise_cv, 4),
+        "rate_interval": round(interval, 4) if interval is not None else None,
+        "runs": [round(r, 2) for r in knee.runs] or None,
+        "runs_interval": round(knee.interval, 4) if knee.runs and knee.interval is not None else None,
+        "run_spread": round(rules.run_spread(pooled(s.rows)), 4) or None,
+        "band": round(float(s.choice.band or 0), 4),
     }
 
 

@@ -9,7 +9,7 @@ from tunekit import rules
 from tunekit.analysis import Choice, defaults_trial, pooled, select, select_knee, single_gpu_twin
 from tunekit.command import set_on_loader
 from tunekit.config import Config, ExtraKnob, Selection, extra_knobs
-from tunekit.contract import Mode, Stage
+from tunekit.contract import Measurement, Mode, Stage
 from tunekit.diagnosis import Verdict, run_verdicts, trial_verdicts
 from tunekit.env import datasheet_flops, machine_fingerprint, matmul_peaks
 from tunekit.records import TrialRow, compute_ceiling
@@ -209,11 +209,7 @@ def summarize(
         rows=tuple(rows),
         device=m.device_name if m else None,
         versions=(m.versions if m else None) or {},
-        machine=machine_fingerprint(
-            env, device=m.device_name, cpus=m.cpu_count, memory_bytes=m.host_mem_total_bytes, versions=m.versions
-        )
-        if m
-        else {},
+        machine=_machine(env, m),
         date=date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         min_headroom=cfg.selection.min_headroom,
         tolerance=cfg.selection.tolerance,
@@ -226,15 +222,25 @@ def summarize(
         warnings=tuple(warnings),
         scaling=_scaling(rows, choice.knee),
         extra_knobs=knobs,
-        knee_before_extra=select_knee(
-            [r for r in decided if r.stage in rules.knee_stages(Stage.extra)], cfg.selection
-        ).knee
-        if knobs
-        else None,
+        knee_before_extra=_knee_before_extra(cfg, decided) if knobs else None,
         **_script_fields(cfg, decided, choice.knee),
         peaks=tuple(matmul_peaks(rows)),
         remeasure=cfg.trial.remeasure_disturbed,
     )
+
+
+def _machine(env: dict[str, Any] | None, m: Measurement | None) -> dict[str, Any]:
+    """The machine the run was measured on (recommended.yaml's ``machine``), from a trial's record and env.json."""
+    if m is None:
+        return {}
+    return machine_fingerprint(
+        env, device=m.device_name, cpus=m.cpu_count, memory_bytes=m.host_mem_total_bytes, versions=m.versions
+    )
+
+
+def _knee_before_extra(cfg: Config, decided: list[TrialRow]) -> TrialRow | None:
+    """The knee before the user's own knobs were tried (the stages up to ``extra``)."""
+    return select_knee([r for r in decided if r.stage in rules.knee_stages(Stage.extra)], cfg.selection).knee
 
 
 def _script_fields(cfg: Config, rows: list[TrialRow], knee: TrialRow | None) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from tunekit.worker.factory._step import moves_ahead
 from tunekit.worker.meter import Reading
 from tunekit.worker.meter._monitor import Monitor
 
-__all__ = ["measurement", "assemble", "device_memory"]
+__all__ = ["measurement", "assemble", "device_memory", "reset_peaks"]
 
 
 def measurement(
@@ -88,14 +88,7 @@ def assemble(
     metered = reading.fields(cpus, workers, spec.knobs.compile != "none")
     consumed = metered["warmup_batches"] + metered["measured_steps"] * spec.knobs.grad_accum
     out: dict[str, Any] = {
-        "status": "ok",
-        "reason": "",
-        "number": spec.number,
-        "stage": spec.stage,
-        "mode": spec.mode,
-        "run": spec.run,
-        "params": params or {**spec.knobs.to_dict(), "non_blocking": spec.knobs.non_blocking},
-        "changes_result": [],
+        **_identity(spec, params),
         **metered,
         **times,
         "unit": unit,
@@ -111,17 +104,46 @@ def assemble(
         **_device_fields(device),
         "versions": _versions(),
     }
-    other = out.get("other_cpu_cores")
-    if other is not None and other > rules.BUSY_HOST * cpus:  # named per trial, not hidden in the noise
-        out["warnings"] = [
-            *warnings,
-            f"other processes kept {other:.1f} of the {cpus} usable CPUs busy during the "
-            "windows: this trial's figures are disturbed",
-        ]
+    out["warnings"] = [*warnings, *_disturbed(out.get("other_cpu_cores"), cpus)]
     out.update(_memory_fields(memory, warmup_memory, out))
     out.update(_nvml_fields(monitor))
     out.update(sync_share=sync_share, pinned_peak_bytes=_pinned_peak(device))
     return out
+
+
+def _identity(spec: TrialSpec, params: dict[str, Any] | None) -> dict[str, Any]:
+    """An ok trial's identity: its number, stage, mode and run, and the knobs it ran with."""
+    return {
+        "status": "ok",
+        "reason": "",
+        "number": spec.number,
+        "stage": spec.stage,
+        "mode": spec.mode,
+        "run": spec.run,
+        "params": params or {**spec.knobs.to_dict(), "non_blocking": spec.knobs.non_blocking},
+        "changes_result": [],
+    }
+
+
+def _disturbed(other: float | None, cpus: int) -> list[str]:
+    """The warning of a trial whose windows other processes kept the CPUs busy in (named per trial, not hidden
+    in the noise)."""
+    if other is None or other <= rules.BUSY_HOST * cpus:
+        return []
+    return [
+        f"other processes kept {other:.1f} of the {cpus} usable CPUs busy during the windows: this trial's "
+        "figures are disturbed"
+    ]
+
+
+def reset_peaks(device: torch.device) -> dict[str, Any]:
+    """At the warm-up's end (both modes): its device memory peaks, then the device's and the pinned host memory's
+    peak counters afresh, so the measurement's peaks are the windows'."""
+    warmup = device_memory(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        getattr(torch.cuda, "reset_peak_host_memory_stats", lambda: None)()
+    return warmup
 
 
 def device_memory(device: torch.device) -> dict[str, Any]:

@@ -4,6 +4,7 @@ has no data for that plot. Tests check these; :mod:`._draw` only renders them.""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -248,16 +249,7 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
     if len({r.knobs.num_workers for r in train}) < 2:
         return "the run has fewer than two worker counts measured end to end"
     world = max(r.knobs.ranks for r in train)
-    loader = tuple(
-        sorted(
-            (
-                _point(r)
-                for r in rows
-                if r.ok and r.mode == Mode.loader and (batch is None or r.knobs.batch_size == batch)
-            ),
-            key=lambda p: p.workers,
-        )
-    )
+    loader = _loader_points(rows, batch)
     compute = (
         compute_ceiling(rows, batch)
         if batch is not None
@@ -274,17 +266,12 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
         else None
     )
 
-    label = ""
-    if choice.knee is not None and choice.ratio is not None:
-        label = f"knee: {choice.knee.knobs.num_workers} workers{at(choice.knee)}, {choice.ratio:.1%} of best"
-        if choice.knee.knobs.ranks > 1:
-            label = label.replace(" workers", f" workers per rank x {choice.knee.knobs.ranks}")
     return WorkersPlot(
         unit=_unit(rows),
         title=title,
         series=_series(_train_at(rows, None), batch, world),
         knee=_point(choice.knee) if choice.knee else None,
-        knee_label=label,
+        knee_label=_knee_label(choice, at),
         best=_point(choice.best) if choice.best else None,
         loader_ceiling=loader,
         compute_ceiling=compute.rate * world if compute else None,
@@ -300,6 +287,22 @@ def workers_data(rows: list[TrialRow], choice: Choice, title: str) -> WorkersPlo
         f"{f' (batch {batch})' if batch is not None else ''}",
         **({} if world == 1 else {"axis": "workers per rank", "loader_label": "loader alone, one rank (ceiling)"}),
     )
+
+
+def _loader_points(rows: list[TrialRow], batch: int | None) -> tuple[Point, ...]:
+    """The loader-alone trials at the axis batch (any batch without one), by worker count."""
+    at_batch = (r for r in rows if r.ok and r.mode == Mode.loader and (batch is None or r.knobs.batch_size == batch))
+    return tuple(sorted((_point(r) for r in at_batch), key=lambda p: p.workers))
+
+
+def _knee_label(choice: Choice, at: Callable[[TrialRow], str]) -> str:
+    """``knee: 8 workers, 98.0% of best`` (per rank x its ranks; its batch when not the axis one)."""
+    if choice.knee is None or choice.ratio is None:
+        return ""
+    label = f"knee: {choice.knee.knobs.num_workers} workers{at(choice.knee)}, {choice.ratio:.1%} of best"
+    if choice.knee.knobs.ranks > 1:
+        label = label.replace(" workers", f" workers per rank x {choice.knee.knobs.ranks}")
+    return label
 
 
 def _peak_gib(r: TrialRow) -> float | None:

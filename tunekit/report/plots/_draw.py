@@ -32,6 +32,37 @@ def draw_workers(plot: WorkersPlot, path: Path) -> None:
     _save(workers_figure(plot)[0], path)
 
 
+_MARKS = (
+    ("best", "best_label", {"marker": "*", "markersize": 16, "color": "gold", "markeredgecolor": "black", "zorder": 5}),
+    (
+        "knee",
+        "knee_label",
+        {
+            "marker": "o",
+            "markersize": 14,
+            "markerfacecolor": "none",
+            "markeredgecolor": "red",
+            "markeredgewidth": 2,
+            "zorder": 6,
+        },
+    ),
+    (
+        "own",
+        "own_label",
+        {
+            "marker": "D",
+            "markersize": 10,
+            "markerfacecolor": "none",
+            "markeredgecolor": "black",
+            "markeredgewidth": 1.5,
+            "zorder": 6,
+        },
+    ),
+)
+"""The single points a workers plot marks: the best config, the knee and the script's own settings (the plot's
+attribute, its label's attribute, the marker's style)."""
+
+
 def workers_figure(plot: WorkersPlot) -> tuple[Any, Any]:
     """The throughput-vs-workers figure and its axes, drawn."""
     fig, ax = _figure(plot.title)
@@ -42,15 +73,20 @@ def workers_figure(plot: WorkersPlot) -> tuple[Any, Any]:
         # markers only: skipped or unsearched worker counts between two points are not interpolated
         hollow = {"markerfacecolor": "none"} if series.other_batch else {}
         ax.errorbar(xs, ys, yerr=err, marker="o", linestyle="none", capsize=3, label=series.label, **hollow)
+    _bounds(ax, plot)
+    for attr, label, style in _MARKS:
+        point = getattr(plot, attr)
+        if point is not None:
+            ax.plot(point.workers, point.rate, linestyle="none", label=getattr(plot, label), **style)
+    _workers_axes(ax, plot)
+    return fig, ax
+
+
+def _bounds(ax: Any, plot: WorkersPlot) -> None:
+    """The loader ceiling's line, the skipped counts' upper bounds and the compute and knee ceilings."""
     if plot.loader_ceiling:
-        ax.plot(
-            [p.workers for p in plot.loader_ceiling],
-            [p.rate for p in plot.loader_ceiling],
-            ":",
-            color="grey",
-            marker=".",
-            label=plot.loader_label,
-        )
+        xs, ys = [p.workers for p in plot.loader_ceiling], [p.rate for p in plot.loader_ceiling]
+        ax.plot(xs, ys, ":", color="grey", marker=".", label=plot.loader_label)
     if plot.bounded:  # skipped: at most this, by the plan's evidence (a loader ceiling, a count out of the band)
         ax.plot(
             [p.workers for p in plot.bounded],
@@ -66,47 +102,13 @@ def workers_figure(plot: WorkersPlot) -> tuple[Any, Any]:
         ax.axhline(plot.compute_ceiling, color="black", linestyle="--", linewidth=1, label=plot.compute_label)
     if plot.knee_ceiling:
         ax.axhline(plot.knee_ceiling, color="red", linestyle="--", linewidth=1, label=plot.knee_ceiling_label)
-    if plot.best is not None:
-        ax.plot(
-            plot.best.workers,
-            plot.best.rate,
-            marker="*",
-            markersize=16,
-            color="gold",
-            markeredgecolor="black",
-            linestyle="none",
-            label=plot.best_label,
-            zorder=5,
-        )
-    if plot.knee is not None:
-        ax.plot(
-            plot.knee.workers,
-            plot.knee.rate,
-            marker="o",
-            markersize=14,
-            markerfacecolor="none",
-            markeredgecolor="red",
-            markeredgewidth=2,
-            linestyle="none",
-            label=plot.knee_label,
-            zorder=6,
-        )
-    if plot.own is not None:
-        ax.plot(
-            plot.own.workers,
-            plot.own.rate,
-            marker="D",
-            markersize=10,
-            markerfacecolor="none",
-            markeredgecolor="black",
-            markeredgewidth=1.5,
-            linestyle="none",
-            label=plot.own_label,
-            zorder=6,
-        )
-    ax.set_xlabel(plot.axis)
+
+
+def _workers_axes(ax: Any, plot: WorkersPlot) -> None:
+    """Whole worker counts on x; the rate on y, from 0 or on a log scale when its span is wide; the legend."""
     from matplotlib.ticker import MaxNLocator
 
+    ax.set_xlabel(plot.axis)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # worker counts: no half-step ticks
     if log_scale(plot):
         ax.set_yscale("log")
@@ -118,7 +120,6 @@ def workers_figure(plot: WorkersPlot) -> tuple[Any, Any]:
     # below the axes: inside, it covered the few-worker points that matter most; beside them, the long labels of
     # user knobs squeezed the axes to a third of the figure
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2 if len(plot.series) > 3 else 1)
-    return fig, ax
 
 
 LOG_SPAN = 20.0

@@ -17,12 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch.utils.data import IterableDataset
 
 from tunekit.contract import Measurement, Mode, TrialSpec
 from tunekit.worker import _dist
-from tunekit.worker._record import device_memory, measurement
+from tunekit.worker._record import device_memory, measurement, reset_peaks
 from tunekit.worker.factory._flops import count_flops, matmul_peak
 from tunekit.worker.factory._probes import sync_share, warn_if_ranks_read_the_same
 from tunekit.worker.factory._setup import Setup, set_up
@@ -77,19 +76,26 @@ def _settings(spec: TrialSpec, setup: Setup, queued: int) -> MeterSettings:
     )
 
 
-def _run(spec: TrialSpec, setup: Setup, monitor: Monitor) -> _Metered:
-    """The built-in step of the trial's mode, metered on the loader's batches; then a multi-rank trial's probes."""
-    t_loop = time.perf_counter()
-    cfg, device, ranks = setup.cfg, setup.device, setup.ranks
+def _loader_batches(spec: TrialSpec, setup: Setup) -> tuple[LoaderBatches, bool]:
+    """The loader's batches as the meter reads them, and whether the ranks shard their data themselves (a stream,
+    their own sampler or loader): then they are checked not to all read the same."""
     workers = setup.loader_knobs.num_workers
     iterable = isinstance(setup.built.dataset, IterableDataset)
-    # ranks that shard their data themselves (a stream, their own sampler or loader) must not all read the same
-    self_sharded = ranks is not None and (iterable or bool(cfg.workload.sampler or cfg.workload.loader))
+    workload = setup.cfg.workload
+    self_sharded = setup.ranks is not None and (iterable or bool(workload.sampler or workload.loader))
     loader = LoaderBatches(
         setup.loader,
         workers if iterable and workers >= 2 and spec.mode != Mode.compute else 0,
         check_ranks=self_sharded,
     )
+    return loader, self_sharded
+
+
+def _run(spec: TrialSpec, setup: Setup, monitor: Monitor) -> _Metered:
+    """The built-in step of the trial's mode, metered on the loader's batches; then a multi-rank trial's probes."""
+    t_loop = time.perf_counter()
+    cfg, device, ranks = setup.cfg, setup.device, setup.ranks
+    loader, self_sharded = _loader_batches(spec, setup)
     step = None
     try:
         step = trial_step(setup.built, spec, cfg, loader)
@@ -98,10 +104,7 @@ def _run(spec: TrialSpec, setup: Setup, monitor: Monitor) -> _Metered:
         def measuring() -> None:  # between warm-up and the first window: nothing else, or the loader refills
             if self_sharded:
                 warn_if_ranks_read_the_same(ranks, loader)
-            out.warmup_memory = device_memory(device)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-                getattr(torch.cuda, "reset_peak_host_memory_stats", lambda: None)()
+            out.warmup_memory = reset_peaks(device)
             monitor.measuring = True
 
         settings = _settings(spec, setup, step.queued)

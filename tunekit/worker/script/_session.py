@@ -45,7 +45,7 @@ from tunekit.contract import Measurement, Mode, TrialSpec, failed_measurement
 from tunekit.contract import process as names
 from tunekit.launch import classify_error
 from tunekit.worker import _dist
-from tunekit.worker._record import assemble, device_memory
+from tunekit.worker._record import assemble, device_memory, reset_peaks
 from tunekit.worker.meter import (
     BOUNDARY_WAIT,
     LoaderBatches,
@@ -261,9 +261,7 @@ class Session:
         return self.stream
 
     def _measuring(self, device: torch.device) -> None:
-        self.facts["warmup_memory"] = device_memory(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        self.facts["warmup_memory"] = reset_peaks(device)
         if self.monitor is not None:
             self.monitor.measuring = True
 
@@ -278,23 +276,16 @@ class Session:
         memory = device_memory(device)
         self.loader.close()
         monitor.stop()
-        now = time.perf_counter()
         started_at = float(os.environ.get(names.STARTED_AT) or self.started)
         times = {
             "startup_s": max(0.0, self.started - started_at),
             "cuda_init_s": 0.0,
             "build_s": self.facts["build_s"],
             "loop_setup_s": 0.0,
-            "teardown_s": now - reading.windows_end,
+            "teardown_s": time.perf_counter() - reading.windows_end,
             "trial_s": time.time() - self.started,
         }
-        if self.items is not None and self.items.first is not None:  # the batch the loop received, not the
-            # loader's batch_size (None for a batch_sampler's loader: HF Trainer's, Lightning's)
-            self.facts["params"]["batch_size"] = self.facts["loader_measured"]["batch_size"] = self.items.first
-        if self.spec.knobs.threads:  # what the process ran: the script may set its own after tunekit's
-            self.facts["params"]["threads"] = torch.get_num_threads()
-        self.facts["asked"] = self._asked(self.facts["params"])
-        params = {**self.spec.knobs.to_dict(), **self.facts["params"]}
+        params = self._ran_with()
         dataset = self.training.dataset if self.training is not None else None  # not `if loader`: its len()
         out = assemble(
             self.spec,
@@ -314,26 +305,41 @@ class Session:
         )
         out["loader_measured"] = self.facts["loader_measured"]
         out["asked"] = self.facts["asked"] or None
-        if self.ranks is None:
-            write_json_atomic(self.out_path, Measurement(**out).to_dict())
-        else:  # rank 0 writes every rank's measurement merged
-            ranks = self.ranks
-            out.update(
-                host=_dist.host(),
-                rank=ranks.rank,
-                local_rank=ranks.local_rank,
-                world=ranks.world,
-                backend=ranks.backend,
-                node_mem_peak_bytes=monitor.node_pss_peak or None,
-                node_processes=monitor.node_processes or None,
-            )
-            results = ranks.gather(out)
-            if ranks.rank == 0:
-                write_json_atomic(self.out_path, Measurement(**_dist.merge(results)).to_dict())
+        self._write(out, monitor)
         sys.stdout.flush()
         sys.stderr.write(f"tunekit: trial {self.spec.number} measured; the script ends here\n")
         sys.stderr.flush()
         os._exit(0)
+
+    def _ran_with(self) -> dict[str, Any]:
+        """The knobs the trial ran with: the batch the loop received (not the loader's ``batch_size``, None for a
+        batch sampler's loader: HF Trainer's, Lightning's), the threads the process ran (the script may set its own
+        after tunekit's), over the spec's; records what was asked and not run (``facts["asked"]``)."""
+        if self.items is not None and self.items.first is not None:
+            self.facts["params"]["batch_size"] = self.facts["loader_measured"]["batch_size"] = self.items.first
+        if self.spec.knobs.threads:
+            self.facts["params"]["threads"] = torch.get_num_threads()
+        self.facts["asked"] = self._asked(self.facts["params"])
+        return {**self.spec.knobs.to_dict(), **self.facts["params"]}
+
+    def _write(self, out: dict[str, Any], monitor: Monitor) -> None:
+        """measurement.json: this process's, or under torchrun every rank's merged, written by rank 0."""
+        if self.ranks is None:
+            write_json_atomic(self.out_path, Measurement(**out).to_dict())
+            return
+        ranks = self.ranks
+        out.update(
+            host=_dist.host(),
+            rank=ranks.rank,
+            local_rank=ranks.local_rank,
+            world=ranks.world,
+            backend=ranks.backend,
+            node_mem_peak_bytes=monitor.node_pss_peak or None,
+            node_processes=monitor.node_processes or None,
+        )
+        results = ranks.gather(out)
+        if ranks.rank == 0:
+            write_json_atomic(self.out_path, Measurement(**_dist.merge(results)).to_dict())
 
     # -- the script ending on its own ---------------------------------------------------------------------
 
