@@ -110,3 +110,24 @@ def test_mode_and_strategy_names_are_written_only_in_their_home():
             if isinstance(node, ast.Constant) and node.value in words:
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}")
     assert not offenders
+
+
+def test_the_worker_asks_the_mode_object_and_never_compares_modes():
+    """Inside ``worker`` a trial's mode is one object (``worker/_modes.py``, chosen once by ``trial_mode``) that the
+    factory's step and the script's loop ask how to build, step and record: no other worker module names a member
+    of ``Mode`` or compares ``spec.mode``, so a mode's behaviour is read, and changed, in one place."""
+    from tunekit.contract import Mode
+
+    home = PACKAGE / "worker" / "_modes.py"
+    offenders = []
+    for path in sorted((PACKAGE / "worker").rglob("*.py")):
+        if path == home:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            named = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Mode"
+            compared = isinstance(node, ast.Compare) and any(
+                isinstance(n, ast.Attribute) and n.attr == "mode" for n in [node.left, *node.comparators]
+            )
+            if (named and node.attr in {m.name for m in Mode}) or compared:
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert home.is_file() and not offenders

@@ -11,7 +11,8 @@ import torch
 
 from tunekit import __version__, rules
 from tunekit.config import cpu_count, extra_knobs
-from tunekit.contract import Mode, TrialSpec
+from tunekit.contract import TrialSpec
+from tunekit.worker._modes import TrialMode
 from tunekit.worker.factory._setup import Setup
 from tunekit.worker.factory._step import moves_ahead
 from tunekit.worker.meter import Reading
@@ -36,9 +37,10 @@ def measurement(
     """The measurement of an ok trial of the built-in step. ``times`` holds ``loop_setup_s``, ``teardown_s`` and
     ``trial_s``."""
     built = setup.built
-    on_device = spec.mode == Mode.train and hasattr(built.dataset, "batch_to_device")
+    on_device = setup.mode.end_to_end and hasattr(built.dataset, "batch_to_device")
     out = assemble(
         spec,
+        setup.mode,
         reading,
         monitor,
         device=setup.device,
@@ -56,7 +58,7 @@ def measurement(
     # batch ahead beside it (decode: gpu-overlap)
     out.update(
         input_on_device=on_device,
-        input_ahead=on_device and moves_ahead(built, spec),
+        input_ahead=on_device and moves_ahead(built, setup.mode),
         # the user-defined knobs set away from their baseline that may change what training learns
         changes_result=sorted(
             k.key for k in extra_knobs(setup.cfg) if k.changes_result and k.key in dict(spec.knobs.extra)
@@ -67,6 +69,7 @@ def measurement(
 
 def assemble(
     spec: TrialSpec,
+    mode: TrialMode,
     reading: Reading,
     monitor: Monitor,
     *,
@@ -95,7 +98,7 @@ def assemble(
         "epoch_boundary_in_trial": epochs_ended > 0,
         "epochs_ended": epochs_ended,
         "warnings": warnings,
-        **_dataset_fields(dataset, spec, consumed),
+        **_dataset_fields(dataset, spec, mode, consumed),
         "input_on_device": False,
         "input_ahead": False,
         **_host_fields(monitor),
@@ -188,14 +191,14 @@ def _pinned_peak(device: torch.device) -> int | None:
         return None
 
 
-def _dataset_fields(dataset: Any, spec: TrialSpec, consumed: int) -> dict[str, Any]:
+def _dataset_fields(dataset: Any, spec: TrialSpec, mode: TrialMode, consumed: int) -> dict[str, Any]:
     """The dataset's length and the passes over it the trial made (None for a dataset without a length)."""
     try:
         length = len(dataset)
     except TypeError:
         return {"dataset_len": None, "dataset_passes": None}
-    batches = consumed if spec.mode != Mode.compute else 1
-    return {"dataset_len": length, "dataset_passes": batches * spec.knobs.batch_size / length if length else None}
+    passes = mode.batches_read(consumed) * spec.knobs.batch_size / length if length else None
+    return {"dataset_len": length, "dataset_passes": passes}
 
 
 def _host_fields(monitor: Monitor) -> dict[str, Any]:

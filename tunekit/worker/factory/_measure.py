@@ -19,8 +19,9 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from tunekit.contract import Measurement, Mode, TrialSpec
+from tunekit.contract import Measurement, TrialSpec
 from tunekit.worker import _dist
+from tunekit.worker._modes import trial_mode
 from tunekit.worker._record import device_memory, measurement, reset_peaks
 from tunekit.worker.factory._flops import count_flops, matmul_peak
 from tunekit.worker.factory._probes import sync_share, warn_if_ranks_read_the_same
@@ -52,7 +53,7 @@ def _epochs_end(spec: TrialSpec, setup: Setup) -> int | None:
     """Batches per epoch when the loader's epochs end inside trials (the workload's own sampler or loader; tunekit's
     sampler is endless, rule 6); None otherwise, and in compute mode (one staged batch)."""
     workload = setup.cfg.workload
-    if spec.mode == Mode.compute or not (workload.sampler or workload.loader):
+    if not setup.mode.epoch_aware or not (workload.sampler or workload.loader):
         return None
     return epoch_batches(setup.loader)
 
@@ -60,7 +61,7 @@ def _epochs_end(spec: TrialSpec, setup: Setup) -> int | None:
 def _settings(spec: TrialSpec, setup: Setup, queued: int) -> MeterSettings:
     t, knobs = setup.cfg.trial, spec.knobs
     workers = setup.loader_knobs.num_workers
-    fill = workers * (knobs.prefetch_factor or 2) + queued if spec.mode != Mode.compute else 0
+    fill = setup.mode.fill(workers, knobs.prefetch_factor, queued)
     # epochs that end inside a trial (the loader's restart or refill) are measured apart from the steady rate, as
     # a script's are (docs/measurement.md, rule 4), and waited for within a third of the timeout
     epochs = _epochs_end(spec, setup)
@@ -85,7 +86,7 @@ def _loader_batches(spec: TrialSpec, setup: Setup) -> tuple[LoaderBatches, bool]
     self_sharded = setup.ranks is not None and (iterable or bool(workload.sampler or workload.loader))
     loader = LoaderBatches(
         setup.loader,
-        workers if iterable and workers >= 2 and spec.mode != Mode.compute else 0,
+        workers if iterable and workers >= 2 and not setup.mode.staged else 0,
         check_ranks=self_sharded,
     )
     return loader, self_sharded
@@ -98,7 +99,7 @@ def _run(spec: TrialSpec, setup: Setup, monitor: Monitor) -> _Metered:
     loader, self_sharded = _loader_batches(spec, setup)
     step = None
     try:
-        step = trial_step(setup.built, spec, cfg, loader)
+        step = trial_step(setup.built, spec, setup.mode, cfg, loader)
         out = _Metered(Reading(), time.perf_counter() - t_loop)
 
         def measuring() -> None:  # between warm-up and the first window: nothing else, or the loader refills
@@ -146,7 +147,7 @@ def measure(spec: TrialSpec) -> Measurement | None:
     A rank of a multi-rank trial returns the merged measurement of every rank on rank 0, and None elsewhere. The
     record takes only the fields it defines: a field written here and missing there fails every trial."""
     t_start = time.perf_counter()
-    setup = set_up(spec)
+    setup = set_up(spec, trial_mode(spec.mode))
     device, ranks = setup.device, setup.ranks
     node_root = os.getppid() if ranks is not None and ranks.local_rank == 0 else None  # torchrun: the node's tree
     monitor = Monitor(nvml_sampler(device), node_root=node_root, forked_from=fork_server_pid()).start()

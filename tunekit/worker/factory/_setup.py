@@ -5,16 +5,17 @@ from __future__ import annotations
 import copy
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 import torch
 
 from tunekit.config import Config, extra_knobs, from_dict, set_dotted
-from tunekit.contract import Knobs, Mode, TrialSpec
+from tunekit.contract import Knobs, TrialSpec
 from tunekit.contract import process as names
 from tunekit.worker import _dist
+from tunekit.worker._modes import TrialMode
 from tunekit.worker.factory._build import Built, build, make_loader, pick_device
 
 __all__ = ["Setup", "set_up"]
@@ -24,6 +25,8 @@ __all__ = ["Setup", "set_up"]
 class Setup:
     """A trial's workload, ready to measure, and what building it cost."""
 
+    mode: TrialMode
+    """What the trial measures (built, stepped and recorded as its mode says)."""
     cfg: Config
     device: torch.device
     built: Built
@@ -37,8 +40,9 @@ class Setup:
     """Making the DataLoader (its workers start with its iterator, in the loop's set-up)."""
 
 
-def set_up(spec: TrialSpec) -> Setup:
-    """Join the trial's ranks (if several), pick and initialise the device, build the workload and its loader."""
+def set_up(spec: TrialSpec, mode: TrialMode) -> Setup:
+    """Join the trial's ranks (if several), pick and initialise the device, build the workload and its loader, as
+    ``mode`` builds them."""
     # Interpreter start plus imports (torch above all), or the fork from the fork server: part of every trial's
     # cost, outside its measurement; counted from the launcher's clock (a process's create time can be off by a
     # second in containers).
@@ -55,14 +59,14 @@ def set_up(spec: TrialSpec) -> Setup:
         torch.cuda.set_device(device)
         torch.zeros(1, device=device)  # creates the context now, so build_s holds only the workload
     cuda_init_s = time.perf_counter() - t_init
-    built = build(cfg, spec.knobs, device, distributed=ranks is not None and spec.mode == Mode.train)
+    built = build(cfg, spec.knobs, device, distributed=ranks is not None and mode.end_to_end)
     if spec.knobs.threads is not None:  # after the build: the knob has the last word over the workload's own
         torch.set_num_threads(spec.knobs.threads)
-    # The compute ceiling stages one batch on the device: no loader workers may compete with the model.
-    knobs = replace(spec.knobs, num_workers=0) if spec.mode == Mode.compute else spec.knobs
+    knobs = mode.loader_knobs(spec.knobs)
     t_loader = time.perf_counter()
     loader = make_loader(built.dataset, knobs, device, cfg, None if ranks is None else (ranks.rank, ranks.world))
-    return Setup(cfg, device, built, knobs, loader, startup_s, cuda_init_s, ranks, time.perf_counter() - t_loader)
+    loader_s = time.perf_counter() - t_loader
+    return Setup(mode, cfg, device, built, knobs, loader, startup_s, cuda_init_s, ranks, loader_s)
 
 
 def _trial_config(spec: TrialSpec) -> Config:

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from tunekit.config import Config
-from tunekit.contract import Mode, TrialSpec
+from tunekit.contract import TrialSpec
+from tunekit.worker._modes import TrialMode
 from tunekit.worker.factory._ahead import AheadStream
 from tunekit.worker.factory._build import Built, to_device
 from tunekit.worker.meter import LoaderBatches, checked_count
@@ -55,9 +56,9 @@ class TrialStep:
     windows); None in loader mode."""
 
 
-def moves_ahead(built: Built, spec: TrialSpec) -> bool:
+def moves_ahead(built: Built, mode: TrialMode) -> bool:
     """Whether a training trial runs the dataset's ``batch_to_device`` one batch ahead (``batch_to_device_ahead``)."""
-    return spec.mode == Mode.train and bool(getattr(built.dataset, "batch_to_device_ahead", False))
+    return mode.end_to_end and bool(getattr(built.dataset, "batch_to_device_ahead", False))
 
 
 def _counter(cfg: Config, batch_size: int) -> Callable[[Any], float]:
@@ -66,17 +67,19 @@ def _counter(cfg: Config, batch_size: int) -> Callable[[Any], float]:
     return checked_count(resolve(cfg.workload.count), "workload.count")
 
 
-def _fed(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches, move: Callable[..., Any]) -> TrialStep:
-    """The batches the step of ``spec.mode`` is fed, and how they are counted (its ``run`` still to be set)."""
+def _fed(
+    built: Built, spec: TrialSpec, mode: TrialMode, cfg: Config, loader: LoaderBatches, move: Callable[..., Any]
+) -> TrialStep:
+    """The batches the step of ``mode`` is fed, and how they are counted (its ``run`` still to be set)."""
     ctx, count = built.ctx, _counter(cfg, spec.knobs.batch_size)
-    if spec.mode == Mode.compute:  # one batch staged on the device: counted once, on the host
+    if mode.staged:  # one batch staged on the device: counted once, on the host
         first = next(loader)
         items = count(first)
         staged = move(first, ctx, non_blocking=False)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
         return TrialStep(batches=itertools.repeat(staged), run=lambda b: None, count=lambda b: items, ready=lambda: 0)
-    if moves_ahead(built, spec):
+    if moves_ahead(built, mode):
         # the dataset's count reads the batch as the loader made it: count it before the move, in the thread
         stream = AheadStream(
             loader,
@@ -96,19 +99,19 @@ def _fed(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches, move
     return TrialStep(batches=loader, run=lambda b: None, count=count, ready=loader.ready)
 
 
-def trial_step(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches) -> TrialStep:
-    """The step of ``spec.mode`` on ``loader``'s batches."""
+def trial_step(built: Built, spec: TrialSpec, mode: TrialMode, cfg: Config, loader: LoaderBatches) -> TrialStep:
+    """The step of ``mode`` on ``loader``'s batches."""
     knobs, ctx = spec.knobs, built.ctx
     # a dataset may bring its own way onto the device (a built-in image pipeline with decode: gpu decodes and
     # augments there): part of the training step, and done once for the staged batch of the compute ceiling
     move = getattr(built.dataset, "batch_to_device", None) or to_device
-    ahead = moves_ahead(built, spec)
-    step = _fed(built, spec, cfg, loader, move)
+    ahead = moves_ahead(built, mode)
+    step = _fed(built, spec, mode, cfg, loader, move)
 
     def train(batch: Any) -> None:
         if ahead:
             batch = batch[0]
-        elif spec.mode != Mode.compute:
+        elif not mode.staged:
             batch = move(batch, ctx, non_blocking=knobs.non_blocking)
         ctx.micro_step = step.micro
         # DDP: a batch that does not end the accumulation skips the gradient all-reduce (forward included, as
@@ -137,10 +140,10 @@ def trial_step(built: Built, spec: TrialSpec, cfg: Config, loader: LoaderBatches
         if ahead:  # moved by the stream, counted before the move
             return batch[0], batch[1]
         items = step.count(batch)
-        return (batch if spec.mode == Mode.compute else move(batch, ctx, non_blocking=False)), items
+        return (batch if mode.staged else move(batch, ctx, non_blocking=False)), items
 
-    step.run = copy_only if spec.mode == Mode.loader else train
-    step.on_device = None if spec.mode == Mode.loader else on_device
+    step.run = train if mode.trains else copy_only
+    step.on_device = on_device if mode.trains else None
     return step
 
 

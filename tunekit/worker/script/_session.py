@@ -41,10 +41,11 @@ from torch.utils.data._utils.pin_memory import pin_memory
 from tunekit._files import write_json_atomic
 from tunekit.command import LOADER_KNOBS, placeholders, set_on_loader
 from tunekit.config import from_dict
-from tunekit.contract import Measurement, Mode, TrialSpec, failed_measurement
+from tunekit.contract import Measurement, TrialSpec, failed_measurement
 from tunekit.contract import process as names
 from tunekit.launch import classify_error
 from tunekit.worker import _dist
+from tunekit.worker._modes import trial_mode
 from tunekit.worker._record import assemble, device_memory, reset_peaks
 from tunekit.worker.meter import (
     BOUNDARY_WAIT,
@@ -78,6 +79,7 @@ class Session:
 
     def __init__(self, spec: TrialSpec, out_path: str):
         self.spec, self.out_path = spec, out_path
+        self.mode = trial_mode(spec.mode)
         self.cfg = from_dict(spec.config, check_imports=False)
         script = self.cfg.script
         assert script is not None
@@ -153,17 +155,18 @@ class Session:
         self.loader = LoaderBatches(self.own)
         self.items = Items(self.count_path, params["batch_size"])
         count = self.items
-        batches, ready, fill = self.loader, self.loader.ready, params["num_workers"] * (params["prefetch_factor"] or 2)
+        batches, ready = self.loader, self.loader.ready
+        fill = self.mode.fill(params["num_workers"], params["prefetch_factor"])
         epoch = epoch_batches(loader)
-        if self.spec.mode == Mode.compute:  # the script's step on one ready batch: the loader stands aside
+        if self.mode.staged:  # the script's step on one ready batch: the loader stands aside
             first = next(self.loader)
             self.loader.close()
             if device.type == "cuda":  # as ready as a loader can make it: pinned, so its copy is the fastest one
                 first = pin_memory(first)
-            batches, ready, fill, epoch = itertools.repeat(first), (lambda: 0), 0, None
+            batches, ready, epoch = itertools.repeat(first), (lambda: 0), None
         node_root = os.getppid() if self.ranks is not None and self.ranks.local_rank == 0 else None  # torchrun
         self.monitor = Monitor(nvml_sampler(device), node_root=node_root, forked_from=fork_server_pid()).start()
-        aware = self.spec.mode in (Mode.train, Mode.loader)
+        aware = self.mode.epoch_aware
         settings = self._settings(params["num_workers"], fill, epoch, aware)
         self.meter = Meter(
             batches,
@@ -177,7 +180,7 @@ class Session:
             measuring=lambda: self._measuring(device),
             epoch_aware=aware,
         )
-        if self.spec.mode == Mode.loader:  # drained here, before the script's loop gets a batch
+        if not self.mode.trains:  # the loader alone: drained here, before the script's loop gets a batch
             for batch in self.meter:
                 copy_to_device(batch, device, params["pin_memory"])
             self.finish()
@@ -240,7 +243,7 @@ class Session:
         """Whether ``loader``, iterated while another is measured, is the script's training loader built anew (a
         loop that builds its DataLoader each epoch): over the same dataset, or one of the same class and length."""
         old = self.training
-        if old is None or self.stream is None or self.spec.mode != Mode.train:
+        if old is None or self.stream is None or not self.mode.end_to_end:
             return False
         if loader.dataset is old.dataset:
             return True
@@ -289,6 +292,7 @@ class Session:
         dataset = self.training.dataset if self.training is not None else None  # not `if loader`: its len()
         out = assemble(
             self.spec,
+            self.mode,
             reading,
             monitor,
             device=device,
