@@ -1,4 +1,4 @@
-"""Command-line interface: ``tunekit sweep | trial | check | validate | report | env | node``, one module per
+"""Command-line interface: ``tunekit sweep | trial | check | validate | report | compare | env | node``, one module per
 subcommand.
 
 Errors are one line each on stderr (``--debug`` shows the traceback); exit 0 success, 1 runtime failure,
@@ -14,6 +14,7 @@ import traceback
 import click
 
 from tunekit.cli._check import check
+from tunekit.cli._compare import compare
 from tunekit.cli._env import env
 from tunekit.cli._node import node
 from tunekit.cli._report import report
@@ -33,7 +34,7 @@ def cli(debug: bool) -> None:
     # --debug is read by main() before click runs, so that errors raised while parsing also get a traceback
 
 
-for _command in (sweep, trial, check, validate, report, env, node):
+for _command in (sweep, trial, check, validate, report, compare, env, node):
     cli.add_command(_command)
 
 

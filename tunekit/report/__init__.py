@@ -1,5 +1,5 @@
 """A run's outputs, rebuilt from its finished trials: trials.csv, recommended.yaml, plots, report.md, and the
-console table.
+console table; ``tunekit compare``'s table, compare.md and compare.png (``_compare``).
 
 Compute, then render: :func:`summarize` turns rows into a :class:`RunSummary`; every writer only formats it.
 """
@@ -12,6 +12,7 @@ from typing import Any
 
 from tunekit._files import write_text_atomic
 from tunekit.errors import UsageError
+from tunekit.report._compare import cheapest_text, compare_json, compare_md, compare_table, type_run, write_compare
 from tunekit.report._console import Progress, make_console, warn
 from tunekit.report._markdown import report_md
 from tunekit.report._recommendation import recommendation_yaml
@@ -28,6 +29,12 @@ __all__ = [
     "make_console",
     "warn",
     "Progress",
+    "type_run",
+    "compare_table",
+    "cheapest_text",
+    "compare_md",
+    "compare_json",
+    "write_compare",
 ]
 
 

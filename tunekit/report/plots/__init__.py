@@ -10,9 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tunekit.analysis import Choice
+from tunekit.analysis import Choice, Comparison
 from tunekit.records import TrialRow
 from tunekit.report.plots import _draw
+from tunekit.report.plots._compare import Bar, ComparePlot, compare_data
 from tunekit.report.plots._data import (
     BatchPlot,
     CompilePlot,
@@ -48,7 +49,16 @@ __all__ = [
     "compile_data",
     "render_all",
     "PLOTS",
+    "Bar",
+    "ComparePlot",
+    "compare_data",
+    "draw_compare",
 ]
+
+
+def draw_compare(c: Comparison, path: Path) -> None:
+    """compare.png of ``tunekit compare``: the comparison's data (:func:`compare_data`), drawn."""
+    _draw.draw_compare(compare_data(c), path)
 
 
 class PlotResult(NamedTuple):

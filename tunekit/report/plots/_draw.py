@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tunekit._files import atomic_path
+from tunekit.report.plots._compare import Bar, ComparePlot
 from tunekit.report.plots._data import BatchPlot, CompilePlot, FractionsPlot, StepTimePlot, UtilPlot, WorkersPlot
 
 
@@ -270,3 +271,33 @@ def draw_compile(plot: CompilePlot, path: Path) -> None:
     ax.set_ylim(0, max(p.rate for p in plot.points) * 1.3)
     ax.set_xlabel("torch.compile mode")
     _save(fig, path)
+
+
+def draw_compare(plot: ComparePlot, path: Path) -> None:
+    """Two panels: the knee's rate per machine type and its items per unit of money, each with its 95 % interval
+    as an error bar; the cheapest type's bar in green, a type without a figure marked with why (no knee, not priced)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4.5), dpi=120)
+    fig.suptitle(plot.title, fontsize=10)
+    panels = ((plot.rates, f"{plot.unit}/s at the knee"), (plot.per_money, f"{plot.unit} per unit of money"))
+    for ax, (bars, label) in zip(fig.subplots(1, 2), panels, strict=True):
+        _compare_panel(ax, bars, label)
+    fig.axes[1].set_xlabel(plot.note, fontsize=8)
+    _save(fig, path)
+
+
+def _compare_panel(ax: Any, bars: tuple[Bar, ...], label: str) -> None:
+    xs = range(len(bars))
+    values = [b.value or 0.0 for b in bars]
+    colors = ["tab:green" if b.cheapest else "tab:blue" for b in bars]
+    ax.bar(xs, values, color=colors)
+    for x, b in zip(xs, bars, strict=True):
+        if b.value is None:
+            ax.annotate(b.missing, (x, 0), xytext=(0, 4), textcoords="offset points", ha="center", fontsize=8)
+        elif b.low is not None and b.high is not None:
+            ax.errorbar([x], [b.value], yerr=[[b.value - b.low], [b.high - b.value]], color="black", capsize=6)
+    ax.set_xticks(list(xs), [b.label for b in bars], rotation=15, ha="right", fontsize=8)
+    ax.set_ylabel(label)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3, axis="y")

@@ -1,0 +1,112 @@
+"""``tunekit compare RUN_DIR...``: one job's sweeps on several machine types, each type's knee, rate and items per unit
+of money, and the cheapest type per item (``analysis.compare``); the table and a sentence on the console, compare.md
+and compare.png under ``--out``, or one JSON object with ``--json``."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tunekit import store
+from tunekit._files import read_json
+from tunekit.config import Config, from_dict
+from tunekit.errors import UsageError
+from tunekit.records import TrialRow
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One machine type's sweep as read from where it is kept."""
+
+    source: str
+    config: Config
+    rows: list[TrialRow]
+    env: dict[str, Any]
+    strategy: str
+
+
+@click.command()
+@click.argument("runs", nargs=-1, required=True, metavar="RUN_DIR...")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default="results/compare",
+    show_default=True,
+    help="Where compare.md and compare.png go.",
+)
+@click.option(
+    "--per-hour",
+    "prices",
+    multiple=True,
+    metavar="TYPE=PRICE",
+    help="A type's price per hour (TYPE: its run folder as given, or the folder's name), over its cost.per_hour.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout instead of the sentences.")
+def compare(runs: tuple[str, ...], out_dir: str, prices: tuple[str, ...], as_json: bool) -> None:
+    """Compare one job's sweeps on several machine types (a run folder each): each type's knee, its rate and its
+    items per unit of money with their 95 % intervals, and the cheapest type per item."""
+    from tunekit import analysis, report
+
+    found = [run for argument in runs for run in runs_of(argument)]
+    price = _prices(prices, [r.source for r in found])
+    types = [
+        report.type_run(r.source, r.config, r.rows, env=r.env, strategy=r.strategy, per_hour=price.get(r.source))
+        for r in found
+    ]
+    comparison = analysis.compare(types)
+    md, _ = report.write_compare(Path(out_dir), comparison)
+    report.make_console().print(report.compare_table(comparison))
+    lines = [report.cheapest_text(comparison), *(f"{note}." for note in comparison.notes), f"-> {md}"]
+    for line in lines:
+        click.echo(line, err=as_json)
+    if as_json:
+        click.echo(json.dumps(report.compare_json(comparison), indent=2))
+
+
+def runs_of(argument: str) -> list[_Run]:
+    """The runs an argument names: a run folder holds one.
+
+    Raises:
+        UsageError: not a folder, or not a tunekit run's (its study.db missing, empty or foreign).
+    """
+    folder = Path(argument)
+    if not folder.is_dir():
+        raise UsageError(f"{argument}: no such folder; give the run folder of a tunekit sweep, one per machine type")
+    runs = store.load_run(folder)
+    cfg = from_dict(runs.config, source=str(folder / store.STUDY_FILE))
+    meta = read_json(folder / "sweep.json") if (folder / "sweep.json").exists() else {}
+    env = read_json(folder / "env.json") if (folder / "env.json").exists() else {}
+    return [_Run(argument, cfg, runs.rows(), env, meta.get("strategy", cfg.strategy))]
+
+
+def _prices(given: tuple[str, ...], sources: list[str]) -> dict[str, float]:
+    """``--per-hour TYPE=PRICE`` items as each run's price; TYPE names a run as given or by its folder's name."""
+    out: dict[str, float] = {}
+    for item in given:
+        key, sep, value = item.partition("=")
+        try:
+            price = float(value) if sep else math.nan
+        except ValueError:
+            price = math.nan
+        if not (price > 0 and math.isfinite(price)):
+            raise UsageError(f"--per-hour {item}: give TYPE=PRICE, PRICE a number above 0 (a price per hour)")
+        named = [s for s in sources if _names(key, s)]
+        if len(named) != 1:
+            which = "no run" if not named else f"{len(named)} runs"
+            raise UsageError(
+                f"--per-hour {item}: {key!r} names {which} of {', '.join(sources)}; name one run folder as given, "
+                "or its folder's name"
+            )
+        out[named[0]] = price
+    return out
+
+
+def _names(key: str, source: str) -> bool:
+    return os.path.normpath(key) == os.path.normpath(source) or key == Path(source).name
