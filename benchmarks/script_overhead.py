@@ -54,7 +54,7 @@ def main() -> None:
         trial, _ = run_trial(args.config, args.out / "trials", args.sets)
         if trial.status != "ok":
             raise SystemExit(f"the trial failed: {trial.reason}")
-        run_knobs = Knobs(**{k: v for k, v in trial.params.items() if k in Knobs.__dataclass_fields__})
+        run_knobs = Knobs.of(**{k: v for k, v in trial.params.items() if k in Knobs.__dataclass_fields__})
         skip = int(trial.warmup_batches or 0) + int(trial.warmup_set_aside or 0)
         last = (run_knobs, trial.loader_measured, skip, int(sum(trial.steps_windows or [])))
         plain = plain if plain is not None else _plain(cfg, *last)

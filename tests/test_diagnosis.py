@@ -369,7 +369,15 @@ def _loader_bound(tmp_path: Path, dataset_args: dict, workers: int, first: int) 
     rows = rows_from_measurements(
         [
             _trial(tmp_path, cfg, first, "compute", batch_size=8),
-            _trial(tmp_path, cfg, first + 1, "train", num_workers=workers, prefetch_factor=2, batch_size=8),
+            _trial(
+                tmp_path,
+                cfg,
+                first + 1,
+                "train",
+                num_workers=workers,
+                prefetch_factor=2 if workers else None,
+                batch_size=8,
+            ),
         ]
     )
     return trial_verdicts(rows, SELECTION)[first + 1]

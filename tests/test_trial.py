@@ -116,7 +116,8 @@ def test_fidelity_against_plain_loop_and_analytic(tmp_path: Path, workers: int, 
             "trial.window_s": 0.5,
         }
     )
-    m = run_trial(_spec(cfg, num_workers=workers, prefetch_factor=2, batch_size=batch), tmp_path / "t", 60)
+    knobs = {"num_workers": workers, "prefetch_factor": 2 if workers else None, "batch_size": batch}
+    m = run_trial(_spec(cfg, **knobs), tmp_path / "t", 60)
     assert m.status == "ok", m
     reference = _plain_loop_rate(workers, 2, batch, sample_wait, step_wait)
     analytic = expected_samples_per_s(workers, batch, sample_wait, step_wait)

@@ -19,7 +19,7 @@ from typing import Any
 
 from tunekit import config as config_mod
 from tunekit.config import Config
-from tunekit.contract import Knobs, Measurement, Mode, Strategy, TrialSpec
+from tunekit.contract import WORKER_ONLY, Knobs, Measurement, Mode, Strategy, TrialSpec
 from tunekit.errors import UsageError
 from tunekit.recommended import Recommended, load_recommended
 
@@ -229,6 +229,12 @@ def first_knobs(cfg: Config, **chosen: Any) -> Knobs:
             f"ranks={chosen['ranks']}: {cfg.source} launches {world} rank(s) (launch.nproc_per_node x "
             f"launch.nnodes); choose {'1 or ' if world > 1 else ''}{world}"
         )
+    if chosen.get("num_workers", s.num_workers[0]) == 0:  # asked for, these need workers: said, not dropped
+        given = [f"{k}={chosen[k]}" for k in WORKER_ONLY if chosen.get(k) is not None]
+        if given:
+            raise UsageError(
+                f"{', '.join(given)}: a loader without workers has none (num_workers=0); set num_workers too"
+            )
     first = {
         "num_workers": s.num_workers[0],
         "prefetch_factor": s.prefetch_factor[0],
@@ -238,7 +244,7 @@ def first_knobs(cfg: Config, **chosen: Any) -> Knobs:
         "compile": s.compile[0],
         "ranks": world,
     }
-    return Knobs(**{**first, **chosen})
+    return Knobs.of(**{**first, **chosen})
 
 
 def run_single(

@@ -72,7 +72,7 @@ class TrialRow:
         asked = self.measurement.asked
         if not asked:
             return None
-        return (self.stage, self.mode, Knobs(**{**self.knobs.to_dict(), **asked}), self.run)
+        return (self.stage, self.mode, Knobs.of(**{**self.knobs.to_dict(), **asked}), self.run)
 
     @classmethod
     def from_measurement(cls, m: Measurement) -> TrialRow:
@@ -81,7 +81,7 @@ class TrialRow:
             number=m.number,
             stage=m.stage,
             mode=m.mode,
-            knobs=Knobs(**params),
+            knobs=Knobs.of(**params),
             status=m.status,
             reason=m.reason or "",
             rate=float(m.rate or 0.0) if m.status == "ok" else 0.0,

@@ -76,7 +76,7 @@ def _with_retune(
     """The check with a retune: a sweep of the config on a search narrowed around the committed knee, seeded with
     the check's own trial and (same machine, the knee no faster: the old ceilings still bound the job from above,
     so a skip on them stays sound) the committed sweep's ceilings that lie in that search."""
-    knee = Knobs(**rec.knobs)
+    knee = Knobs.of(**rec.knobs)
     bounds = _bounding_ceilings(outcome, rec)
     narrowed = plan.retune_search(cfg, knee, rec.config, {r.knobs.num_workers for r in bounds if r.mode == Mode.loader})
     cfg_r = config_mod.load(config, overrides={**(overrides or {}), **narrowed, **_api.fixed_knobs(knobs)})

@@ -8,7 +8,7 @@ test holds the two equal).
 """
 
 from tunekit.contract import process
-from tunekit.contract._knobs import KNOB_NAMES, Knobs
+from tunekit.contract._knobs import KNOB_NAMES, WORKER_ONLY, Knobs
 from tunekit.contract._measurement import MEASUREMENT_VERSION, STATUSES, Measurement
 from tunekit.contract._spec import TrialSpec
 from tunekit.contract._unmeasured import (
@@ -29,6 +29,7 @@ __all__ = [
     "MEASUREMENT_VERSION",
     "STATUSES",
     "KNOB_NAMES",
+    "WORKER_ONLY",
     "failed_measurement",
     "skipped_measurement",
     "measurement_problem",

@@ -37,12 +37,28 @@ class Knobs:
     ``(config key, value)`` pairs; () runs every one at its baseline."""
 
     def __post_init__(self) -> None:
-        if self.num_workers == 0 and self.prefetch_factor is not None:
-            object.__setattr__(self, "prefetch_factor", None)
-        if self.num_workers == 0 and self.worker_threads is not None:  # no workers to set them in
-            object.__setattr__(self, "worker_threads", None)
+        for name in WORKER_ONLY:
+            value = getattr(self, name)
+            if self.num_workers == 0 and value is not None:
+                raise ValueError(
+                    f"Knobs.{name} = {value!r} with num_workers = 0: a loader without workers has no {name} "
+                    "(None; Knobs.of leaves it out)"
+                )
         pairs = self.extra.items() if isinstance(self.extra, dict) else self.extra  # JSON gives lists of lists
         object.__setattr__(self, "extra", tuple(sorted((str(k), v) for k, v in pairs)))
+
+    @classmethod
+    def of(cls, **values: Any) -> Knobs:
+        """Knobs made from values a search or a recorded config gives for every knob (the search's first prefetch
+        factor, say, beside 0 workers): the worker-only knobs are left out when there are no workers. The plain
+        constructor refuses them instead."""
+        if not values.get("num_workers"):
+            values = {**values, **dict.fromkeys(WORKER_ONLY)}
+        return cls(**values)
+
+    def without_workers(self) -> Knobs:
+        """These knobs with the loading in the main process (the worker-only knobs left out)."""
+        return dataclasses.replace(self, num_workers=0, **dict.fromkeys(WORKER_ONLY))
 
     @property
     def non_blocking(self) -> bool:
@@ -92,6 +108,9 @@ class Knobs:
         data["extra"] = dict(self.extra)
         return data
 
+
+WORKER_ONLY: tuple[str, ...] = ("prefetch_factor", "worker_threads")
+"""The knobs that only a loader with workers has: None when num_workers is 0."""
 
 KNOB_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Knobs) if f.name != "extra")
 """The built-in knobs (``tunekit trial --set``); a user-defined knob is set by its config key."""

@@ -29,7 +29,7 @@ def _compute(s: _Finished) -> list[Request] | None:
 
 
 def _ceiling_request(s: _Finished, batch: int) -> Request:
-    return Request(Stage.compute, Mode.compute, Knobs(num_workers=0, batch_size=batch, **s.base))
+    return Request(Stage.compute, Mode.compute, Knobs.of(num_workers=0, batch_size=batch, **s.base))
 
 
 def _loader(s: _Finished) -> list[Request] | None:
@@ -42,7 +42,7 @@ def _loader(s: _Finished) -> list[Request] | None:
         return None
     pin = pins(s.cfg, s.cuda)[-1]
     reqs = {
-        w: Request(Stage.loader, Mode.loader, Knobs(num_workers=w, batch_size=batch, pin_memory=pin, **s.base))
+        w: Request(Stage.loader, Mode.loader, Knobs.of(num_workers=w, batch_size=batch, pin_memory=pin, **s.base))
         for w in s.search.num_workers
     }
     compute = _compute_at(s, batch)

@@ -17,7 +17,7 @@ def _scaling(s: _Finished) -> list[Request] | None:
     knee = final if final is not None and final.stage != Stage.baseline else s.knee(None)
     if s.world < 2 or knee is None or knee.knobs.ranks < 2:
         return []
-    return pending([Request(Stage.scaling, Mode.train, Knobs(**{**knee.knobs.to_dict(), "ranks": 1}))], s.raw)
+    return pending([Request(Stage.scaling, Mode.train, Knobs.of(**{**knee.knobs.to_dict(), "ranks": 1}))], s.raw)
 
 
 def _repeats(s: _Finished) -> list[Request]:
@@ -54,4 +54,4 @@ def _asked_knobs(s: _Finished, row: TrialRow) -> Knobs:
     request; a trial the script ran with other knobs than asked, ``Measurement.asked``, its request's)."""
     if row.stage == Stage.baseline:
         return _script_request_knobs(s)
-    return Knobs(**{**row.knobs.to_dict(), **(row.measurement.asked or {})})
+    return Knobs.of(**{**row.knobs.to_dict(), **(row.measurement.asked or {})})

@@ -24,7 +24,7 @@ def _prefetch(s: _Finished) -> list[Request] | None:
         return []
     left = pending(
         [
-            Request(Stage.prefetch, Mode.train, Knobs(**{**k.to_dict(), "prefetch_factor": pf}))
+            Request(Stage.prefetch, Mode.train, Knobs.of(**{**k.to_dict(), "prefetch_factor": pf}))
             for pf in s.search.prefetch_factor
             if pf != k.prefetch_factor
         ],
@@ -65,7 +65,7 @@ def _smaller_batches(s: _Finished) -> list[Request] | None:
     for batch in sorted((b for b in s.search.batch_size if b < knee.knobs.batch_size), reverse=True):
         if batch in measured and batch not in ceilings:
             return []  # a smaller batch whose ceiling failed or does not fit: the stage ends there
-        req = Request(Stage.batch, Mode.train, Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))
+        req = Request(Stage.batch, Mode.train, Knobs.of(**{**knee.knobs.to_dict(), "batch_size": batch}))
         # judged against this batch and the larger ones only: a smaller batch that later ran faster must not
         # make this one look as if it fell behind
         trials = [
@@ -106,7 +106,7 @@ def _compile(s: _Finished) -> list[Request] | None:
     k = knee.knobs
     left = pending(
         [
-            Request(Stage.compile, Mode.train, Knobs(**{**k.to_dict(), "compile": c}))
+            Request(Stage.compile, Mode.train, Knobs.of(**{**k.to_dict(), "compile": c}))
             for c in s.search.compile
             if c != k.compile
         ],
@@ -145,12 +145,12 @@ def _extra(s: _Finished) -> list[Request] | None:
         if v != dict(knee.knobs.extra).get(k.key, k.baseline)
     ]
     tries += [
-        Request(Stage.extra, Mode.train, Knobs(**{**knee.knobs.to_dict(), "threads": t}))
+        Request(Stage.extra, Mode.train, Knobs.of(**{**knee.knobs.to_dict(), "threads": t}))
         for t in s.search.threads or []
         if t != knee.knobs.threads
     ]
     tries += [
-        Request(Stage.extra, Mode.train, Knobs(**{**knee.knobs.to_dict(), "worker_threads": t}))
+        Request(Stage.extra, Mode.train, Knobs.of(**{**knee.knobs.to_dict(), "worker_threads": t}))
         for t in s.search.worker_threads or []
         if t != knee.knobs.worker_threads and knee.knobs.num_workers
     ]
@@ -191,7 +191,7 @@ def _fewer_workers(s: _Finished, knee: TrialRow, tried: list[TrialRow | None]) -
     lo, hi = 0, len(counts)  # counts[hi] (top's own count when hi == len) is within the band; below lo none is
     while lo < hi:
         mid = (lo + hi) // 2
-        req = Request(Stage.extra, Mode.train, Knobs(**{**top.knobs.to_dict(), "num_workers": counts[mid]}))
+        req = Request(Stage.extra, Mode.train, Knobs.of(**{**top.knobs.to_dict(), "num_workers": counts[mid]}))
         row = s.find(req)
         if row is None:
             return [req]
@@ -211,7 +211,7 @@ def _batch_after_knobs(s: _Finished) -> list[Request]:
     here, there = _compute_at(s, knee.knobs.batch_size), _compute_at(s, batch)
     if here is None or there is None or there.rate <= here.rate or rules.input_bound(knee, here):
         return []
-    return pending([Request(Stage.extra, Mode.train, Knobs(**{**knee.knobs.to_dict(), "batch_size": batch}))], s.raw)
+    return pending([Request(Stage.extra, Mode.train, Knobs.of(**{**knee.knobs.to_dict(), "batch_size": batch}))], s.raw)
 
 
 def _accumulation(s: _Finished) -> list[Request] | None:
@@ -226,7 +226,7 @@ def _accumulation(s: _Finished) -> list[Request] | None:
             Request(
                 Stage.accumulation,
                 Mode.train,
-                Knobs(**{**knee.knobs.to_dict(), "batch_size": b, "grad_accum": target // b}),
+                Knobs.of(**{**knee.knobs.to_dict(), "batch_size": b, "grad_accum": target // b}),
             )
             for b in s.search.batch_size
             if target % b == 0 and b in fit

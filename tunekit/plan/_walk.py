@@ -19,7 +19,7 @@ def _defaults(s: _Finished, batch: int) -> Request:
     return Request(
         Stage.end_to_end,
         Mode.train,
-        Knobs(num_workers=0, batch_size=batch, pin_memory=False, ranks=s.world, **{**s.base, "compile": "none"}),
+        Knobs.of(num_workers=0, batch_size=batch, pin_memory=False, ranks=s.world, **{**s.base, "compile": "none"}),
     )
 
 
@@ -97,7 +97,7 @@ def _at_count(s: _Finished, batch: int, workers: int) -> list[Request]:
         Request(
             Stage.end_to_end,
             Mode.train,
-            Knobs(num_workers=workers, batch_size=batch, pin_memory=p, ranks=s.world, **s.base),
+            Knobs.of(num_workers=workers, batch_size=batch, pin_memory=p, ranks=s.world, **s.base),
         )
         for p in reversed(pins(s.cfg, s.cuda))
     ]
@@ -209,4 +209,4 @@ def _script_baseline(s: _Finished) -> list[Request]:
 
 
 def _script_request_knobs(s: _Finished) -> Knobs:
-    return Knobs(batch_size=max(s.search.batch_size), ranks=s.world, **s.base)
+    return Knobs.of(batch_size=max(s.search.batch_size), ranks=s.world, **s.base)

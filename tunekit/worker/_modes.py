@@ -11,7 +11,6 @@ it how to build, step and record, and no other worker module compares modes (``t
 
 from __future__ import annotations
 
-import dataclasses
 from typing import ClassVar
 
 from tunekit.contract import Knobs, Mode
@@ -61,7 +60,7 @@ class _Compute(TrialMode):
 
     def loader_knobs(self, knobs: Knobs) -> Knobs:
         # the staged batch is made once: no loader workers may compete with the model for the CPUs
-        return dataclasses.replace(knobs, num_workers=0)
+        return knobs.without_workers()
 
 
 class _Loader(TrialMode):
