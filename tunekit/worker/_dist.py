@@ -10,6 +10,7 @@ worst rank.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import statistics
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler
 
 from tunekit import rules
+from tunekit.contract import Measurement
 from tunekit.contract import process as names
 
 __all__ = ["Ranks", "init", "EndlessDistributedSampler", "merge", "publish", "receive", "SYNC_PROBE_STEPS"]
@@ -219,6 +221,25 @@ def _max(values: list[Any]) -> Any:
 def _cv(values: list[float]) -> float:
     mean = statistics.fmean(values)
     return statistics.stdev(values) / mean if len(values) > 1 and mean > 0 else 0.0
+
+
+def merged(
+    m: Measurement, ranks: Ranks, node_mem_peak_bytes: int | None, node_processes: int | None
+) -> Measurement | None:
+    """This rank's measurement with where it ran, gathered from every rank: the trial's merged measurement on rank 0
+    (:func:`merge`), None on the others. Both modes' ranks end here."""
+    mine = dataclasses.replace(
+        m,
+        host=host(),
+        rank=ranks.rank,
+        local_rank=ranks.local_rank,
+        world=ranks.world,
+        backend=ranks.backend,
+        node_mem_peak_bytes=node_mem_peak_bytes or None,
+        node_processes=node_processes or None,
+    )
+    results = ranks.gather(mine.to_dict())
+    return Measurement(**merge(results)) if ranks.rank == 0 else None
 
 
 def merge(results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -3,6 +3,7 @@ figures (docs/measurement.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 
 from tunekit import __version__, rules
 from tunekit.config import cpu_count, extra_knobs
-from tunekit.contract import TrialSpec
+from tunekit.contract import Measurement, TrialSpec
 from tunekit.worker._modes import TrialMode
 from tunekit.worker.factory._setup import Setup
 from tunekit.worker.factory._step import moves_ahead
@@ -33,7 +34,7 @@ def measurement(
     epochs_ended: int,
     warnings: list[str],
     sync_share: float | None,
-) -> dict[str, Any]:
+) -> Measurement:
     """The measurement of an ok trial of the built-in step. ``times`` holds ``loop_setup_s``, ``teardown_s`` and
     ``trial_s``."""
     built = setup.built
@@ -56,7 +57,8 @@ def measurement(
     )
     # a dataset that moves its batches itself (decode: gpu) does input work on the device inside each step, or one
     # batch ahead beside it (decode: gpu-overlap)
-    out.update(
+    return dataclasses.replace(
+        out,
         input_on_device=on_device,
         input_ahead=on_device and moves_ahead(built, setup.mode),
         # the user-defined knobs set away from their baseline that may change what training learns
@@ -64,7 +66,6 @@ def measurement(
             k.key for k in extra_knobs(setup.cfg) if k.changes_result and k.key in dict(spec.knobs.extra)
         ),
     )
-    return out
 
 
 def assemble(
@@ -84,9 +85,10 @@ def assemble(
     warnings: list[str],
     sync_share: float | None,
     params: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> Measurement:
     """The measurement of an ok trial around any step: the meter's reading with the trial's identity, the host,
-    device, memory and NVML figures. ``params`` are the knobs as run (default: the spec's)."""
+    device, memory and NVML figures, as the typed record (a field it does not define fails here, in every trial).
+    ``params`` are the knobs as run (default: the spec's)."""
     cpus = cpu_count()
     metered = reading.fields(cpus, workers, spec.knobs.compile != "none")
     consumed = metered["warmup_batches"] + metered["measured_steps"] * spec.knobs.grad_accum
@@ -111,7 +113,7 @@ def assemble(
     out.update(_memory_fields(memory, warmup_memory, out))
     out.update(_nvml_fields(monitor))
     out.update(sync_share=sync_share, pinned_peak_bytes=_pinned_peak(device))
-    return out
+    return Measurement(**out)
 
 
 def _identity(spec: TrialSpec, params: dict[str, Any] | None) -> dict[str, Any]:

@@ -12,6 +12,7 @@ measurement (docs/measurement.md).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -174,18 +175,9 @@ def measure(spec: TrialSpec) -> Measurement | None:
         warnings=metered.warnings,
         sync_share=metered.sync_share,
     )
-    out.update(metered.flops, **peak)
+    out = dataclasses.replace(out, **metered.flops, **peak)
     if ranks is None:
-        return Measurement(**out)
-    out.update(
-        host=_dist.host(),
-        rank=ranks.rank,
-        local_rank=ranks.local_rank,
-        world=ranks.world,
-        backend=ranks.backend,
-        node_mem_peak_bytes=monitor.node_pss_peak or None,
-        node_processes=monitor.node_processes or None,
-    )
-    results = ranks.gather(out)
+        return out
+    result = _dist.merged(out, ranks, monitor.node_pss_peak, monitor.node_processes)
     ranks.close()
-    return Measurement(**_dist.merge(results)) if ranks.rank == 0 else None
+    return result

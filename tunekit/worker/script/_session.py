@@ -25,6 +25,7 @@ the loader in the bootstrap alone (with the host-to-device copy on a GPU) before
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -307,8 +308,7 @@ class Session:
             sync_share=None,
             params=params,
         )
-        out["loader_measured"] = self.facts["loader_measured"]
-        out["asked"] = self.facts["asked"] or None
+        out = dataclasses.replace(out, loader_measured=self.facts["loader_measured"], asked=self.facts["asked"] or None)
         self._write(out, monitor)
         sys.stdout.flush()
         sys.stderr.write(f"tunekit: trial {self.spec.number} measured; the script ends here\n")
@@ -326,24 +326,12 @@ class Session:
         self.facts["asked"] = self._asked(self.facts["params"])
         return {**self.spec.knobs.to_dict(), **self.facts["params"]}
 
-    def _write(self, out: dict[str, Any], monitor: Monitor) -> None:
+    def _write(self, out: Measurement, monitor: Monitor) -> None:
         """measurement.json: this process's, or under torchrun every rank's merged, written by rank 0."""
-        if self.ranks is None:
-            write_json_atomic(self.out_path, Measurement(**out).to_dict())
-            return
-        ranks = self.ranks
-        out.update(
-            host=_dist.host(),
-            rank=ranks.rank,
-            local_rank=ranks.local_rank,
-            world=ranks.world,
-            backend=ranks.backend,
-            node_mem_peak_bytes=monitor.node_pss_peak or None,
-            node_processes=monitor.node_processes or None,
-        )
-        results = ranks.gather(out)
-        if ranks.rank == 0:
-            write_json_atomic(self.out_path, Measurement(**_dist.merge(results)).to_dict())
+        if self.ranks is not None:
+            out = _dist.merged(out, self.ranks, monitor.node_pss_peak, monitor.node_processes)
+        if out is not None:
+            write_json_atomic(self.out_path, out.to_dict())
 
     # -- the script ending on its own ---------------------------------------------------------------------
 
