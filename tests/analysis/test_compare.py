@@ -115,3 +115,10 @@ def test_one_machine_type_twice_is_refused():
 def test_no_run_is_refused():
     with pytest.raises(UsageError, match="no run given"):
         compare([])
+
+
+def test_disturbed_figures_are_said_first():
+    shaky = _type("shaky", 300.0, 1.0)
+    shaky = TypeRun(**{**shaky.__dict__, "disturbed": ("the figures are disturbed: the run's noise band is 57.3%",)})
+    c = compare([_type("quiet", 300.0, 1.0, machine=H200), shaky])
+    assert c.types[1].disturbed and c.notes[0] == "shaky: the figures are disturbed: the run's noise band is 57.3%"

@@ -32,7 +32,8 @@ class TypeRun:
     """One sweep of the job on one machine type, as the comparison reads it."""
 
     source: str
-    """The run as given: its folder, or its name in a database."""
+    """The type's name: its run folder's name (the folder as given where two share a name), or its run's name in a
+    database."""
     config: Config
     """The run's resolved config (what its study records)."""
     choice: Choice
@@ -45,6 +46,15 @@ class TypeRun:
     """The type's price per hour; None: not priced."""
     priced_by: str = ""
     """Where the price comes from: ``cost.per_hour`` (the run's config) or ``--per-hour``; "" without one."""
+    disturbed: tuple[str, ...] = ()
+    """What says the sweep's figures are disturbed (its report's first lines), said beside its figures."""
+    where: str = ""
+    """Where the run is kept: its folder as given, or its database's URL (password masked)."""
+
+    @property
+    def named(self) -> str:
+        """The run as the user gave it, for the lines that refuse it."""
+        return self.where or self.source
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,8 @@ class TypeFigures:
     unit: str
     per_hour: float | None
     priced_by: str
+    disturbed: tuple[str, ...] = ()
+    where: str = ""
 
     @property
     def rate(self) -> float | None:
@@ -128,8 +140,10 @@ class Comparison:
 
     @property
     def notes(self) -> tuple[str, ...]:
-        """What a type leaves out, one sentence each: no knee, no price."""
-        out = [f"{t.source}: no knee, so no figures ({t.reason})" for t in self.types if t.knee is None]
+        """What a type's figures cannot be trusted for, then what a type leaves out, one sentence each: disturbed
+        figures, no knee, no price."""
+        out = [f"{t.source}: {line}" for t in self.types for line in t.disturbed]
+        out += [f"{t.source}: no knee, so no figures ({t.reason})" for t in self.types if t.knee is None]
         out += [
             f"{t.source}: not priced (no cost.per_hour in its config), so its {self.unit} per unit of money are left "
             f"out; give --per-hour {t.source}=PRICE"
@@ -160,6 +174,8 @@ def compare(runs: Sequence[TypeRun]) -> Comparison:
             unit=first.unit,
             per_hour=r.per_hour,
             priced_by=r.priced_by if r.per_hour else "",
+            disturbed=r.disturbed,
+            where=r.where,
         )
         for r in runs
     )
@@ -191,7 +207,7 @@ def _one_job(runs: Sequence[TypeRun]) -> None:
         differs = job_difference(first.config, other.config)
         if differs:
             raise UsageError(
-                f"compare: {first.source} and {other.source} are different jobs ({differs}): their rates count "
+                f"compare: {first.named} and {other.named} are different jobs ({differs}): their rates count "
                 "different work; compare sweeps of one job, one per machine type"
             )
 
@@ -202,7 +218,7 @@ def _distinct_types(runs: Sequence[TypeRun]) -> None:
             hardware, _ = rules.machine_changes(a.machine, b.machine)
             if not hardware:
                 raise UsageError(
-                    f"compare: {a.source} and {b.source} are one machine type ({a.machine_text}); give one sweep "
+                    f"compare: {a.named} and {b.named} are one machine type ({a.machine_text}); give one sweep "
                     "per type (the nodes of one type share one sweep through --storage)"
                 )
 

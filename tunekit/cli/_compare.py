@@ -1,6 +1,6 @@
-"""``tunekit compare RUN_DIR...``: one job's sweeps on several machine types, each type's knee, rate and items per unit
-of money, and the cheapest type per item (``analysis.compare``); the table and a sentence on the console, compare.md
-and compare.png under ``--out``, or one JSON object with ``--json``."""
+"""``tunekit compare RUN_DIR...``: one job's sweeps on several machine types, each type's knee, rate and items per
+unit of money, and the cheapest type per item (``analysis.compare``); the table and a sentence on the console,
+compare.md and compare.png under ``--out``, or one JSON object with ``--json``. A run folder is one run."""
 
 from __future__ import annotations
 
@@ -24,11 +24,17 @@ from tunekit.records import TrialRow
 class _Run:
     """One machine type's sweep as read from where it is kept."""
 
-    source: str
+    where: str
+    """The run folder as given."""
+    name: str
+    """The folder's name, or the run's name in its database."""
     config: Config
     rows: list[TrialRow]
     env: dict[str, Any]
+    """Its env.json; empty for a run read from a database."""
     strategy: str
+    machine: dict[str, Any] | None = None
+    """The machine its study records, read where there is no env.json."""
 
 
 @click.command()
@@ -46,7 +52,7 @@ class _Run:
     "prices",
     multiple=True,
     metavar="TYPE=PRICE",
-    help="A type's price per hour (TYPE: its run folder as given, or the folder's name), over its cost.per_hour.",
+    help="A type's price per hour (TYPE: its name in the table, or its run folder as given), over its cost.per_hour.",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout instead of the sentences.")
 def compare(runs: tuple[str, ...], out_dir: str, prices: tuple[str, ...], as_json: bool) -> None:
@@ -55,10 +61,20 @@ def compare(runs: tuple[str, ...], out_dir: str, prices: tuple[str, ...], as_jso
     from tunekit import analysis, report
 
     found = [run for argument in runs for run in runs_of(argument)]
-    price = _prices(prices, [r.source for r in found])
+    named = _labels(found)
+    price = _prices(prices, found, named)
     types = [
-        report.type_run(r.source, r.config, r.rows, env=r.env, strategy=r.strategy, per_hour=price.get(r.source))
-        for r in found
+        report.type_run(
+            label,
+            r.config,
+            r.rows,
+            env=r.env,
+            strategy=r.strategy,
+            per_hour=price.get(label),
+            machine=r.machine,
+            where=r.where,
+        )
+        for r, label in zip(found, named, strict=True)
     ]
     comparison = analysis.compare(types)
     md, _ = report.write_compare(Path(out_dir), comparison)
@@ -83,11 +99,20 @@ def runs_of(argument: str) -> list[_Run]:
     cfg = from_dict(runs.config, source=str(folder / store.STUDY_FILE))
     meta = read_json(folder / "sweep.json") if (folder / "sweep.json").exists() else {}
     env = read_json(folder / "env.json") if (folder / "env.json").exists() else {}
-    return [_Run(argument, cfg, runs.rows(), env, meta.get("strategy", cfg.strategy))]
+    machine = None if env else runs.main.user_attrs.get("machine")
+    name = folder.resolve().name
+    return [_Run(argument, name, cfg, runs.rows(), env, meta.get("strategy", cfg.strategy), machine)]
 
 
-def _prices(given: tuple[str, ...], sources: list[str]) -> dict[str, float]:
-    """``--per-hour TYPE=PRICE`` items as each run's price; TYPE names a run as given or by its folder's name."""
+def _labels(found: list[_Run]) -> list[str]:
+    """Each type's name in the table: its folder's or run's name, or where it is kept where two share a name."""
+    names = [r.name for r in found]
+    return [r.name if names.count(r.name) == 1 else r.where for r in found]
+
+
+def _prices(given: tuple[str, ...], found: list[_Run], labels: list[str]) -> dict[str, float]:
+    """``--per-hour TYPE=PRICE`` items as each type's price, by its label; TYPE names a run by its label, its
+    folder's or run's name, or its folder as given."""
     out: dict[str, float] = {}
     for item in given:
         key, sep, value = item.partition("=")
@@ -97,16 +122,16 @@ def _prices(given: tuple[str, ...], sources: list[str]) -> dict[str, float]:
             price = math.nan
         if not (price > 0 and math.isfinite(price)):
             raise UsageError(f"--per-hour {item}: give TYPE=PRICE, PRICE a number above 0 (a price per hour)")
-        named = [s for s in sources if _names(key, s)]
+        named = [label for r, label in zip(found, labels, strict=True) if _names(key, r, label)]
         if len(named) != 1:
             which = "no run" if not named else f"{len(named)} runs"
             raise UsageError(
-                f"--per-hour {item}: {key!r} names {which} of {', '.join(sources)}; name one run folder as given, "
-                "or its folder's name"
+                f"--per-hour {item}: {key!r} names {which} of {', '.join(labels)}; name one by its name in the "
+                "table, or its folder as given"
             )
         out[named[0]] = price
     return out
 
 
-def _names(key: str, source: str) -> bool:
-    return os.path.normpath(key) == os.path.normpath(source) or key == Path(source).name
+def _names(key: str, run: _Run, label: str) -> bool:
+    return key in (label, run.name) or os.path.normpath(key) == os.path.normpath(run.where)

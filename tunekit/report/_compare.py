@@ -29,13 +29,19 @@ def type_run(
     env: Mapping[str, Any] | None,
     strategy: str,
     per_hour: float | None = None,
+    machine: Mapping[str, Any] | None = None,
+    where: str = "",
 ) -> TypeRun:
-    """One machine type's sweep as the comparison reads it: its knee and machine as its report gives them (the
-    machine from its env.json and the knee's trial), its price ``per_hour`` when given, else its config's."""
+    """One machine type's sweep as the comparison reads it: its knee, machine and disturbances as its report gives
+    them (the machine from its env.json and the knee's trial; ``machine``, the one its study records, where it has
+    no env.json), its price ``per_hour`` when given, else its config's."""
     summary = summarize(cfg, rows, strategy=strategy, env=dict(env or {}))
+    found = dict(machine) if machine and not env else summary.machine
     price = per_hour if per_hour is not None else cfg.cost.per_hour
     by = "--per-hour" if per_hour is not None else "cost.per_hour" if price else ""
-    return TypeRun(source, cfg, summary.choice, summary.machine, describe_machine(summary.machine), price, by)
+    return TypeRun(
+        source, cfg, summary.choice, found, describe_machine(found), price, by, summary.disturbances, where or source
+    )
 
 
 def _count(value: float | None) -> str:
@@ -168,6 +174,7 @@ def compare_json(c: Comparison) -> dict[str, Any]:
 def _type_json(t: TypeFigures) -> dict[str, Any]:
     return {
         "type": t.source,
+        "run": t.where or t.source,
         "machine": dict(t.machine),
         "machine_text": t.machine_text,
         "knee": t.knee.knobs.to_dict() if t.knee is not None else None,
