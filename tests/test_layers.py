@@ -18,6 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("analysis", "env"),
     ("diagnosis", "plan"),
     ("worker", "report"),
+    ("fleet",),
     ("driver",),
     ("_api",),
     ("_check",),

@@ -11,6 +11,7 @@ and SIGHUP end a run as Ctrl-C does). A KeyboardInterrupt while a trial runs kil
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -105,6 +106,8 @@ def sweep(
     knobs: dict[str, Any] | None = None,
     resume: bool = True,
     quiet: bool = True,
+    storage: str | None = None,
+    join: bool = False,
 ) -> SweepOutcome:
     """Run (or resume) a sweep, as ``tunekit sweep``, and return what it found.
 
@@ -116,19 +119,24 @@ def sweep(
         overrides: dotted config keys to set first, e.g. ``{"trial.window_s": 5}``.
         knobs: knobs to hold at one value for the whole sweep, e.g. ``{"pin_memory": True}`` (each one's search
             list becomes that value; the knobs are listed in ``tunekit.config.KNOB_HELP``).
-        resume: keep the finished trials of an earlier sweep in the same folder.
+        resume: keep the finished trials of an earlier sweep in the same folder (or database).
         quiet: no progress bar or trial log.
+        storage: a database URL for the run's studies (the config's ``storage``), e.g.
+            ``postgresql://USER:PASSWORD@HOST/DB``; its password is never written or shown.
+        join: take trials of a sweep that another machine of the same type started in ``storage``.
 
     Raises:
-        ConfigError, UsageError: a bad config, value or run folder (one line each).
+        ConfigError, UsageError: a bad config, value, run folder or storage URL (one line each).
+        StorageError: the database cannot be reached, or refuses.
     """
     if strategy is not None and strategy not in tuple(Strategy):
         raise UsageError(f"strategy={strategy!r}: choose one of: {', '.join(s.value for s in Strategy)}")
     minutes = _budget(budget_min)
     from tunekit.launch import resolve_paths  # through the fork server the sweep's trials then use
 
-    cfg = config_mod.load(config, overrides={**(overrides or {}), **fixed_knobs(knobs)}, resolve=resolve_paths)
-    return sweep_config(cfg, out=out, budget_min=minutes, strategy=strategy, resume=resume, quiet=quiet)
+    given = {**(overrides or {}), **fixed_knobs(knobs), **({"storage": storage} if storage else {})}
+    cfg = config_mod.load(config, overrides=given, resolve=resolve_paths)
+    return sweep_config(cfg, out=out, budget_min=minutes, strategy=strategy, resume=resume, quiet=quiet, join=join)
 
 
 def sweep_config(
@@ -140,6 +148,7 @@ def sweep_config(
     resume: bool = True,
     quiet: bool = True,
     seed: Sequence[Measurement] = (),
+    join: bool = False,
 ) -> SweepOutcome:
     """:func:`sweep` of a config already loaded; ``seed`` holds finished trials measured elsewhere, recorded first
     in a run that holds none yet (``tunekit check --retune``: the reused ceilings and the check's own trial)."""
@@ -149,6 +158,7 @@ def sweep_config(
 
     minutes = _budget(budget_min)
     run_dir = Path(out or Path("results") / cfg.name)
+    cfg, storage = _storage_apart(cfg, join)
     result = run_sweep(
         cfg,
         run_dir,
@@ -157,6 +167,8 @@ def sweep_config(
         resume=resume,
         quiet=quiet,
         seed=seed,
+        storage=storage,
+        join=join,
     )
     rec_path = run_dir / "recommended.yaml"
     return SweepOutcome(
@@ -167,6 +179,25 @@ def sweep_config(
         result.interrupted,
         result.summary,
     )
+
+
+def _storage_apart(cfg: Config, join: bool) -> tuple[Config, str | None]:
+    """The config as the run records it (its storage URL without the password) and the URL to connect with.
+
+    Raises:
+        UsageError: a malformed URL, another scheme, its driver missing, or ``join`` without a URL.
+    """
+    if cfg.storage is None:
+        if join:
+            raise UsageError(
+                "--join takes trials of a sweep in a shared database: give its URL (--storage URL, or storage: in "
+                "the config)"
+            )
+        return cfg, None
+    from tunekit import store
+
+    url = store.parse_url(cfg.storage)
+    return dataclasses.replace(cfg, storage=url.recorded), cfg.storage
 
 
 def trial(

@@ -11,8 +11,6 @@ import contextlib
 import json
 import signal
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,11 +19,11 @@ from typing import Any
 
 import yaml
 
-from tunekit import plan, report, rules, store
+from tunekit import fleet, plan, report, rules, store
 from tunekit._files import read_json, write_json_atomic, write_text_atomic
 from tunekit.config import Config, from_dict
 from tunekit.contract import Measurement, Mode, TrialSpec, process, skipped_measurement
-from tunekit.env import matmul_peaks, snapshot, sweep_warnings
+from tunekit.env import machine_fingerprint, matmul_peaks, probe_cuda, snapshot, sweep_warnings
 from tunekit.launch import lock_run, release_nodes, run_task, run_trial, start_fork_server
 from tunekit.records import TrialRow
 from tunekit.report import Progress, make_console, warn
@@ -44,18 +42,6 @@ class SweepResult:
     run_dir: Path
     summary: report.RunSummary
     interrupted: bool
-
-
-def probe_cuda(device: str) -> bool:
-    """Whether trials will run on CUDA, asked of a short-lived subprocess (this process never imports torch)."""
-    if device == "cpu":
-        return False
-    code = "import torch; print(torch.cuda.is_available())"
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        return False
-    return out.stdout.strip() == "True"
 
 
 class _Budget:
@@ -142,15 +128,27 @@ def run_sweep(
     resume: bool,
     quiet: bool = False,
     seed: Sequence[Measurement] = (),
+    storage: str | None = None,
+    join: bool = False,
 ) -> SweepResult:
     """Run (or resume) a sweep into ``run_dir`` and write its outputs. A KeyboardInterrupt (Ctrl-C, or SIGTERM and
     SIGHUP under :func:`interrupts_as_keyboard_interrupt`, which the CLI's main thread installs) ends every phase's
     child processes and still writes the outputs of the finished trials. ``seed``: finished trials measured
     elsewhere (a retune's reused ceilings, its check trial), recorded first when the run holds no trial yet; the
-    plan then never asks for them again."""
+    plan then never asks for them again. ``storage``: the URL (with its password) of a shared database holding the
+    run's studies, whose trials this node then takes with the others (``fleet``); ``join``: the run exists there,
+    swept from another machine of the same type."""
     with lock_run(run_dir):
         return _locked_sweep(
-            cfg, run_dir, strategy=strategy, budget_minutes=budget_minutes, resume=resume, quiet=quiet, seed=seed
+            cfg,
+            run_dir,
+            strategy=strategy,
+            budget_minutes=budget_minutes,
+            resume=resume,
+            quiet=quiet,
+            seed=seed,
+            storage=storage,
+            join=join,
         )
 
 
@@ -163,13 +161,17 @@ def _locked_sweep(
     resume: bool,
     quiet: bool,
     seed: Sequence[Measurement] = (),
+    storage: str | None = None,
+    join: bool = False,
 ) -> SweepResult:
     started = time.monotonic()
     console = make_console(quiet)
-    runs = store.open_run(run_dir, cfg, resume=resume, strategy=strategy)
-    seeded, again = _seed_and_recover(runs, cfg, seed, console)
-    write_text_atomic(run_dir / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     env = snapshot()
+    machine = machine_fingerprint(env)
+    runs = store.open_run(run_dir, cfg, resume=resume, strategy=strategy, storage=storage, join=join, machine=machine)
+    fleet.check_machine(runs, machine)
+    seeded, again = _seed_and_recover(runs, cfg, seed, console) if not join else (0, [])
+    write_text_atomic(run_dir / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     write_json_atomic(run_dir / "env.json", env)
     before = sweep_warnings(cfg, env)
     for line in before:
@@ -186,7 +188,11 @@ def _locked_sweep(
         earlier=_invocations(run_dir) if resume else [],
     )
     try:
-        _run_trials(sweep, _Budget(budget_minutes, cfg.budget.max_trials))
+        budget = _Budget(budget_minutes, cfg.budget.max_trials)
+        if runs.shared:
+            fleet.node_trials(sweep, budget, lambda req, number: _measure(sweep, req, number))
+        else:
+            _run_trials(sweep, budget)
         if cfg.launch.nnodes > 1 and not release_nodes(cfg):  # their tunekit node loops end here
             console.print(
                 "warning: the other nodes did not answer the release; their tunekit node loops stop after "
@@ -228,7 +234,7 @@ def _seed_and_recover(
     if seeded:
         console.print(f"recorded first: {seeded} finished trial(s) measured before this sweep (each says where)")
     elif kept := runs.rows():
-        console.print(f"resuming: {len(kept)} finished trial(s) in {runs.run_dir / store.STUDY_FILE} are kept")
+        console.print(f"resuming: {len(kept)} finished trial(s) in {runs.where} are kept")
     return seeded, again
 
 
@@ -296,8 +302,19 @@ def _ran_otherwise(row: TrialRow) -> str:
 
 
 def _run_one(sweep: _RunningSweep, req: plan.Request) -> TrialRow:
+    trial, number = sweep.runs.start(sweep.cfg, req.stage, req.mode, req.knobs.to_dict(), run=req.run)
+    try:
+        measurement = _measure(sweep, req, number)
+    except BaseException:
+        sweep.runs.interrupt(trial, req.mode)
+        raise
+    sweep.runs.finish(trial, req.mode, measurement)
+    return TrialRow.from_measurement(replace(measurement, number=number))
+
+
+def _measure(sweep: _RunningSweep, req: plan.Request, number: int) -> Measurement:
+    """Run ``req`` as trial ``number`` (a skipped request: its record, without running anything)."""
     cfg = sweep.cfg
-    trial, number = sweep.runs.start(cfg, req.stage, req.mode, req.knobs.to_dict(), run=req.run)
     spec = TrialSpec(
         number=number,
         stage=req.stage,
@@ -309,15 +326,8 @@ def _run_one(sweep: _RunningSweep, req: plan.Request) -> TrialRow:
         run=req.run,
     )
     if req.skip is not None:
-        measurement = skipped_measurement(spec, req.skip, req.bound)
-    else:
-        try:
-            measurement = run_trial(spec, sweep.run_dir / "trials" / str(number), cfg.trial.timeout_s)
-        except BaseException:
-            sweep.runs.interrupt(trial, req.mode)
-            raise
-    sweep.runs.finish(trial, req.mode, measurement)
-    return TrialRow.from_measurement(replace(measurement, number=number))
+        return skipped_measurement(spec, req.skip, req.bound)
+    return run_trial(spec, sweep.run_dir / "trials" / str(number), cfg.trial.timeout_s)
 
 
 def _asks_peak(sweep: _RunningSweep, req: plan.Request) -> bool:
@@ -401,10 +411,11 @@ def _invocations(run_dir: Path) -> list[dict[str, Any]]:
         return []
 
 
-def rebuild(run_dir: Path) -> report.RunSummary:
-    """Rebuild a run's outputs from study.db alone (no trial is re-run, no GPU needed, the study is not written)."""
-    runs = store.load_run(run_dir)
-    cfg = from_dict(runs.config, source=str(run_dir / store.STUDY_FILE))
+def rebuild(run_dir: Path, storage: str | None = None) -> report.RunSummary:
+    """Rebuild a run's outputs from its study alone: study.db, or the database its config.resolved.yaml names (or
+    ``storage``, its URL with the password). No trial is re-run, no GPU needed, the study is not written."""
+    runs = store.load_run(run_dir, storage)
+    cfg = from_dict(runs.config, source=runs.where)
     meta = read_json(run_dir / "sweep.json") if (run_dir / "sweep.json").exists() else {}
     env = read_json(run_dir / "env.json") if (run_dir / "env.json").exists() else {}
     summary = report.summarize(

@@ -47,6 +47,18 @@ from tunekit.contract import KNOB_NAMES, Strategy
     help=f"A knob held at one value for the whole sweep ({', '.join(KNOB_NAMES)}) or a dotted config key "
     "(e.g. --set trial.window_s=5 --set 'search.batch_size=[64,128]').",
 )
+@click.option(
+    "--storage",
+    default=None,
+    metavar="URL",
+    help="A database for the run's studies (storage: in the config), e.g. postgresql://USER@HOST/DB, shared by "
+    "several runs and by the machines of one sweep; default: study.db in the run folder.",
+)
+@click.option(
+    "--join",
+    is_flag=True,
+    help="Take trials of the sweep another machine of the same type runs in --storage (same CONFIG).",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar or trial log.")
 def sweep(
     config_path: str | None,
@@ -57,10 +69,13 @@ def sweep(
     strategy: str | None,
     resume: bool,
     sets: tuple[str, ...],
+    storage: str | None,
+    join: bool,
     quiet: bool,
 ) -> None:
     """Run short isolated trials, pick the throughput knee, write plots, report.md, trials.csv, study.db and
-    recommended.yaml under results/<name>/."""
+    recommended.yaml under results/<name>/. With --storage URL the study lives in that database, and each further
+    machine of the same type runs the same command with --join: they share the sweep's trials."""
     from tunekit import _api
     from tunekit.driver import interrupts_as_keyboard_interrupt
     from tunekit.report import console_table, make_console
@@ -77,6 +92,8 @@ def sweep(
             knobs=knobs,
             resume=resume,
             quiet=quiet,
+            storage=storage,
+            join=join,
         )
     print_disturbances(outcome.summary)
     make_console(quiet).print(console_table(outcome.summary))

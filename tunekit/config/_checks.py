@@ -186,6 +186,11 @@ def _check_common(cfg: Config, source: str, errors: list[str]) -> None:
             f"{source}: trial.max_windows: {cfg.trial.max_windows} is below trial.measure_windows "
             f"({cfg.trial.measure_windows}); it must be at least that"
         )
+    if cfg.fleet.grace_s <= cfg.fleet.heartbeat_s:
+        errors.append(
+            f"{source}: fleet.grace_s: {cfg.fleet.grace_s} is not more than fleet.heartbeat_s "
+            f"({cfg.fleet.heartbeat_s}); a live node would be taken for a dead one"
+        )
     launch = cfg.launch
     if launch.nnodes > 1 and not launch.rdzv_endpoint:
         errors.append(

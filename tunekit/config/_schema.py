@@ -199,6 +199,19 @@ class Cost:
     """Price of the machine per hour (any currency); null to leave cost out."""
 
 
+@dataclass(kw_only=True)
+class Fleet:
+    """How the nodes of one sweep share its study in a database (``storage``, ``tunekit sweep --join``)."""
+
+    heartbeat_s: int = field(default=10, metadata=_meta(min=1))
+    """How often a node records, in the study, that the trial it runs is still running."""
+    grace_s: int = field(default=60, metadata=_meta(min=2))
+    """A trial whose node has recorded no heartbeat for this long is failed (its node died) and run again by
+    another node; more than ``heartbeat_s``."""
+    poll_s: float = field(default=2.0, metadata=_meta(gt=0))
+    """How often a node that waits for a result another node is measuring reads the study again."""
+
+
 _ENDPOINT = re.compile(r"^[A-Za-z0-9._-]+:\d{1,5}$")
 
 
@@ -258,6 +271,13 @@ class Config:
     """Single process, or DDP ranks per node (multi-GPU trials)."""
     strategy: StrategyName = Strategy.staged.value
     """staged (ceilings, then end to end, then refinements) or grid (every combination)."""
+    storage: str | None = None
+    """Where the run's studies live: null for study.db in the run folder (one machine); a database URL
+    (``postgresql://USER@HOST/DB``, ``sqlite:///PATH``) that several runs, and the machines of one sweep
+    (``tunekit sweep --join``), share. Its password is never written: give it in the URL, ``PGPASSWORD`` or
+    ``~/.pgpass``."""
+    fleet: Fleet = field(default_factory=Fleet)
+    """With ``storage``: the heartbeat of the nodes that share a sweep."""
     source: str = field(default="<dict>", metadata={"internal": True})
     """The file this config came from (not a YAML key)."""
 
@@ -286,7 +306,7 @@ TOP_LEVEL_KEYS: tuple[str, ...] = tuple(
     for f in dataclasses.fields(Config)
     if not f.metadata.get("internal")
     and not dataclasses.is_dataclass(f.type)
-    and f.name not in ("workload", "script", "search", "trial", "selection", "budget", "cost", "launch")
+    and f.name not in ("workload", "script", "search", "trial", "selection", "budget", "cost", "launch", "fleet")
 )
 """The config's keys that hold a value rather than a section (``--set strategy=grid``)."""
 

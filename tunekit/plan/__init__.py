@@ -18,6 +18,7 @@ import dataclasses
 from tunekit.config import Config
 from tunekit.contract import Mode, Stage
 from tunekit.plan._finished import band_target, reach_rate
+from tunekit.plan._frontier import imagined
 from tunekit.plan._request import Request
 from tunekit.plan._retune import knee_values, retune_search
 from tunekit.plan._staged import script_baseline
@@ -30,6 +31,7 @@ __all__ = [
     "STRATEGIES",
     "strategy_for",
     "next_requests",
+    "frontier",
     "estimate_total",
     "needed_rate",
     "baseline",
@@ -60,6 +62,21 @@ def next_requests(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: boo
     if cfg.script is not None and cfg.script.own_batch and own is not None and not own.ok:
         return []  # without the script's own batch there is no batch to sweep
     return strategy_for(strategy).requests(cfg, rows, cuda)
+
+
+def frontier(cfg: Config, rows: list[TrialRow], running: list[Request], *, strategy: str, cuda: bool) -> Request | None:
+    """The request a free node of a shared sweep may start now, given every finished trial and the requests in
+    flight on other nodes: the first of :func:`next_requests` whatever those measure (``_frontier``); None when it
+    depends on one of them (wait for its result), or when the plan may end with them. With none in flight, the
+    first of :func:`next_requests`."""
+    answer: Request | None = None
+    for rows_then in imagined(rows, running):
+        requests = next_requests(cfg, rows_then, strategy=strategy, cuda=cuda)
+        first = requests[0] if requests else None
+        if first is None or (answer is not None and first != answer):
+            return None
+        answer = first
+    return answer
 
 
 def baseline(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bool) -> Request | None:
