@@ -27,7 +27,7 @@ from tunekit.contract import process as names
 from tunekit.launch import _ending, _forks, _start
 from tunekit.launch._log import TrialLog
 from tunekit.launch._procs import adopting, kill_tree
-from tunekit.launch._start import Interpreter, TrialFiles, starter_for, torchrun_command
+from tunekit.launch._start import Interpreter, TrialFiles, program_for, starter_for, torchrun_command
 
 __all__ = ["run_trial", "run_task", "resolve_paths", "start_fork_server", "release_nodes"]
 
@@ -41,8 +41,8 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
     """
     trial_dir = Path(trial_dir).resolve()  # absolute in the worker's command line, so a resume can find it
     trial_dir.mkdir(parents=True, exist_ok=True)
-    starter, cfg = starter_for(spec)
-    files_ = TrialFiles(spec, cfg, trial_dir / names.SPEC_FILE, trial_dir / names.MEASUREMENT_FILE)
+    starter, program, cfg = starter_for(spec)
+    files_ = TrialFiles(spec, cfg, program, trial_dir / names.SPEC_FILE, trial_dir / names.MEASUREMENT_FILE)
     write_json_atomic(files_.spec_path, spec.to_dict())
     files_.out_path.unlink(missing_ok=True)
     for stale in [*trial_dir.glob(names.RANK_FAILURES), *trial_dir.glob(names.PROGRESS_MARKS)]:
@@ -68,7 +68,7 @@ def run_trial(spec: TrialSpec, trial_dir: str | os.PathLike[str], timeout_s: flo
     wall = time.perf_counter() - t0
     wrote = files_.out_path.exists() or any(trial_dir.glob(names.RANK_FAILURES))  # the script's own word
     result = _ending.classify(spec, proc.returncode, timed_out, timeout_s, files_.out_path, log_path)
-    if files_.cfg.script is not None and result.status != "ok" and proc.returncode is not None and not timed_out:
+    if program.script and result.status != "ok" and proc.returncode is not None and not timed_out:
         result = _ending.script_exit(result, proc.returncode, trial_dir, wrote)
     result.returncode, result.launcher_wall_s, result.pid = proc.returncode, wall, proc.pid
     result.started_by = starter.name
@@ -90,7 +90,7 @@ def run_task(cfg: Config, argv: list[str], timeout_s: float) -> tuple[int | None
     interrupt kills it before propagating."""
     env = _start.child_env()
     proc: Any = None
-    if cfg.trial.fork_server and cfg.script is None:
+    if cfg.trial.fork_server and program_for(cfg).server_ahead:
         server = _forks.server_for(env)
         proc = None if server.broken else server.request(argv, env, _forks.workload_modules(cfg))
     if proc is None:
@@ -138,7 +138,7 @@ def start_fork_server(cfg: Config) -> None:
     """Start the fork server before the first trial asks for it, so that its imports (the interpreter, torch, the
     worker's modules: seconds on a fresh machine) run beside the sweep's dataset preparation rather than inside
     the first trial. Nothing with ``trial.fork_server: false``."""
-    if cfg.trial.fork_server and cfg.script is None:
+    if cfg.trial.fork_server and program_for(cfg).server_ahead:
         _forks.server_for(_start.child_env())
 
 

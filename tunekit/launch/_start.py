@@ -1,5 +1,7 @@
-"""How a trial's processes start: one :class:`Starter` per trial, chosen once from its config by
-:func:`starter_for`, and the commands and environment they start with. This module never imports torch."""
+"""How a trial's processes start, as two choices made once per trial from its config: what runs (a
+:class:`Program`: tunekit's worker on factories, or the user's own script with the meter hooked in, :func:`program_for`)
+and how it is started (a :class:`Starter`: a fresh interpreter, torchrun, or a fork of the fork server,
+:func:`starter_for`); and the commands and environment they start with. This module never imports torch."""
 
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ from tunekit.contract import process as names
 from tunekit.launch import _forks
 
 __all__ = [
+    "Program",
+    "Worker",
+    "Script",
+    "program_for",
     "Starter",
     "Interpreter",
     "Torchrun",
@@ -56,6 +62,8 @@ class TrialFiles:
 
     spec: TrialSpec
     cfg: Config
+    program: Program
+    """What this trial runs (:func:`program_for`)."""
     spec_path: Path
     out_path: Path
 
@@ -78,23 +86,79 @@ class Starter(abc.ABC):
         """Start the trial; None when this starter cannot (the caller then falls back to :class:`Interpreter`)."""
 
 
+class Program(abc.ABC):
+    """What a trial runs: the command a fresh interpreter (or torchrun) starts, or the fork the fork server makes.
+    One implementation per kind of job (:func:`program_for`); the starters call these and never ask which."""
+
+    script: ClassVar[bool]
+    """Whether the user's own script runs (its exit code and last words then explain a failure)."""
+    server_ahead: ClassVar[bool]
+    """Whether the fork server its trials fork from can start before the first trial and fork the sweep's short
+    tasks: the worker's is this process's environment; a script's has the script's folder and environment."""
+
+    @abc.abstractmethod
+    def command(self, trial: TrialFiles) -> tuple[list[str], str | None, dict[str, str]]:
+        """The trial's command line, its folder (None: this process's) and environment."""
+
+    @abc.abstractmethod
+    def fork(self, trial: TrialFiles) -> Any:
+        """The trial forked by the fork server (its process as ``_forks`` returns it), None when it cannot be."""
+
+    @abc.abstractmethod
+    def torchrun(self, spec: TrialSpec, cfg: Config) -> bool:
+        """Whether the trial's ranks are started under torchrun."""
+
+
+class Worker(Program):
+    """tunekit's worker measuring the factories a config names: ``python -m tunekit.worker SPEC MEASUREMENT``."""
+
+    script = False
+    server_ahead = True
+
+    def command(self, trial: TrialFiles) -> tuple[list[str], str | None, dict[str, str]]:
+        command = worker_command(trial.spec, trial.cfg) + [str(trial.spec_path), str(trial.out_path)]
+        return command, None, trial.env()
+
+    def fork(self, trial: TrialFiles) -> Any:
+        return _forks.fork_trial(trial.cfg, [str(trial.spec_path), str(trial.out_path)], child_env(), trial.env())
+
+    def torchrun(self, spec: TrialSpec, cfg: Config) -> bool:
+        return spec.knobs.ranks > 1
+
+
+class Script(Program):
+    """The user's own command, its knobs filled in, the meter loaded into its interpreter by the bootstrap."""
+
+    script = True
+    server_ahead = False
+
+    def command(self, trial: TrialFiles) -> tuple[list[str], str | None, dict[str, str]]:
+        script = trial.cfg.script
+        assert script is not None
+        return script_command(trial.spec, cfg=trial.cfg), script.cwd or None, _script_env(trial.cfg, trial.env(), trial)
+
+    def fork(self, trial: TrialFiles) -> Any:
+        command, cwd, env = self.command(trial)
+        return _forks.fork_script(command, cwd or os.getcwd(), env)
+
+    def torchrun(self, spec: TrialSpec, cfg: Config) -> bool:
+        # a multi-rank script keeps its torchrun even for the one-rank ceilings: its loop may expect the ranks' env
+        return spec.knobs.ranks > 1 or cfg.launch.world > 1
+
+
+def program_for(cfg: Config) -> Program:
+    """What a trial of ``cfg`` runs: its ``script``, or the worker on its ``workload``."""
+    return Script() if cfg.script is not None else Worker()
+
+
 class Interpreter(Starter):
-    """A fresh interpreter: the worker (``python -m tunekit.worker SPEC MEASUREMENT``), or the user's command."""
+    """A fresh interpreter: the trial's program as a command (``python -m tunekit.worker ...`` or the user's)."""
 
     name = "interpreter"
 
     def start(self, trial: TrialFiles) -> Any:
-        env = trial.env()
-        if trial.cfg.script is not None:
-            script = trial.cfg.script
-            return subprocess.Popen(
-                script_command(trial.spec, cfg=trial.cfg),
-                cwd=script.cwd or None,
-                env=_script_env(trial.cfg, env, trial),
-                **POPEN_PIPES,
-            )
-        command = worker_command(trial.spec, trial.cfg) + [str(trial.spec_path), str(trial.out_path)]
-        return subprocess.Popen(command, env=env, **POPEN_PIPES)
+        command, cwd, env = trial.program.command(trial)
+        return subprocess.Popen(command, cwd=cwd, env=env, **POPEN_PIPES)
 
 
 class Torchrun(Interpreter):
@@ -110,22 +174,20 @@ class Forked(Starter):
     name = "fork server"
 
     def start(self, trial: TrialFiles) -> Any:
-        env = trial.env()
-        if trial.cfg.script is not None:
-            command, cwd = script_command(trial.spec, cfg=trial.cfg), trial.cfg.script.cwd or os.getcwd()
-            return _forks.fork_script(command, cwd, _script_env(trial.cfg, env, trial))
-        return _forks.fork_trial(trial.cfg, [str(trial.spec_path), str(trial.out_path)], child_env(), env)
+        return trial.program.fork(trial)
 
 
-def starter_for(spec: TrialSpec) -> tuple[Starter, Config]:
-    """The one way this trial starts, from its config: torchrun for several ranks; else a fork of the fork server
-    (``trial.fork_server``, on by default); else a fresh interpreter. Also the spec's config, typed."""
+def starter_for(spec: TrialSpec) -> tuple[Starter, Program, Config]:
+    """The one way this trial starts and what it runs, from its config: torchrun for several ranks; else a fork of
+    the fork server (``trial.fork_server``, on by default); else a fresh interpreter. Also the spec's config,
+    typed."""
     cfg = from_dict(spec.config, check_imports=False)
-    if spec.knobs.ranks > 1 or (cfg.script is not None and cfg.launch.world > 1):
-        return Torchrun(), cfg
+    program = program_for(cfg)
+    if program.torchrun(spec, cfg):
+        return Torchrun(), program, cfg
     if cfg.trial.fork_server:
-        return Forked(), cfg
-    return Interpreter(), cfg
+        return Forked(), program, cfg
+    return Interpreter(), program, cfg
 
 
 def torchrun_command(launch: Launch, node_rank: int = 0, nproc_per_node: int | None = None) -> list[str]:
