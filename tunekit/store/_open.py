@@ -235,7 +235,7 @@ def load_stored(url_text: str, name: str, run_dir: Path | None = None) -> RunSto
         StorageError: the server cannot be reached, or refuses.
     """
     url = parse_url(url_text)
-    storage = rdb_storage(url, *_READ_HEARTBEAT)
+    storage = rdb_storage(url, *_READ_HEARTBEAT, pooled=False)
     names = study_names(name)
     with storage_errors(url.shown, url.password):
         optuna.logging.set_verbosity(logging.WARNING)
@@ -271,7 +271,7 @@ def runs_in(url_text: str) -> list[StoredRun]:
         StorageError: the server cannot be reached, or refuses.
     """
     url = parse_url(url_text)
-    storage = rdb_storage(url, *_READ_HEARTBEAT)
+    storage = rdb_storage(url, *_READ_HEARTBEAT, pooled=False)
     with storage_errors(url.shown, url.password):
         summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
     held = {s.study_name for s in summaries}

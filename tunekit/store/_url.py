@@ -153,9 +153,11 @@ def quiet_optuna() -> Iterator[None]:
         yield
 
 
-def rdb_storage(storage: StorageUrl, heartbeat_s: int, grace_s: int) -> optuna.storages.RDBStorage:
+def rdb_storage(storage: StorageUrl, heartbeat_s: int, grace_s: int, pooled: bool = True) -> optuna.storages.RDBStorage:
     """The optuna storage of a URL, with heartbeats: a trial whose node stops beating for ``grace_s`` is failed by
-    the next node that asks for a trial, and optuna's retry callback puts it back in the queue.
+    the next node that asks for a trial, and optuna's retry callback puts it back in the queue. ``pooled``: keep
+    connections open for the next query (a node); else each query connects afresh (a reader: ``tunekit report``,
+    ``tunekit compare``), so that no connection outlives its use.
 
     Raises:
         StorageError: the server cannot be reached, refuses, or holds another optuna's schema.
@@ -163,7 +165,9 @@ def rdb_storage(storage: StorageUrl, heartbeat_s: int, grace_s: int) -> optuna.s
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
     if retry is None:  # optuna < 4.9 names it otherwise, and its keyword too
         raise UsageError(f"storage {storage.shown}: needs optuna >= 4.9 for its heartbeat: {_FLEET}")
-    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    from sqlalchemy.pool import NullPool
+
+    kwargs: dict[str, Any] = {"pool_pre_ping": True} if pooled else {"poolclass": NullPool}
     if not storage.sqlite:
         kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
     with quiet_optuna(), storage_errors(storage.shown, storage.password):
