@@ -18,7 +18,7 @@ import pytest
 
 import tunekit
 from tests.conftest import REPO, sleepy_config
-from tunekit.store import MAIN_STUDY, STUDY_FILE
+from tunekit.store import CEILINGS_STUDY, MAIN_STUDY, STUDY_FILE
 
 
 def _cli(*args: str) -> tuple[int, str, str]:
@@ -126,6 +126,7 @@ def test_another_job_is_refused_in_one_line(fleet: SimpleNamespace, tmp_path: Pa
     ("args", "words"),
     [
         (("{cpu}", "{missing}"), "{missing}: no such folder"),
+        (("sqlite:///{missing}",), "sqlite:///{missing}: no such file"),
         (("{cpu}", "{cpu}"), "are one machine type"),
         (("{cpu}", "{h100}", "--per-hour", "a100=2"), "--per-hour a100=2: 'a100' names no run"),
         (("{cpu}", "{h100}", "--per-hour", "h100=free"), "PRICE a number above 0"),
@@ -143,3 +144,29 @@ def test_two_folders_of_one_name_are_told_apart_by_their_paths(fleet: SimpleName
     code, out, err = _cli("compare", str(fleet.cpu), str(other), "--out", str(tmp_path / "out"), "--json")
     assert code == 0, err
     assert [t["type"] for t in json.loads(out)["types"]] == [str(fleet.cpu), str(other)]
+
+
+def test_the_runs_of_one_database(fleet: SimpleNamespace, tmp_path: Path):
+    """Two machine types' runs in one database (``tunekit/<name>`` studies, as sweeps with ``--storage`` write
+    them): a storage URL names them all, each with the machine its study records."""
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    machines = {"cpu": ("CPU: AMD EPYC", None, 0, 1.0), "h200": ("NVIDIA H200", "NVIDIA H200", 1, 3.0)}
+    for name, (device, gpu, gpus, price) in machines.items():
+        for kind in (MAIN_STUDY, CEILINGS_STUDY):
+            optuna.copy_study(
+                from_study_name=kind,
+                from_storage=f"sqlite:///{fleet.cpu / STUDY_FILE}",
+                to_storage=url,
+                to_study_name=f"{kind}/{name}",
+            )
+        study = optuna.load_study(study_name=f"{MAIN_STUDY}/{name}", storage=url)
+        study.set_user_attr("config", {**study.user_attrs["config"], "name": name, "cost": {"per_hour": price}})
+        study.set_user_attr("run", name)
+        study.set_user_attr("machine", {"device": device, "gpu": gpu, "gpus": gpus, "cpu": "AMD EPYC", "cpus": 2})
+    code, out, err = _cli("compare", url, "--out", str(tmp_path / "out"), "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    found = [(t["type"], t["machine"]["gpus"], t["per_hour"]) for t in data["types"]]
+    assert found == [("cpu", 0, 1.0), ("h200", 1, 3.0)]
+    assert data["types"][1]["machine_text"].startswith("1x NVIDIA H200, 2 CPUs")
+    assert data["cheapest"]["type"] == "cpu" and data["cheapest"]["ratio"] == pytest.approx(3.0)

@@ -1,6 +1,7 @@
-"""``tunekit compare RUN_DIR...``: one job's sweeps on several machine types, each type's knee, rate and items per
+"""``tunekit compare URL|RUN_DIR...``: one job's sweeps on several machine types, each type's knee, rate and items per
 unit of money, and the cheapest type per item (``analysis.compare``); the table and a sentence on the console,
-compare.md and compare.png under ``--out``, or one JSON object with ``--json``. A run folder is one run."""
+compare.md and compare.png under ``--out``, or one JSON object with ``--json``. A run folder is one run; a storage URL
+is every run its database holds (``store.runs_in``)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class _Run:
     """One machine type's sweep as read from where it is kept."""
 
     where: str
-    """The run folder as given."""
+    """The run folder as given, or the database's URL (password masked) and the run's name."""
     name: str
     """The folder's name, or the run's name in its database."""
     config: Config
@@ -38,7 +39,7 @@ class _Run:
 
 
 @click.command()
-@click.argument("runs", nargs=-1, required=True, metavar="RUN_DIR...")
+@click.argument("runs", nargs=-1, required=True, metavar="URL|RUN_DIR...")
 @click.option(
     "--out",
     "out_dir",
@@ -56,8 +57,9 @@ class _Run:
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout instead of the sentences.")
 def compare(runs: tuple[str, ...], out_dir: str, prices: tuple[str, ...], as_json: bool) -> None:
-    """Compare one job's sweeps on several machine types (a run folder each): each type's knee, its rate and its
-    items per unit of money with their 95 % intervals, and the cheapest type per item."""
+    """Compare one job's sweeps on several machine types (a run folder each, or the runs of a storage URL): each
+    type's knee, its rate and its items per unit of money with their 95 % intervals, and the cheapest type per
+    item."""
     from tunekit import analysis, report
 
     found = [run for argument in runs for run in runs_of(argument)]
@@ -87,11 +89,15 @@ def compare(runs: tuple[str, ...], out_dir: str, prices: tuple[str, ...], as_jso
 
 
 def runs_of(argument: str) -> list[_Run]:
-    """The runs an argument names: a run folder holds one.
+    """The runs an argument names: a run folder holds one, a storage URL every run its database holds.
 
     Raises:
-        UsageError: not a folder, or not a tunekit run's (its study.db missing, empty or foreign).
+        UsageError: not a folder, or not a tunekit run's (its study.db missing, empty or foreign); a bad URL, or
+            a database that holds no run.
+        StorageError: the database cannot be reached or read.
     """
+    if "://" in argument:
+        return _stored(argument)
     folder = Path(argument)
     if not folder.is_dir():
         raise UsageError(f"{argument}: no such folder; give the run folder of a tunekit sweep, one per machine type")
@@ -102,6 +108,23 @@ def runs_of(argument: str) -> list[_Run]:
     machine = None if env else runs.main.user_attrs.get("machine")
     name = folder.resolve().name
     return [_Run(argument, name, cfg, runs.rows(), env, meta.get("strategy", cfg.strategy), machine)]
+
+
+def _stored(url: str) -> list[_Run]:
+    """Every run a database holds, each named by its run name, with the machine its study records."""
+    parsed = store.parse_url(url)
+    if parsed.sqlite and not Path(parsed.url.database).is_file():  # reading must not create an empty database
+        raise UsageError(f"{parsed.shown}: no such file; give the URL the sweeps wrote to (--storage)")
+    held = store.runs_in(url)
+    if not held:
+        raise UsageError(f"{store.masked(url)}: holds no tunekit run; give the URL the sweeps wrote to (--storage)")
+    out = []
+    for run in held:
+        runs = store.load_stored(url, run.name)
+        cfg = from_dict(runs.config, source=f"{store.masked(url)}: run {run.name}")
+        where = f"{store.masked(url)} run {run.name}"
+        out.append(_Run(where, run.name, cfg, runs.rows(), {}, runs.strategy or cfg.strategy, run.machine))
+    return out
 
 
 def _labels(found: list[_Run]) -> list[str]:

@@ -36,7 +36,9 @@ def type_run(
     them (the machine from its env.json and the knee's trial; ``machine``, the one its study records, where it has
     no env.json), its price ``per_hour`` when given, else its config's."""
     summary = summarize(cfg, rows, strategy=strategy, env=dict(env or {}))
-    found = dict(machine) if machine and not env else summary.machine
+    found = summary.machine
+    if machine and not env:  # the record's snapshot facts (GPUs, CPU model), the knee's trial's where it has none
+        found = {**found, **{k: v for k, v in machine.items() if v is not None}}
     price = per_hour if per_hour is not None else cfg.cost.per_hour
     by = "--per-hour" if per_hour is not None else "cost.per_hour" if price else ""
     return TypeRun(
