@@ -4,11 +4,14 @@ import dataclasses
 import json
 import wsgiref.util
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
+import yaml
 
-from tests.conftest import sleepy_config
+from tests._postgres import PASSWORD, Server, postgres  # noqa: F401 - the fixture
+from tests.conftest import REPO, sleepy_config
 from tunekit import config, store
 from tunekit.contract import Measurement
 from tunekit.errors import UsageError
@@ -215,3 +218,151 @@ def test_a_resumed_sweep_measures_its_disturbed_trials_again(write_config, tmp_p
     assert [(r.number, r.knobs.num_workers) for r in measured] == [(1, 2), (2, 0)]
     assert measured[1].ok and measured[1].measurement.rate != 100.0  # measured anew, not re-read
     assert sorted(resumed.trials["number"]) == [1, 2]
+
+
+# --- storage by URL: a real PostgreSQL server (tests/_postgres.py) ----------------------------------------------
+
+KNOWN = {
+    "name": "known",
+    "workload.model_args.step_wait_s": 0.0533,
+    "search.num_workers": [0, 1, 2],
+    "trial": {"warmup_steps": 1, "measure_windows": 3, "window_s": 0.3, "precision": 0.05, "max_windows": 5},
+    "selection.tolerance": 0.05,
+}
+"""test_check's known answer (150 samples/s at most a step, 200 a worker): the knee is 1 worker, every answer a
+third from the next."""
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    """``tunekit ARGS`` in this process: its exit code and what it wrote to stdout and stderr."""
+    import contextlib
+    import io
+
+    from tunekit.cli import main
+
+    out, code = io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            main(list(args))
+        except SystemExit as done:
+            code = int(done.code or 0)
+    return code, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def on_both(postgres: Server, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:  # noqa: F811
+    """The known-answer job swept once on SQLite (the default) and once in a PostgreSQL database."""
+    import tunekit
+
+    root = tmp_path_factory.mktemp("storage")
+    url = postgres.database()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(REPO)
+        sqlite = tunekit.sweep(sleepy_config(**KNOWN), out=root / "sqlite", quiet=True)
+        shared = tunekit.sweep(sleepy_config(**KNOWN), out=root / "pg", storage=url, quiet=True)
+    return SimpleNamespace(root=root, url=url, sqlite=sqlite, shared=shared)
+
+
+def test_a_sweep_in_postgresql_runs_the_trials_and_finds_the_knee_of_one_in_sqlite(on_both: SimpleNamespace):
+    sqlite, shared = store.load_run(on_both.root / "sqlite").rows(), store.load_stored(on_both.url, "known").rows()
+    assert [(r.number, r.key) for r in shared] == [(r.number, r.key) for r in sqlite]  # same trials, same numbers
+    assert not (on_both.root / "pg" / "study.db").exists()
+    assert on_both.sqlite.recommendation.num_workers == on_both.shared.recommendation.num_workers == 1
+
+
+def test_the_run_folder_records_the_url_without_its_password(on_both: SimpleNamespace):
+    recorded = yaml.safe_load((on_both.root / "pg" / "config.resolved.yaml").read_text())["storage"]
+    assert recorded == on_both.url.replace(f":{PASSWORD}@", "@")
+    written = [p for p in (on_both.root / "pg").rglob("*") if p.is_file() and PASSWORD.encode() in p.read_bytes()]
+    assert not written
+    runs = store.load_stored(on_both.url, "known")
+    assert PASSWORD not in json.dumps(runs.main.user_attrs)
+
+
+def test_report_rebuilds_the_outputs_from_the_database(on_both: SimpleNamespace, monkeypatch: pytest.MonkeyPatch):
+    run = on_both.root / "pg"
+    before = (run / "trials.csv").read_text()
+    for name in ("trials.csv", "report.md", "recommended.yaml"):
+        (run / name).unlink()
+    monkeypatch.setenv("PGPASSWORD", PASSWORD)  # libpq's: the run folder records no password
+    code, out = _cli("report", str(run))
+    assert code == 0, out
+    assert (run / "trials.csv").read_text() == before and (run / "recommended.yaml").exists()
+    monkeypatch.delenv("PGPASSWORD")
+    (run / "trials.csv").unlink()
+    code, out = _cli("report", str(run), "--storage", on_both.url)
+    assert code == 0 and (run / "trials.csv").read_text() == before and PASSWORD not in out
+
+
+def test_runs_in_lists_the_runs_a_database_holds(on_both: SimpleNamespace):
+    from tunekit.env import machine_fingerprint, snapshot
+
+    (found,) = store.runs_in(on_both.url)
+    assert (found.name, found.studies) == ("known", ("tunekit/known", "tunekit-ceilings/known"))
+    assert found.machine["cpus"] == machine_fingerprint(snapshot())["cpus"]
+    assert store.load_stored(on_both.url, found.name).rows() == store.load_run(on_both.root / "pg", on_both.url).rows()
+
+
+def test_no_resume_starts_this_run_again_and_keeps_the_others(postgres: Server, tmp_path: Path):  # noqa: F811
+    url = postgres.database()
+    cfg = config.from_dict(sleepy_config())
+    other = config.from_dict(sleepy_config(name="other"))
+    for each in (cfg, other):
+        runs = store.open_run(tmp_path / each.name, each, resume=True, strategy="staged", storage=url)
+        _record(runs, each, "end_to_end", "train", _ok(0, "end_to_end", "train", 10.0))
+    again = store.open_run(tmp_path / "sleepy", cfg, resume=False, strategy="staged", storage=url)
+    assert again.rows() == [] and [r.name for r in store.runs_in(url)] == ["other", "sleepy"]
+    assert [r.number for r in store.load_stored(url, "other").rows()] == [0]  # each run numbers its own trials
+    with pytest.raises(UsageError, match="holds no run named 'nothing' to join"):
+        store.open_run(
+            tmp_path,
+            config.from_dict(sleepy_config(name="nothing")),
+            resume=True,
+            strategy="staged",
+            storage=url,
+            join=True,
+        )
+
+
+@pytest.mark.parametrize(
+    ("url", "code", "words"),
+    [
+        ("mysql://u:pw@h/db", 2, "unknown scheme 'mysql'"),
+        ("postgresql://u:pw@h:notaport/db", 2, "not a URL"),
+        ("sqlite:///:memory:", 2, "a SQLite URL names a file"),
+        ("postgresql+pg8000://u:pw@h/db", 2, "driver 'pg8000' is not supported"),
+        ("postgresql://u:pw@127.0.0.1:{closed}/db", 1, "Connection refused"),
+        ("{server}", 1, "password authentication failed"),
+    ],
+)
+def test_a_bad_storage_is_one_line_naming_it_masked(
+    postgres: Server,  # noqa: F811
+    write_config,
+    url: str,
+    code: int,
+    words: str,
+):
+    from tests._postgres import _free_port
+
+    url = url.format(closed=_free_port(), server=postgres.url(password="wrong-pw"))
+    got, out = _cli("sweep", str(write_config(sleepy_config())), "--storage", url, "--quiet")
+    lines = out.strip().splitlines()
+    assert got == code and len(lines) == 1 and words in lines[0], out
+    assert "pw@" not in lines[0] and (":***@" in lines[0] or "pw" not in url)  # named, its password masked
+
+
+def test_a_postgresql_url_without_its_driver_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch):
+    from tunekit.store import _url
+
+    real = _url.importlib.util.find_spec
+    monkeypatch.setattr(_url.importlib.util, "find_spec", lambda name: None if "psycopg" in name else real(name))
+    with pytest.raises(UsageError) as err:
+        store.parse_url("postgresql://u:pw@h/db")
+    assert str(err.value) == (
+        "storage 'postgresql://u:***@h/db': the postgresql driver is not installed: pip install 'tunekit[fleet]'"
+    )
+
+
+def test_join_needs_a_storage(write_config):
+    code, out = _cli("sweep", str(write_config(sleepy_config())), "--join", "--quiet")
+    assert code == 2 and "--join takes trials of a sweep in a shared database" in out

@@ -62,7 +62,8 @@ def masked(text: str) -> str:
     from sqlalchemy.engine import make_url
 
     try:
-        return str(make_url(text).render_as_string(hide_password=True))
+        url = make_url(text)
+        return str(url.render_as_string(hide_password=True)) if url.password else text
     except Exception:  # noqa: BLE001 - a malformed URL: mask by hand
         scheme, sep, rest = text.partition("://")
         user, at, host = rest.rpartition("@")
