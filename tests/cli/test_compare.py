@@ -17,6 +17,7 @@ import optuna
 import pytest
 
 import tunekit
+from tests._postgres import postgres  # noqa: F401 - the fixture, started only by the test that asks for it
 from tests.conftest import REPO, sleepy_config
 from tunekit.store import CEILINGS_STUDY, MAIN_STUDY, STUDY_FILE
 
@@ -146,20 +147,25 @@ def test_two_folders_of_one_name_are_told_apart_by_their_paths(fleet: SimpleName
     assert [t["type"] for t in json.loads(out)["types"]] == [str(fleet.cpu), str(other)]
 
 
-def test_the_runs_of_one_database(fleet: SimpleNamespace, tmp_path: Path):
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_runs_of_one_database(fleet: SimpleNamespace, tmp_path: Path, request: pytest.FixtureRequest, backend: str):
     """Two machine types' runs in one database (``tunekit/<name>`` studies, as sweeps with ``--storage`` write
-    them): a storage URL names them all, each with the machine its study records."""
-    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    them), a SQLite file or a real PostgreSQL server's: its URL names them all, each with the machine its study
+    records; the server's password is shown nowhere."""
+    from tests._postgres import PASSWORD
+
+    url = request.getfixturevalue("postgres").database() if backend == "postgresql" else f"sqlite:///{tmp_path}/f.db"
+    written = url.replace("postgresql://", "postgresql+psycopg2://")  # optuna's own calls name the driver installed
     machines = {"cpu": ("CPU: AMD EPYC", None, 0, 1.0), "h200": ("NVIDIA H200", "NVIDIA H200", 1, 3.0)}
     for name, (device, gpu, gpus, price) in machines.items():
         for kind in (MAIN_STUDY, CEILINGS_STUDY):
             optuna.copy_study(
                 from_study_name=kind,
                 from_storage=f"sqlite:///{fleet.cpu / STUDY_FILE}",
-                to_storage=url,
+                to_storage=written,
                 to_study_name=f"{kind}/{name}",
             )
-        study = optuna.load_study(study_name=f"{MAIN_STUDY}/{name}", storage=url)
+        study = optuna.load_study(study_name=f"{MAIN_STUDY}/{name}", storage=written)
         study.set_user_attr("config", {**study.user_attrs["config"], "name": name, "cost": {"per_hour": price}})
         study.set_user_attr("run", name)
         study.set_user_attr("machine", {"device": device, "gpu": gpu, "gpus": gpus, "cpu": "AMD EPYC", "cpus": 2})
@@ -170,3 +176,4 @@ def test_the_runs_of_one_database(fleet: SimpleNamespace, tmp_path: Path):
     assert found == [("cpu", 0, 1.0), ("h200", 1, 3.0)]
     assert data["types"][1]["machine_text"].startswith("1x NVIDIA H200, 2 CPUs")
     assert data["cheapest"]["type"] == "cpu" and data["cheapest"]["ratio"] == pytest.approx(3.0)
+    assert PASSWORD not in out + err + (tmp_path / "out" / "compare.md").read_text()
