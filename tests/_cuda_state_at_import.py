@@ -1,5 +1,5 @@
 """A workload module that marks torch's CUDA state initialised when imported, as ``torch.cuda.init()`` would on a
-GPU machine (tests/test_trial.py: on the CPU, the fork server must refuse it just the same)."""
+GPU machine (tests/launch/test_forks.py: on the CPU, the fork server must refuse it just the same)."""
 
 import torch
 

@@ -1,5 +1,5 @@
 """A tiny CPU training script with a ``--fault`` switch: each fault is something real scripts do that a trial's
-process boundary must survive (tests/test_launch.py runs it in script mode).
+process boundary must survive (the tests of tests/launch/ and tests/worker/script/ run it in script mode).
 
 Faults:
   setsid      run a Python child to its end, and start one in a session of its own that outlives the script (as

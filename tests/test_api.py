@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import textwrap
 import threading
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import tunekit
 from tests.conftest import REPO, sleepy_config
 from tunekit import _api, config
 from tunekit.errors import UsageError
+from tunekit.workloads.synthetic import sleepy_dataset
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -102,3 +104,73 @@ def test_the_readme_lists_the_knobs_as_the_code_defines_them():
     assert list(config.KNOB_HELP) == [k for k in re.findall(r"^- `(\w+)`", block.group(1), re.M)]
     for function in (tunekit.sweep, tunekit.trial):
         assert all(f"{key}: {help}" in function.__doc__ for key, help in config.KNOB_HELP.items())
+
+
+def tiny_dataset(num_samples: int = 10_000):
+    """A factory defined in this test module, handed to the Python API as a callable."""
+    return sleepy_dataset(num_samples=num_samples, sample_wait_s=0.002)
+
+
+def test_the_python_api_with_a_factory_defined_in_this_module(tmp_path: Path):
+    cfg = sleepy_config(
+        **{
+            "workload.dataset": tiny_dataset,
+            "workload.dataset_args": {},
+            "search.num_workers": [0, 2],
+            "strategy": "grid",
+            "trial.window_s": 0.3,
+        }
+    )
+    outcome = tunekit.sweep(cfg, out=tmp_path / "run", overrides={"trial.measure_windows": 2})
+    assert outcome.recommendation is not None and outcome.recommendation.num_workers in (0, 2)
+    assert len(outcome.trials) == 2 and set(outcome.trials["status"]) == {"ok"}
+    resolved = yaml.safe_load((tmp_path / "run" / "config.resolved.yaml").read_text())
+    assert resolved["workload"]["dataset"] == "tests.test_api:tiny_dataset"
+    assert resolved["trial"]["measure_windows"] == 2
+
+
+def test_a_factory_defined_in_the_users_script(tmp_path: Path):
+    """A training script that defines its dataset and calls tunekit.trial: the trial process loads the script by
+    path, without running its main block again."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import sys
+        import tunekit
+        from tunekit.workloads.synthetic import sleepy_dataset, sleepy_model
+
+        def my_dataset():
+            return sleepy_dataset(sample_wait_s=0.001)
+
+        if __name__ == "__main__":
+            print("main block ran", file=sys.stderr)
+            cfg = {{"name": "script", "device": "cpu",
+                    "workload": {{"model": sleepy_model, "model_args": {{"step_wait_s": 0.005}},
+                                  "dataset": my_dataset}},
+                    "search": {{"batch_size": [8]}},
+                    "trial": {{"warmup_steps": 2, "measure_windows": 2, "window_s": 0.3}}}}
+            result = tunekit.trial(cfg, out={str(tmp_path / "out")!r})
+            print(result.measurement.status, result.measurement.rate > 0)
+        """)
+    )
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["ok", "True"]
+    assert run.stderr.count("main block ran") == 1  # not again in the trial process
+    resolved = yaml.safe_load((tmp_path / "out" / "config.resolved.yaml").read_text())
+    assert resolved["workload"]["dataset"] == f"{script}:my_dataset"
+
+
+def test_a_script_trial_without_knobs_runs_its_own_settings(tmp_path: Path):
+    """``tunekit trial --script CMD`` without ``--set``: the script's own settings (its -b 8, its -j 0), not the
+    search's first values (batch 32), and the trial says so (stage baseline)."""
+    import tunekit
+    from tests.launch.test_ending import _raw
+
+    raw = _raw(tmp_path, "none")
+    raw["search"]["batch_size"] = [32]
+    outcome = tunekit.trial(raw, out=tmp_path / "one")
+    m = outcome.measurement
+    assert m.status == "ok", m.reason
+    assert m.stage == "baseline" and m.params["batch_size"] == 8 and m.params["num_workers"] == 0, m.params
+    assert m.asked is None

@@ -51,7 +51,7 @@ def test_cuda_trial_fills_gpu_fields(tmp_path: Path):
 def test_cuda_flops_per_item_and_the_matmul_peak_in_bf16(tmp_path: Path):
     """The Linear stack's FLOPs on CUDA under bf16 autocast are its CPU count (they depend on neither); the probe
     gives a bf16 figure."""
-    from tests.test_flops import LINEAR_FLOPS, _linear_config
+    from tests.worker.test_factory import LINEAR_FLOPS, _linear_config
 
     cfg = config.from_dict(_linear_config(**{"device": "cuda", "workload.precision": "bf16"})).to_dict()
     spec = TrialSpec(number=0, stage="single", mode="compute", config=cfg, knobs=Knobs(batch_size=256), probe_peak=True)
@@ -212,7 +212,7 @@ def test_a_cuda_script_trial_ends_whole_and_runs_what_it_asked(tmp_path: Path):
     pinned knobs filled into its flags: measured, nothing asked that it did not run, the helper ended with it."""
     import psutil
 
-    from tests.test_launch import FAULTY, QUICK, _gone, _pids
+    from tests.launch.test_ending import FAULTY, QUICK, _gone, _pids
 
     command = [
         sys.executable,

@@ -8,7 +8,7 @@ import torch
 import torchvision
 from torch.utils.flop_counter import FlopCounterMode
 
-from tests.test_flops import _analytic_forward as analytic_forward  # one analytic count, tested
+from tests.worker.test_factory import _analytic_forward as analytic_forward  # one analytic count, tested
 from tunekit.worker._flops import counted
 
 

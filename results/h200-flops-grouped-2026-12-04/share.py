@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 import torchvision
 
-from tests.test_flops import _analytic_forward as analytic_forward
+from tests.worker.test_factory import _analytic_forward as analytic_forward
 
 
 def main() -> None:
