@@ -28,7 +28,7 @@ def sleepy_config(**overrides: Any) -> dict[str, Any]:
         },
         "search": {"num_workers": [0, 2], "batch_size": [8], "pin_memory": [False], "prefetch_factor": [2]},
         # a loaded 2-core box disturbs trials: resuming keeps them, and the repeats are tested where they are the
-        # subject (test_store, test_script_sweeps)
+        # subject (tests/test_store.py, the script decisions of tests/analysis/test_analysis.py)
         "trial": {
             "warmup_steps": 2,
             "measure_windows": 2,
@@ -146,27 +146,38 @@ def _one_fork_server_across_tests(monkeypatch: pytest.MonkeyPatch):
 
 
 LONGEST_FIRST = (
-    "test_distributed.py",
-    "test_trial.py",
-    "test_script.py",
-    "test_script_loops.py",
-    "test_script_sweeps.py",
-    "test_script_decisions.py",
-    "test_sweep.py",
-    "test_reliability.py",
-    "test_lifecycle.py",
-    "test_launch.py",
-    "test_promises.py",
-    "test_own_job.py",
-    "test_check.py",
+    "test_driver.py",
+    "plan/test_plan.py",
+    "cli/test_cli.py",
+    "launch/test_procs.py",
+    "worker/test_meter.py",
+    "check/test_check.py",
+    "worker/script/test_session.py",
+    "launch/test_forks.py",
+    "worker/test_factory.py",
+    "launch/test_node.py",
+    "launch/test_ending.py",
+    "worker/test_dist.py",
     "test_api.py",
-    "test_trust.py",
-    "test_config.py",
-    "test_diagnosis.py",
+    "analysis/test_analysis.py",
+    "worker/script/test_loader.py",
+    "worker/script/test_hook.py",
+    "launch/test_leftovers.py",
+    "config/test_config.py",
+    "diagnosis/test_diagnosis.py",
 )
-"""The files whose tests take longest (tens of seconds each, whole sweeps and trials), in that order: pytest-xdist
-hands out whole files (``--dist loadfile``, ``--no-loadscope-reorder``) in the order collected, and with the long
-ones first the short ones fill the end, so no worker waits long for another's last file."""
+"""The files whose tests take longest (tens of seconds each, whole sweeps and trials), by their path under tests/, in
+that order: pytest-xdist hands out whole files (``--dist loadfile``, ``--no-loadscope-reorder``) in the order
+collected, and with the long ones first the short ones fill the end, so no worker waits long for another's last file."""
+
+
+def _under_tests(item: pytest.Item) -> str:
+    """The item's file by its path under tests/ (a file's name alone repeats across folders: check/test_check.py and
+    cli/test_check.py)."""
+    try:
+        return item.path.relative_to(REPO / "tests").as_posix()
+    except ValueError:
+        return item.path.as_posix()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -175,8 +186,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # once, pytest_runtest_protocol)
     items.sort(
         key=lambda item: (
-            rank.get(item.path.name, len(rank)),
-            item.path.name,
+            rank.get(_under_tests(item), len(rank)),
+            _under_tests(item),
             item.get_closest_marker("alone") is not None,
         )
     )
