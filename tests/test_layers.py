@@ -1,5 +1,5 @@
 """The package's layering: every module imports only modules of lower layers (or its own subpackage), so the flow
-reads bottom-up and no stage reaches back into a later one."""
+reads bottom-up and no stage reaches back into a later one; and the tests' layout, which mirrors the package."""
 
 from __future__ import annotations
 
@@ -63,6 +63,36 @@ def test_no_module_imports_one_above_it(path: Path):
     unit = _unit(path)
     above = sorted(u for u in _imported_units(path) if u != unit and RANK[u] >= RANK[unit])
     assert not above, f"{path.relative_to(REPO)} (layer {RANK[unit]}) imports {above}"
+
+
+REPO_WIDE_TESTS = ("test_benchmarks.py", "test_gpu.py", "test_layers.py", "test_readme.py", "test_style.py")
+"""The test files under tests/ that are the whole repository's, not one module's; every other is named for what it
+tests."""
+
+
+def _tested(path: Path) -> Path | None:
+    """What of tunekit a test file is named for, or None: ``tests/<package>/test_<module>.py`` a module (or subpackage)
+    of that package, ``tests/<package>/test_<package>.py`` the package itself, ``tests/test_<module>.py`` a top-level
+    module or package; a leading underscore of a module or package is left out of the name."""
+    rel = path.relative_to(REPO / "tests")
+    folder: Path | None = PACKAGE
+    for part in rel.parts[:-1]:
+        folder = next((folder / n for n in (part, f"_{part}") if (folder / n).is_dir()), None)
+        if folder is None:
+            return None
+    name = rel.stem.removeprefix("test_")
+    if len(rel.parts) > 1 and name == rel.parts[-2]:
+        return folder
+    return next((folder / n for n in (f"{name}.py", f"_{name}.py", name, f"_{name}") if (folder / n).exists()), None)
+
+
+def test_every_test_file_is_named_for_what_it_tests():
+    """A module's tests are found by its name (docs/README.md, Tests), each test folder a package."""
+    tests = REPO / "tests"
+    files = sorted(p for p in tests.rglob("test_*.py") if p.parent != tests or p.name not in REPO_WIDE_TESTS)
+    unnamed = [str(p.relative_to(REPO)) for p in files if _tested(p) is None]
+    no_init = sorted({str(p.parent.relative_to(REPO)) for p in files if not (p.parent / "__init__.py").exists()})
+    assert files and not unnamed and not no_init, f"named for nothing of tunekit: {unnamed}; no __init__.py: {no_init}"
 
 
 def test_the_driver_side_never_imports_torch_at_module_level():
