@@ -83,7 +83,7 @@ class GridPlan(PlanStrategy):
 
 
 STRATEGIES: dict[Strategy, type[PlanStrategy]] = {cls.name: cls for cls in (StagedPlan, GridPlan)}
-"""Every strategy by its name; ``tests/test_plan.py`` checks that each ``contract.Strategy`` has one."""
+"""Every strategy by its name; ``tests/plan/test_plan.py`` checks that each ``contract.Strategy`` has one."""
 
 
 def strategy_for(name: str) -> PlanStrategy:
