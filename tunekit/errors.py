@@ -15,8 +15,9 @@ class TunekitError(Exception):
 
 
 class StorageError(TunekitError):
-    """The run's study.db cannot be read or written (disk full, read-only folder, corrupt file). Exit code 1; the
-    trials already recorded stay in the file."""
+    """The run's study cannot be read or written: its study.db (disk full, read-only folder, corrupt file) or the
+    database its URL names (a server that cannot be reached, or refuses). Exit code 1; the trials already recorded
+    stay where they are."""
 
 
 class UsageError(TunekitError):
