@@ -313,6 +313,9 @@ def test_no_resume_starts_this_run_again_and_keeps_the_others(postgres: Server, 
     again = store.open_run(tmp_path / "sleepy", cfg, resume=False, strategy="staged", storage=url)
     assert again.rows() == [] and [r.name for r in store.runs_in(url)] == ["other", "sleepy"]
     assert [r.number for r in store.load_stored(url, "other").rows()] == [0]  # each run numbers its own trials
+    changed = config.from_dict(sleepy_config(**{"search.batch_size": [16]}))
+    with pytest.raises(UsageError, match="different config .*; a node joins only a sweep of the same config"):
+        store.open_run(tmp_path / "sleepy", changed, resume=True, strategy="staged", storage=url, join=True)
     with pytest.raises(UsageError, match="holds no run named 'nothing' to join"):
         store.open_run(
             tmp_path,

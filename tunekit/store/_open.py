@@ -146,7 +146,7 @@ def _open_shared(
         main, ceilings = _create(names[0], storage), _create(names[1], storage)
         if base is not None:
             main.set_user_attr(BASE, base)
-        _check_or_stamp(main, cfg, strategy, url.shown, machine)
+        _check_or_stamp(main, cfg, strategy, url.shown, machine, join)
     return SharedRun(run_dir, main, ceilings, url, storage, cfg.fleet.heartbeat_s)
 
 
@@ -157,7 +157,7 @@ def _next_trial_id(storage: Any) -> int:
 
 
 def _check_or_stamp(
-    study: optuna.Study, cfg: Config, strategy: str, where: object, machine: dict[str, Any] | None
+    study: optuna.Study, cfg: Config, strategy: str, where: object, machine: dict[str, Any] | None, join: bool = False
 ) -> None:
     found = study.user_attrs.get("fingerprint")
     if found is None:
@@ -168,16 +168,21 @@ def _check_or_stamp(
         study.set_user_attr("run", cfg.name)
         study.set_user_attr("machine", machine)
         return
+    again = (
+        "a node joins only a sweep of the same config and strategy"
+        if join
+        else "use --no-resume to start it again, or another --out"
+    )
     if found != fingerprint(cfg):
         raise UsageError(
             f"{where}: this run was made from a different config (workload, search, trial or selection keys "
-            "changed); use --no-resume to start it again, or another --out"
+            f"changed); {again}"
         )
     stamped = study.user_attrs.get("strategy")
     if stamped is not None and stamped != strategy:
         raise UsageError(
             f"{where}: this run was made with --strategy {stamped}, not {strategy}; staged and grid "
-            "trials do not mix in one run: use --no-resume to start it again, or another --out"
+            f"trials do not mix in one run: {again}"
         )
     if study.user_attrs.get("machine") is None and machine is not None:  # a run recorded before machines were
         study.set_user_attr("machine", machine)
