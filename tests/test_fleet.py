@@ -111,35 +111,40 @@ def fleet(postgres: Server, tmp_path_factory: pytest.TempPathFactory) -> SimpleN
     cfg.write_text(yaml.safe_dump(_config()))
     url = postgres.database()
     started = time.monotonic()
-    alone = _node(cfg, root / "alone", "--no-resume")
-    first = _node(cfg, root / "a", "--storage", url, "--no-resume")
-    _wait_for(lambda: any(r.name == "fleet" and r.machine for r in store.runs_in(url)), 120, "the sweep's run", 0.5)
-    joiners = {
-        "b": _node(cfg, root / "b", "--storage", url, "--join"),
-        "c": _node(cfg, root / "c", "--storage", url, "--join"),
+    procs = {
+        "alone": _node(cfg, root / "alone", "--no-resume"),
+        "a": _node(cfg, root / "a", "--storage", url, "--no-resume"),
     }
     killed: dict[str, Any] = {}
+    try:
+        _wait_for(lambda: any(r.name == "fleet" and r.machine for r in store.runs_in(url)), 120, "the sweep's run", 0.5)
+        procs.update({name: _node(cfg, root / name, "--storage", url, "--join") for name in ("b", "c")})
 
-    def kill_first_busy_joiner() -> bool:
-        for name, proc in joiners.items():
-            number = _running_trial(root / name)
-            if number is not None and proc.poll() is None:
-                time.sleep(0.3)  # well inside its trial
+        def kill_first_busy_joiner() -> bool:
+            for name in ("b", "c"):
+                number = _running_trial(root / name)
+                if number is not None and procs[name].poll() is None:
+                    time.sleep(0.3)  # well inside its trial
+                    procs[name].kill()
+                    killed.update(name=name, number=number)
+                    return True
+            return all(procs[name].poll() is not None for name in ("b", "c"))
+
+        _wait_for(kill_first_busy_joiner, 180, "a joiner to run a trial")
+        for proc in procs.values():
+            proc.wait(timeout=180)
+    finally:  # a failed wait leaves no node running
+        for proc in procs.values():
+            if proc.poll() is None:
                 proc.kill()
-                killed.update(name=name, number=number, pid=proc.pid)
-                return True
-        return all(p.poll() is not None for p in joiners.values())
-
-    _wait_for(kill_first_busy_joiner, 180, "a joiner to run a trial")
-    for proc in (first, *joiners.values(), alone):
-        proc.wait(timeout=180)
+                proc.wait()
     return SimpleNamespace(
         root=root,
         cfg=cfg,
         url=url,
-        codes={"a": first.returncode, **{n: p.returncode for n, p in joiners.items()}, "alone": alone.returncode},
+        codes={name: proc.returncode for name, proc in procs.items()},
         killed=killed,
-        pids={first.pid, *(p.pid for p in joiners.values()), alone.pid},
+        pids={proc.pid for proc in procs.values()},
         wall_s=time.monotonic() - started,
     )
 
