@@ -49,7 +49,9 @@ def _config(**more: Any) -> dict[str, Any]:
             "workload.model_args.step_wait_s": 0.0533,
             "search.num_workers": [0, 1, 2, 3, 4],
             "trial": QUICK,
-            "selection.tolerance": 0.05,
+            # a band of 15 %: the answers lie a third apart, and a one-process sweep run beside three nodes on a
+            # loaded 2-core box measured 1 worker 5-10 % low once (its knee 2 workers under a 5 % band)
+            "selection.tolerance": 0.15,
             "fleet": FLEET,
             **more,
         }
