@@ -84,11 +84,12 @@ def committed(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
                     "search.num_workers": [0, 1, 2, 3, 4],
                     "search.prefetch_factor": [2, 4],
                     "trial": QUICK,
-                    "selection.tolerance": 0.05,
+                    "selection.tolerance": 0.15,
                 }
             )
         )
-    )  # the answers lie a third apart: a wider floor keeps a loaded box quiet
+    )  # the answers lie a third apart: a 15 % floor keeps a loaded box quiet (under 5 %, 1 worker measured 5 % low
+    # beside the suite's other files once, and the knee moved to 2)
     with pytest.MonkeyPatch.context() as mp:  # as conftest's autouse fixtures do for each test
         mp.chdir(REPO)
         real = _start.child_env
