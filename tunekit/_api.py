@@ -233,7 +233,7 @@ def trial(
 
     cfg = config_mod.load(config, overrides=overrides, resolve=resolve_paths)
     run = first_knobs(cfg, **chosen)
-    own = cfg.script is not None and not chosen  # a script alone runs its own settings, not the search's first
+    own = cfg.own_settings and not chosen  # a script alone runs its own settings, not the search's first
     measurement, trial_dir = run_single(
         cfg,
         run,

@@ -141,7 +141,7 @@ def _bounding_ceilings(outcome: CheckOutcome, rec: Recommended) -> list[TrialRow
 
 def _reused_ceilings(outcome: CheckOutcome, bounds: list[TrialRow], cfg: config_mod.Config) -> list[Measurement]:
     """Those of ``bounds`` that lie in the narrowed search, as the retune records them."""
-    s, own_batch = cfg.search, cfg.script is not None and cfg.script.own_batch
+    s, own_batch = cfg.search, cfg.own_batch
     seeds = []
     for row in bounds:
         k = row.knobs

@@ -300,6 +300,17 @@ class Config:
         """The function that counts a batch's items (``workload.count`` or ``script.count``); None: the batch size."""
         return self.script.count if self.script is not None else self.workload.count  # type: ignore[union-attr]
 
+    @property
+    def own_settings(self) -> bool:
+        """Whether the job has settings of its own to measure against (a script: its own loader, run by the
+        ``baseline`` trial); factories have none, and PyTorch's defaults stand in."""
+        return self.script is not None
+
+    @property
+    def own_batch(self) -> bool:
+        """Whether the batch is the script's own (``script.own_batch``): tried as its baseline ran it, not searched."""
+        return self.script is not None and self.script.own_batch
+
 
 TOP_LEVEL_KEYS: tuple[str, ...] = tuple(
     f.name

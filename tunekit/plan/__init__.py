@@ -43,7 +43,7 @@ __all__ = [
 def _own_batch(cfg: Config, rows: list[TrialRow]) -> Config:
     """A script that keeps its own batch (``script.own_batch``): the batch its baseline trial's loader had, once it
     ran, in place of ``search.batch_size`` (until then only the baseline is asked for)."""
-    if cfg.script is None or not cfg.script.own_batch:
+    if not cfg.own_batch:
         return cfg
     base = next((r for r in rows if r.stage == Stage.baseline and r.ok), None)
     batch = (base.measurement.loader_measured or {}).get("batch_size") if base is not None else None
@@ -56,10 +56,10 @@ def next_requests(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: boo
     """The trials to run next (of one stage; the first may depend on the last result, so run it and ask again),
     given every finished trial; empty when the sweep is done."""
     cfg = _own_batch(cfg, rows)
-    if cfg.script is not None and cfg.script.own_batch and script_baseline(cfg, rows, cuda):
+    if cfg.own_batch and script_baseline(cfg, rows, cuda):
         return script_baseline(cfg, rows, cuda)  # its loader's batch is the sweep's
     own = next((r for r in rows if r.stage == Stage.baseline), None)
-    if cfg.script is not None and cfg.script.own_batch and own is not None and not own.ok:
+    if cfg.own_batch and own is not None and not own.ok:
         return []  # without the script's own batch there is no batch to sweep
     return strategy_for(strategy).requests(cfg, rows, cuda)
 
@@ -95,7 +95,7 @@ def estimate_total(cfg: Config, rows: list[TrialRow], *, strategy: str, cuda: bo
 def _repeated(cfg: Config) -> int:
     """The repeats a sweep usually runs: the knee and the best (and the script's own settings), each
     ``selection.repeats`` times."""
-    return cfg.selection.repeats * (3 if cfg.script is not None else 2)
+    return cfg.selection.repeats * (3 if cfg.own_settings else 2)
 
 
 def needed_rate(cfg: Config, rows: list[TrialRow], req: Request) -> float | None:

@@ -65,7 +65,7 @@ def retune_search(
         "search.threads": [knee.threads] if knee.threads else None,
         "search.worker_threads": [knee.worker_threads] if knee.worker_threads else None,
     }
-    if not (cfg.script is not None and cfg.script.own_batch):
+    if not cfg.own_batch:
         out["search.batch_size"] = _around(s.batch_size, knee.batch_size)
     if not s.target_effective_batch:
         out["search.grad_accum"] = [knee.grad_accum]

@@ -80,7 +80,7 @@ def estimate_staged(cfg: Config, rows: list[TrialRow], cuda: bool) -> int:
     counts = len([w for w in s.num_workers if w])
     n_loader = 1 + max(0, counts - 1).bit_length()  # the most workers, then a bisection at worst
     n_e2e = 1 + min(3, len(s.num_workers)) * len(pins(cfg, cuda))  # the defaults; the start, one up, one down
-    n_e2e += 1 if cfg.script is not None else 0  # the script's own settings
+    n_e2e += 1 if cfg.own_settings else 0  # the script's own settings
     total = n_compute + n_loader + n_e2e + (len(s.prefetch_factor) - 1) + (len(s.compile) - 1)
     knobs = extra_knobs(cfg)
     total += (

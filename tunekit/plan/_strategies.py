@@ -79,7 +79,7 @@ class GridPlan(PlanStrategy):
         )
 
     def estimate(self, cfg: Config, rows: list[TrialRow], cuda: bool) -> int:
-        return len(grid_requests(cfg, cuda)) + (1 if cfg.launch.world > 1 else 0) + (1 if cfg.script is not None else 0)
+        return len(grid_requests(cfg, cuda)) + (1 if cfg.launch.world > 1 else 0) + (1 if cfg.own_settings else 0)
 
 
 STRATEGIES: dict[Strategy, type[PlanStrategy]] = {cls.name: cls for cls in (StagedPlan, GridPlan)}

@@ -203,7 +203,7 @@ def _script_baseline(s: _Finished) -> list[Request]:
     after the start of the end-to-end walk (first of all with script.own_batch, whose batch it gives; a grid, first
     of all). It is one trial whatever its knobs turn out to be (it records what its loader really got), so it is
     done once any baseline trial is finished."""
-    if s.cfg.script is None or s.done(Stage.baseline):
+    if not s.cfg.own_settings or s.done(Stage.baseline):
         return []
     return [Request(Stage.baseline, Mode.train, _script_request_knobs(s))]
 

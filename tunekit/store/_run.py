@@ -88,7 +88,7 @@ def suggest_knobs(cfg: Config, study: optuna.Study, trial: optuna.Trial, params:
     its own tools see them; a value other than the enqueued one fails the trial (the study must record exactly
     what runs)."""
     for name, choices in _choices(cfg).items():
-        if name == "batch_size" and cfg.script is not None and cfg.script.own_batch:
+        if name == "batch_size" and cfg.own_batch:
             got = trial.suggest_int(name, 1, _ANY_BATCH)  # the script's own, known once its baseline ran
         else:
             got = trial.suggest_categorical(name, choices)
