@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import sqlite3
 import stat
 import subprocess
 import sys
@@ -31,8 +30,7 @@ import yaml
 import tunekit
 from tests.conftest import REPO, sleepy_config, study_trials, trial_number
 from tests.plan.test_plan import _knee_config
-from tunekit import store
-from tunekit.errors import StorageError, TunekitError, UsageError
+from tunekit.errors import TunekitError, UsageError
 
 EXIT_INTERRUPTED = 130  # cli.main: a KeyboardInterrupt (Ctrl-C, or SIGTERM/SIGHUP via the driver) exits 130
 
@@ -511,20 +509,6 @@ def test_a_corrupt_study_is_one_line_naming_the_file_and_cause(write_config, fin
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
     assert "study.db" in lines[0] and "not a database" in lines[0]
-
-
-def test_storage_failures_name_the_database_cause(tmp_path: Path):
-    import optuna
-
-    def failing() -> None:
-        try:
-            raise sqlite3.OperationalError("database or disk is full")
-        except sqlite3.OperationalError as exc:
-            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from exc
-
-    with pytest.raises(StorageError) as err, store.storage_errors(tmp_path / "study.db"):
-        failing()
-    assert str(err.value) == f"{tmp_path / 'study.db'}: database or disk is full" and err.value.exit_code == 1
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sqlite3
 import wsgiref.util
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +15,7 @@ from tests._postgres import PASSWORD, Server, postgres  # noqa: F401 - the fixtu
 from tests.conftest import REPO, sleepy_config
 from tunekit import config, store
 from tunekit.contract import Measurement
-from tunekit.errors import UsageError
+from tunekit.errors import StorageError, UsageError
 
 KNOBS = {
     "num_workers": 2,
@@ -371,3 +372,15 @@ def test_a_postgresql_url_without_its_driver_says_how_to_install_it(monkeypatch:
 def test_join_needs_a_storage(write_config):
     code, out = _cli("sweep", str(write_config(sleepy_config())), "--join", "--quiet")
     assert code == 2 and "--join takes trials of a sweep in a shared database" in out
+
+
+def test_storage_failures_name_the_database_cause(tmp_path: Path):
+    def failing() -> None:
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError as exc:
+            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from exc
+
+    with pytest.raises(StorageError) as err, store.storage_errors(tmp_path / "study.db"):
+        failing()
+    assert str(err.value) == f"{tmp_path / 'study.db'}: database or disk is full" and err.value.exit_code == 1
