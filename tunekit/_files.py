@@ -60,3 +60,8 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
 def read_json(path: str | os.PathLike[str]) -> Any:
     with open(path) as fh:
         return json.load(fh)
+
+
+def read_json_or(path: str | os.PathLike[str], default: Any) -> Any:
+    """The JSON file's content, or ``default`` where there is no such file (an older run's folder lacks some)."""
+    return read_json(path) if os.path.exists(path) else default

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from tunekit import fleet, plan, report, rules, store
-from tunekit._files import read_json, write_json_atomic, write_text_atomic
+from tunekit._files import read_json_or, write_json_atomic, write_text_atomic
 from tunekit.config import Config, from_dict
 from tunekit.contract import Measurement, Mode, TrialSpec, process, skipped_measurement
 from tunekit.env import machine_fingerprint, matmul_peaks, probe_cuda, snapshot, sweep_warnings
@@ -170,7 +170,7 @@ def _locked_sweep(
     machine = machine_fingerprint(env)
     runs = store.open_run(run_dir, cfg, resume=resume, strategy=strategy, storage=storage, join=join, machine=machine)
     fleet.check_machine(runs, machine)
-    seeded, again = _seed_and_recover(runs, cfg, seed, console) if not join else (0, [])
+    again = _seed_and_recover(runs, cfg, seed, console) if not join else []
     write_text_atomic(run_dir / "config.resolved.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     write_json_atomic(run_dir / "env.json", env)
     before = sweep_warnings(cfg, env)
@@ -187,35 +187,35 @@ def _locked_sweep(
         started=started,
         earlier=_invocations(run_dir) if resume else [],
     )
-    try:
-        budget = _Budget(budget_minutes, cfg.budget.max_trials)
-        if runs.shared:
-            fleet.node_trials(sweep, budget, lambda req, number: _measure(sweep, req, number))
-        else:
-            _run_trials(sweep, budget)
-        if cfg.launch.nnodes > 1 and not release_nodes(cfg):  # their tunekit node loops end here
-            console.print(
-                "warning: the other nodes did not answer the release; their tunekit node loops stop after "
-                "their --idle-timeout"
-            )
-    except KeyboardInterrupt:
-        sweep.interrupted, sweep.stop_reason = True, "interrupted; rerun the same command to resume"
-        console.print(
-            "interrupted: what was running (the dataset's preparation or a trial) was stopped with its "
-            "processes; writing outputs for the finished trials (the other nodes keep waiting for the "
-            "resumed sweep)"
-        )
+    _run_until_done(sweep, _Budget(budget_minutes, cfg.budget.max_trials))
     if again:
         _keep_unmeasured(sweep, again)
     return _finish(sweep, env, before)
 
 
-def _seed_and_recover(
-    runs: store.RunStore, cfg: Config, seed: Sequence[Measurement], console: Any
-) -> tuple[int, list[TrialRow]]:
+def _run_until_done(sweep: _RunningSweep, budget: _Budget) -> None:
+    """The sweep's trials, on this node alone or beside the others of a shared run, until the plan is done, the
+    budget spent or an interrupt (then the outputs are still written, for the finished trials)."""
+    cfg, console = sweep.cfg, sweep.console
+    try:
+        if sweep.runs.shared:
+            fleet.node_trials(sweep, budget, lambda req, number: _measure(sweep, req, number))
+        else:
+            _run_trials(sweep, budget)
+        if cfg.launch.nnodes > 1 and not release_nodes(cfg):  # their tunekit node loops end here
+            warn(console, "the other nodes did not answer the release; their node loops stop after --idle-timeout")
+    except KeyboardInterrupt:
+        sweep.interrupted, sweep.stop_reason = True, "interrupted; rerun the same command to resume"
+        console.print(
+            "interrupted: what was running (the dataset's preparation or a trial) was stopped with its processes; "
+            "writing outputs for the finished trials (the other nodes keep waiting for the resumed sweep)"
+        )
+
+
+def _seed_and_recover(runs: store.RunStore, cfg: Config, seed: Sequence[Measurement], console: Any) -> list[TrialRow]:
     """Before the first trial: the seed recorded (into a run without trials), trials a dead sweep left running
-    closed, and (``trial.remeasure_disturbed``) the disturbed ones set aside to be measured again. Returns how many
-    were seeded and the trials set aside."""
+    closed, and (``trial.remeasure_disturbed``) the disturbed ones set aside to be measured again. Returns the
+    trials set aside."""
     seeded = len(seed) if seed and not runs.rows() else 0
     for measurement in seed[:seeded]:  # the trial's own stage, mode and knobs; the run's next number
         knobs = TrialRow.from_measurement(measurement).knobs.to_dict()
@@ -235,7 +235,7 @@ def _seed_and_recover(
         console.print(f"recorded first: {seeded} finished trial(s) measured before this sweep (each says where)")
     elif kept := runs.rows():
         console.print(f"resuming: {len(kept)} finished trial(s) in {runs.where} are kept")
-    return seeded, again
+    return again
 
 
 def _keep_unmeasured(sweep: _RunningSweep, again: list[TrialRow]) -> None:
@@ -406,7 +406,7 @@ def _invocations(run_dir: Path) -> list[dict[str, Any]]:
     recorded by its end."""
     path = run_dir / "sweep.json"
     try:
-        return list(read_json(path).get("invocations", [])) if path.exists() else []
+        return list(read_json_or(path, {}).get("invocations", []))
     except (OSError, ValueError, AttributeError):
         return []
 
@@ -416,8 +416,7 @@ def rebuild(run_dir: Path, storage: str | None = None) -> report.RunSummary:
     ``storage``, its URL with the password). No trial is re-run, no GPU needed, the study is not written."""
     runs = store.load_run(run_dir, storage)
     cfg = from_dict(runs.config, source=runs.where)
-    meta = read_json(run_dir / "sweep.json") if (run_dir / "sweep.json").exists() else {}
-    env = read_json(run_dir / "env.json") if (run_dir / "env.json").exists() else {}
+    meta, env = read_json_or(run_dir / "sweep.json", {}), read_json_or(run_dir / "env.json", {})
     summary = report.summarize(
         cfg,
         runs.rows(),

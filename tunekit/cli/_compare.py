@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from tunekit import store
-from tunekit._files import read_json
+from tunekit._files import read_json_or
 from tunekit.config import Config, from_dict
 from tunekit.errors import UsageError
 from tunekit.records import TrialRow
@@ -103,8 +103,7 @@ def runs_of(argument: str) -> list[_Run]:
         raise UsageError(f"{argument}: no such folder; give the run folder of a tunekit sweep, one per machine type")
     runs = store.load_run(folder)
     cfg = from_dict(runs.config, source=str(folder / store.STUDY_FILE))
-    meta = read_json(folder / "sweep.json") if (folder / "sweep.json").exists() else {}
-    env = read_json(folder / "env.json") if (folder / "env.json").exists() else {}
+    meta, env = read_json_or(folder / "sweep.json", {}), read_json_or(folder / "env.json", {})
     machine = None if env else runs.main.user_attrs.get("machine")
     name = folder.resolve().name
     return [_Run(argument, name, cfg, runs.rows(), env, meta.get("strategy", cfg.strategy), machine)]
