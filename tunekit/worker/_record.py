@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -19,21 +20,27 @@ from tunekit.worker.factory._step import moves_ahead
 from tunekit.worker.meter import Reading
 from tunekit.worker.meter._monitor import Monitor
 
-__all__ = ["measurement", "assemble", "device_memory", "reset_peaks"]
+__all__ = ["Observed", "measurement", "assemble", "device_memory", "reset_peaks"]
+
+
+@dataclass
+class Observed:
+    """What a trial's loop saw, in either mode: the meter's reading and what was read beside it."""
+
+    reading: Reading
+    warmup_memory: dict[str, Any] = field(default_factory=dict)
+    """The device's memory peaks at the warm-up's end (``reset_peaks``)."""
+    memory: dict[str, Any] = field(default_factory=dict)
+    """The device's memory peaks over the windows (``device_memory``); {} off CUDA."""
+    epochs_ended: int = 0
+    warnings: list[str] = field(default_factory=list)
+    """The loader's warnings."""
+    sync_share: float | None = None
+    """A multi-rank trial's share of the step spent on gradient sync (factory mode only)."""
 
 
 def measurement(
-    spec: TrialSpec,
-    setup: Setup,
-    reading: Reading,
-    monitor: Monitor,
-    *,
-    times: dict[str, float],
-    memory: dict[str, Any],
-    warmup_memory: dict[str, Any],
-    epochs_ended: int,
-    warnings: list[str],
-    sync_share: float | None,
+    spec: TrialSpec, setup: Setup, seen: Observed, monitor: Monitor, times: dict[str, float]
 ) -> Measurement:
     """The measurement of an ok trial of the built-in step. ``times`` holds ``loop_setup_s``, ``teardown_s`` and
     ``trial_s``."""
@@ -42,18 +49,13 @@ def measurement(
     out = assemble(
         spec,
         setup.mode,
-        reading,
+        seen,
         monitor,
         device=setup.device,
         dataset=built.dataset,
         workers=setup.loader_knobs.num_workers,
         unit=setup.cfg.workload.unit,
         times={"startup_s": setup.startup_s, "cuda_init_s": setup.cuda_init_s, "build_s": built.build_s, **times},
-        memory=memory,
-        warmup_memory=warmup_memory,
-        epochs_ended=epochs_ended,
-        warnings=warnings,
-        sync_share=sync_share,
     )
     # a dataset that moves its batches itself (decode: gpu) does input work on the device inside each step, or one
     # batch ahead beside it (decode: gpu-overlap)
@@ -71,7 +73,7 @@ def measurement(
 def assemble(
     spec: TrialSpec,
     mode: TrialMode,
-    reading: Reading,
+    seen: Observed,
     monitor: Monitor,
     *,
     device: torch.device,
@@ -79,27 +81,21 @@ def assemble(
     workers: int,
     unit: str,
     times: dict[str, float],
-    memory: dict[str, Any],
-    warmup_memory: dict[str, Any],
-    epochs_ended: int,
-    warnings: list[str],
-    sync_share: float | None,
     params: dict[str, Any] | None = None,
 ) -> Measurement:
     """The measurement of an ok trial around any step: the meter's reading with the trial's identity, the host,
     device, memory and NVML figures, as the typed record (a field it does not define fails here, in every trial).
     ``params`` are the knobs as run (default: the spec's)."""
     cpus = cpu_count()
-    metered = reading.fields(cpus, workers, spec.knobs.compile != "none")
+    metered = seen.reading.fields(cpus, workers, spec.knobs.compile != "none")
     consumed = metered["warmup_batches"] + metered["measured_steps"] * spec.knobs.grad_accum
     out: dict[str, Any] = {
         **_identity(spec, params),
         **metered,
         **times,
         "unit": unit,
-        "epoch_boundary_in_trial": epochs_ended > 0,
-        "epochs_ended": epochs_ended,
-        "warnings": warnings,
+        "epoch_boundary_in_trial": seen.epochs_ended > 0,
+        "epochs_ended": seen.epochs_ended,
         **_dataset_fields(dataset, spec, mode, consumed),
         "input_on_device": False,
         "input_ahead": False,
@@ -109,10 +105,10 @@ def assemble(
         **_device_fields(device),
         "versions": _versions(),
     }
-    out["warnings"] = [*warnings, *_disturbed(out.get("other_cpu_cores"), cpus)]
-    out.update(_memory_fields(memory, warmup_memory, out))
+    out["warnings"] = [*seen.warnings, *_disturbed(out.get("other_cpu_cores"), cpus)]
+    out.update(_memory_fields(seen.memory, seen.warmup_memory, out))
     out.update(_nvml_fields(monitor))
-    out.update(sync_share=sync_share, pinned_peak_bytes=_pinned_peak(device))
+    out.update(sync_share=seen.sync_share, pinned_peak_bytes=_pinned_peak(device))
     return Measurement(**out)
 
 

@@ -23,7 +23,7 @@ from torch.utils.data import IterableDataset
 from tunekit.contract import Measurement, TrialSpec
 from tunekit.worker import _dist
 from tunekit.worker._modes import trial_mode
-from tunekit.worker._record import device_memory, measurement, reset_peaks
+from tunekit.worker._record import Observed, device_memory, measurement, reset_peaks
 from tunekit.worker.factory._flops import count_flops, matmul_peak
 from tunekit.worker.factory._probes import sync_share, warn_if_ranks_read_the_same
 from tunekit.worker.factory._setup import Setup, set_up
@@ -35,17 +35,11 @@ __all__ = ["measure", "Diverged"]
 
 
 @dataclass
-class _Metered:
-    """What the trial's loop measured, beside the meter's reading."""
+class _Metered(Observed):
+    """What the trial's loop measured, and what the built-in step adds."""
 
-    reading: Reading
-    loop_s: float
+    loop_s: float = 0.0
     """Making the loader's iterator (its workers fork) and the step (a compute trial stages its batch)."""
-    warmup_memory: dict[str, Any] = field(default_factory=dict)
-    memory: dict[str, Any] = field(default_factory=dict)
-    epochs_ended: int = 0
-    warnings: list[str] = field(default_factory=list)
-    sync_share: float | None = None
     flops: dict[str, Any] = field(default_factory=dict)
     """``flops_per_item`` and ``flops_reason``."""
 
@@ -101,7 +95,7 @@ def _run(spec: TrialSpec, setup: Setup, monitor: Monitor) -> _Metered:
     step = None
     try:
         step = trial_step(setup.built, spec, setup.mode, cfg, loader)
-        out = _Metered(Reading(), time.perf_counter() - t_loop)
+        out = _Metered(Reading(), loop_s=time.perf_counter() - t_loop)
 
         def measuring() -> None:  # between warm-up and the first window: nothing else, or the loader refills
             if self_sharded:
@@ -163,18 +157,7 @@ def measure(spec: TrialSpec) -> Measurement | None:
         "teardown_s": t_done - metered.reading.windows_end,
         "trial_s": t_done - t_start,
     }
-    out = measurement(
-        spec,
-        setup,
-        metered.reading,
-        monitor,
-        times=times,
-        memory=metered.memory,
-        warmup_memory=metered.warmup_memory,
-        epochs_ended=metered.epochs_ended,
-        warnings=metered.warnings,
-        sync_share=metered.sync_share,
-    )
+    out = measurement(spec, setup, metered, monitor, times)
     out = dataclasses.replace(out, **metered.flops, **peak)
     if ranks is None:
         return out

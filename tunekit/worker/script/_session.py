@@ -47,7 +47,7 @@ from tunekit.contract import process as names
 from tunekit.launch import classify_error
 from tunekit.worker import _dist
 from tunekit.worker._modes import trial_mode
-from tunekit.worker._record import assemble, device_memory, reset_peaks
+from tunekit.worker._record import Observed, assemble, device_memory, reset_peaks
 from tunekit.worker.meter import (
     BOUNDARY_WAIT,
     LoaderBatches,
@@ -291,21 +291,18 @@ class Session:
         }
         params = self._ran_with()
         dataset = self.training.dataset if self.training is not None else None  # not `if loader`: its len()
+        loader = self.loader
+        seen = Observed(reading, self.facts.get("warmup_memory", {}), memory, loader.epochs_ended, loader.warnings)
         out = assemble(
             self.spec,
             self.mode,
-            reading,
+            seen,
             monitor,
             device=device,
             dataset=dataset,
             workers=params["num_workers"],
             unit=self.unit,
             times=times,
-            memory=memory,
-            warmup_memory=self.facts.get("warmup_memory", {}),
-            epochs_ended=self.loader.epochs_ended,
-            warnings=self.loader.warnings,
-            sync_share=None,
             params=params,
         )
         out = dataclasses.replace(out, loader_measured=self.facts["loader_measured"], asked=self.facts["asked"] or None)
