@@ -3,8 +3,10 @@ PostgreSQL server (tests/_postgres.py) take the plan's trials through optuna's q
 
 The job is test_check's known answer: batch 8 on a model that sleeps 53.3 ms a step (150 samples/s at most), fed by
 workers that sleep 5 ms a sample (200 samples/s each): the knee is 1 worker, 0 workers give 86/s, and every answer
-lies a third from the next, so a loaded 2-core box does not blur it. Its staged plan hands out three end-to-end
-trials at once (the walk's start, the PyTorch defaults, the count above), so every node gets work there.
+lies a third from the next, so a loaded 2-core box does not blur it. The three nodes sweep its grid (every cell
+independent), so the joiners, which start seconds after the first node on a loaded box, still find trials to take:
+a staged plan's later stages decide on the last result, and once a joiner arrived to none of its parallel stages
+left. The staged plan's hand-out is tests/plan/test_frontier.py's.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def fleet(postgres: Server, tmp_path_factory: pytest.TempPathFactory) -> SimpleN
     one-process sweep of the same job on SQLite beside them."""
     root = tmp_path_factory.mktemp("fleet")
     cfg = root / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump(_config()))
+    cfg.write_text(yaml.safe_dump(_config(strategy="grid")))
     url = postgres.database()
     started = time.monotonic()
     procs = {
