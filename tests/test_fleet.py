@@ -5,8 +5,9 @@ The job is test_check's known answer: batch 8 on a model that sleeps 53.3 ms a s
 workers that sleep 5 ms a sample (200 samples/s each): the knee is 1 worker, 0 workers give 86/s, and every answer
 lies a third from the next, so a loaded 2-core box does not blur it. The three nodes sweep its grid (every cell
 independent), so the joiners, which start seconds after the first node on a loaded box, still find trials to take:
-a staged plan's later stages decide on the last result, and once a joiner arrived to none of its parallel stages
-left. The staged plan's hand-out is tests/plan/test_frontier.py's.
+a staged plan's later stages decide on the last result (in one full-suite run the joiners arrived after its
+parallel stages; in another, after a five-cell grid's last cell was taken). The staged plan's hand-out is
+tests/plan/test_frontier.py's.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def fleet(postgres: Server, tmp_path_factory: pytest.TempPathFactory) -> SimpleN
     one-process sweep of the same job on SQLite beside them."""
     root = tmp_path_factory.mktemp("fleet")
     cfg = root / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump(_config(strategy="grid")))
+    # nine cells, about half a minute on one node: the joiners start while most of them are still to run
+    cfg.write_text(yaml.safe_dump(_config(strategy="grid", **{"search.prefetch_factor": [2, 4]})))
     url = postgres.database()
     started = time.monotonic()
     procs = {
