@@ -477,8 +477,10 @@ def test_a_count_above_the_start_that_falls_out_of_the_band_says_nothing_of_the_
 
 def test_loader_ceilings_are_measured_only_where_they_decide_the_start():
     """A CPU-bound loader (the showcase's shape): the most workers' ceiling stays below the compute ceiling, so the
-    walk starts there and no other loader count is measured; each is skipped with that evidence. Once 16 workers
-    pinned fall out of the band, fewer workers are not tried pinned, while the unpinned walk goes on."""
+    walk starts there and no other loader count is measured; each is skipped with that evidence. 16 workers pinned
+    fall out of the band, but nothing above them says which way the curve runs (fewer workers may contend less for
+    the CPUs), so 12 are tried pinned; once 12 pinned are slower still, fewer are not tried pinned, while the
+    unpinned walk goes on."""
     cfg = _cfg(
         **{
             "search.num_workers": [0, 2, 8, 12, 16],
@@ -508,13 +510,61 @@ def test_loader_ceilings_are_measured_only_where_they_decide_the_start():
         ]
     )
     (nxt,) = plan.next_requests(cfg, rows, strategy="staged", cuda=True)
-    assert (nxt.knobs.num_workers, nxt.knobs.pin_memory) == (12, True)
-    assert nxt.skip and "16 workers pinned (trial 11, 2500.0 samples/s) already fell out of the band" in nxt.skip
-    rows += rows_from_measurements(
-        [{**_m(13, "end_to_end", "train", None, **nxt.knobs.to_dict()), "status": "skipped", "reason": nxt.skip}]
-    )
+    assert (nxt.knobs.num_workers, nxt.knobs.pin_memory, nxt.skip) == (12, True, None)
+    rows += rows_from_measurements([_m(13, "end_to_end", "train", 2400, num_workers=12, pin_memory=True)])
     (unpinned,) = plan.next_requests(cfg, rows, strategy="staged", cuda=True)
     assert (unpinned.knobs.num_workers, unpinned.knobs.pin_memory, unpinned.skip) == (12, False, None)
+    rows += rows_from_measurements([_m(14, "end_to_end", "train", 3000, num_workers=12)])
+    (eight,) = plan.next_requests(cfg, rows, strategy="staged", cuda=True)
+    assert (eight.knobs.num_workers, eight.knobs.pin_memory) == (8, True)
+    assert eight.skip and (
+        "12 workers pinned (trial 13, 2400.0 samples/s) already fell out of the band" in eight.skip
+        and "below 16 workers (trial 11, 2500.0)" in eight.skip
+    )
+    rows += rows_from_measurements(
+        [{**_m(15, "end_to_end", "train", None, **eight.knobs.to_dict()), "status": "skipped", "reason": eight.skip}]
+    )
+    (nxt,) = plan.next_requests(cfg, rows, strategy="staged", cuda=True)
+    assert (nxt.knobs.num_workers, nxt.knobs.pin_memory, nxt.skip) == (8, False, None)
+
+
+def test_a_walk_down_that_climbs_is_not_cut_by_the_first_count_out_of_the_band():
+    """More workers than the CPUs run (an H200 host of 16 CPUs measured 32, 24 and 16 workers pinned at 2960, 3034 and
+    3590 samples/s): the counts out of the band above the best were each faster going down, so they say nothing of
+    fewer workers; the walk measures the next count below the best and stops only after a count that is slower
+    than the one above it."""
+    cfg = _cfg(
+        **{
+            "search.num_workers": [0, 8, 12, 16, 24, 32],
+            "search.batch_size": [8],
+            "search.pin_memory": [False],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2],
+        }
+    )
+    ms = [_m(0, "compute", "compute", 10000), _m(1, "loader", "loader", 4100, num_workers=32)]
+    ms += [
+        _m(10, "end_to_end", "train", 2960, num_workers=32),
+        _m(11, "end_to_end", "train", 500),
+        _m(12, "end_to_end", "train", 3034, num_workers=24),
+        _m(13, "end_to_end", "train", 3590, num_workers=16),
+    ]
+    rows = rows_from_measurements(ms)
+    skipped = plan.next_requests(cfg, rows, strategy="staged", cuda=False)  # the loader counts below 32
+    assert all(r.stage == "loader" and r.skip for r in skipped)
+    rows += rows_from_measurements(
+        [
+            {**_m(2 + i, "loader", "loader", None, **r.knobs.to_dict()), "status": "skipped", "reason": r.skip}
+            for i, r in enumerate(skipped)
+        ]
+    )
+    (nxt,) = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert (nxt.knobs.num_workers, nxt.skip) == (12, None)  # not skipped on 32 or 24 workers' evidence
+    rows += rows_from_measurements([_m(14, "end_to_end", "train", 3300, num_workers=12)])
+    (nxt,) = plan.next_requests(cfg, rows, strategy="staged", cuda=False)
+    assert nxt.knobs.num_workers == 8
+    assert nxt.skip and "12 workers (trial 14, 3300.0 samples/s) already fell out" in nxt.skip
+    assert "below 16 workers (trial 13, 3590.0)" in nxt.skip
 
 
 def test_loader_bisection_finds_the_fewest_workers_that_reach_the_compute_ceiling():
@@ -958,6 +1008,7 @@ def test_the_walk_returns_its_skips_instead_of_keeping_them():
         _m(11, "end_to_end", "train", 400, num_workers=1),
         _m(12, "end_to_end", "train", 401, num_workers=2),
         _m(13, "end_to_end", "train", 300, num_workers=3),
+        _m(14, "end_to_end", "train", 399, num_workers=4),
     ]
     finished = _finished._Finished(cfg, rows_from_measurements(ms), cuda=False)
     before = vars(finished).copy()
@@ -965,10 +1016,12 @@ def test_the_walk_returns_its_skips_instead_of_keeping_them():
     assert up == [1, 2, 3, 4, 5]
     assert sorted(key[2].num_workers for key in plateau) == [3, 4, 5]
     assert all("on its plateau" in reason and bound is None for reason, bound in plateau.values())
-    below = _walk._below_band(finished, 8, 3, [2, 1, 0])
+    (below,) = _walk._below_band(finished, 8, 3, [2, 1, 0]).values()  # one pin setting searched
     assert sorted(key[2].num_workers for key in below) == [0, 1, 2]
     assert all(
-        "3 workers (trial 13, 300.0 samples/s) already fell out" in reason and bound == (300.0, 13)
+        "3 workers (trial 13, 300.0 samples/s) already fell out" in reason
+        and "below 4 workers (trial 14, 399.0)" in reason
+        and bound == (300.0, 13)
         for reason, bound in below.values()
     )  # fewer workers deliver no more than trial 13
     assert vars(finished).keys() == before.keys() and finished.rows == before["rows"]

@@ -4,7 +4,6 @@ the script's own settings and PyTorch's defaults; what its own evidence lets it 
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 from tunekit import rules
 from tunekit.contract import Knobs, Mode, Stage
@@ -48,47 +47,71 @@ def _end_to_end(s: _Finished) -> list[Request] | None:
     if pending([defaults], s.raw):
         return [defaults]
     below = sorted((c for c in counts if c < start), reverse=True)
-    up, skips = _climb(s, batch, counts, start)
+    up, plateau = _climb(s, batch, counts, start)
+    band: dict[bool, Skips] = {}  # per pin setting: what the lowest count measured with it says of fewer
     for w in up + below:
         left = pending(_at_count(s, batch, w), s.raw)
         if left:
+            skips = {**plateau, **{k: v for found in band.values() for k, v in found.items()}}
             return [_walked(left[0], s, skips)]
-        # walking down, a count measured in full: fewer workers with a pin setting that fell out of the band are
-        # skipped too (the first reason found for a request stands). A count above the start says nothing of those
-        # below it: the start, within the band, lies between them.
+        # walking down, a count measured in full: its evidence on fewer workers replaces that of the counts above
+        # it, pin setting by pin setting (the nearest measured count is the one that speaks for those below). A
+        # count above the start says nothing of those below it: the start, within the band, lies between them.
         if w <= start:
-            skips = {**_below_band(s, batch, w, [c for c in below if c < w]), **skips}
+            band.update(_below_band(s, batch, w, [c for c in below if c < w]))
     return []
 
 
-def _below_band(s: _Finished, batch: int, workers: int, fewer: list[int]) -> Skips:
-    """Walking down: once a worker count falls out of the band of the best with one pin setting, fewer workers with
-    that setting will not climb back into it: the requests at ``fewer`` counts to skip with that evidence."""
+def _below_band(s: _Finished, batch: int, workers: int, fewer: list[int]) -> dict[bool, Skips]:
+    """Walking down: once a worker count falls out of the band of the best with one pin setting, and is slower than
+    the nearest count measured above it with that setting, fewer workers with it will not climb back into the band.
+    Per pin setting measured at ``workers`` (and fitting), the requests at ``fewer`` counts to skip with that
+    evidence, or none. A count faster than the one above it, or with none measured above it (the walk's first, at
+    the most workers), is no such evidence: with more workers than the CPUs can run, fewer workers contend less and
+    can deliver more."""
     fitting = [r for r in s.done(Stage.end_to_end) if r.ok and rules.fits(r, s.selection)]
-    if not fitting or not fewer:
+    if not fitting:
         return {}
     best = max(fitting, key=lambda r: r.rate)
     allowed = rules.band(fitting, s.selection)
-    skips: dict[tuple[Any, ...], tuple[str, tuple[float, int] | None]] = {}
+    found: dict[bool, Skips] = {}
     for req in _at_count(s, batch, workers):
         here = s.find(req)
-        if here is None or not here.ok or not rules.fits(here, s.selection) or here.rate >= rules.needed(best, allowed):
+        if here is None or not here.ok or not rules.fits(here, s.selection):
+            continue  # not measured, or failed: the counts above still speak for those below
+        pin = req.knobs.pin_memory
+        found[pin] = {}
+        above = _nearest_above(s, batch, workers, pin)
+        if not fewer or here.rate >= rules.needed(best, allowed) or above is None or here.rate >= above.rate:
             continue
-        pinned = ("pinned " if req.knobs.pin_memory else "unpinned ") if len(pins(s.cfg, s.cuda)) > 1 else ""
+        pinned = ("pinned " if pin else "unpinned ") if len(pins(s.cfg, s.cuda)) > 1 else ""
         reason = (
             f"{workers} workers {pinned}(trial {here.number}, {here.rate:.1f} {here.unit}/s) already fell out "
-            f"of the band ({allowed:.1%}) of the best config so far ({best.rate:.1f}, trial {best.number}): "
+            f"of the band ({allowed:.1%}) of the best config so far ({best.rate:.1f}, trial {best.number}), below "
+            f"{above.knobs.num_workers} workers (trial {above.number}, {above.rate:.1f}): "
             f"fewer workers {pinned}do not deliver more"
         )
-        skips.update(
-            {
-                r.key: (reason, (here.rate, here.number))
-                for w in fewer
-                for r in _at_count(s, batch, w)
-                if r.knobs.pin_memory == req.knobs.pin_memory
-            }
-        )
-    return skips
+        found[pin] = {
+            r.key: (reason, (here.rate, here.number))
+            for w in fewer
+            for r in _at_count(s, batch, w)
+            if r.knobs.pin_memory == pin
+        }
+    return found
+
+
+def _nearest_above(s: _Finished, batch: int, workers: int, pin: bool) -> TrialRow | None:
+    """The fitting end-to-end trial at the fewest workers above ``workers`` with the same pin setting and batch."""
+    above = [
+        r
+        for r in s.done(Stage.end_to_end)
+        if r.ok
+        and r.knobs.num_workers > workers
+        and r.knobs.pin_memory == pin
+        and r.knobs.batch_size == batch
+        and rules.fits(r, s.selection)
+    ]
+    return min(above, key=lambda r: r.knobs.num_workers, default=None)
 
 
 def _at_count(s: _Finished, batch: int, workers: int) -> list[Request]:
