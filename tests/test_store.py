@@ -384,3 +384,13 @@ def test_storage_failures_name_the_database_cause(tmp_path: Path):
     with pytest.raises(StorageError) as err, store.storage_errors(tmp_path / "study.db"):
         failing()
     assert str(err.value) == f"{tmp_path / 'study.db'}: database or disk is full" and err.value.exit_code == 1
+
+
+def test_reading_a_sqlite_url_that_names_no_file_is_refused_and_creates_none(tmp_path: Path):
+    """Listing or opening the runs of a missing SQLite file (``tunekit compare``, ``tunekit report --storage``) names
+    it in one line; opening it for reading would have created an empty database there."""
+    missing = tmp_path / "typo.db"
+    for read in (lambda url: store.runs_in(url), lambda url: store.load_stored(url, "quickstart")):
+        with pytest.raises(UsageError, match=r"typo\.db: no such file"):
+            read(f"sqlite:///{missing}")
+    assert not missing.exists()

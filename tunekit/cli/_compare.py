@@ -111,9 +111,6 @@ def runs_of(argument: str) -> list[_Run]:
 
 def _stored(url: str) -> list[_Run]:
     """Every run a database holds, each named by its run name, with the machine its study records."""
-    parsed = store.parse_url(url)
-    if parsed.sqlite and not Path(parsed.url.database).is_file():  # reading must not create an empty database
-        raise UsageError(f"{parsed.shown}: no such file; give the URL the sweeps wrote to (--storage)")
     held = store.runs_in(url)
     if not held:
         raise UsageError(f"{store.masked(url)}: holds no tunekit run; give the URL the sweeps wrote to (--storage)")

@@ -18,7 +18,7 @@ from tunekit.config import Config
 from tunekit.errors import UsageError
 from tunekit.store._run import CEILINGS_STUDY, MAIN_STUDY, STUDY_FILE, RunStore, fingerprint
 from tunekit.store._shared import BASE, SharedRun
-from tunekit.store._url import parse_url, rdb_storage, storage_errors
+from tunekit.store._url import StorageUrl, parse_url, rdb_storage, storage_errors
 
 __all__ = ["open_run", "load_run", "load_stored", "runs_in", "StoredRun", "study_names"]
 
@@ -232,14 +232,26 @@ def _recorded(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("storage") else None
 
 
+def _existing(url_text: str) -> StorageUrl:
+    """A storage URL to read from: a SQLite file must exist (opening one that does not would create it empty).
+
+    Raises:
+        UsageError: a bad URL, or a SQLite file that is not there.
+    """
+    url = parse_url(url_text)
+    if url.sqlite and not Path(url.url.database).is_file():
+        raise UsageError(f"{url.shown}: no such file; give the URL the sweeps wrote to (--storage)")
+    return url
+
+
 def load_stored(url_text: str, name: str, run_dir: Path | None = None) -> RunStore:
     """The run ``name`` of a shared database, for reading (``tunekit report``, ``tunekit compare``).
 
     Raises:
-        UsageError: a bad URL, or no run of that name there.
+        UsageError: a bad URL, a SQLite file that is not there, or no run of that name there.
         StorageError: the server cannot be reached, or refuses.
     """
-    url = parse_url(url_text)
+    url = _existing(url_text)
     storage = rdb_storage(url, *_READ_HEARTBEAT, pooled=False)
     names = study_names(name)
     with storage_errors(url.shown, url.password):
@@ -272,10 +284,10 @@ def runs_in(url_text: str) -> list[StoredRun]:
     optuna studies left out).
 
     Raises:
-        UsageError: a bad URL.
+        UsageError: a bad URL, or a SQLite file that is not there.
         StorageError: the server cannot be reached, or refuses.
     """
-    url = parse_url(url_text)
+    url = _existing(url_text)
     storage = rdb_storage(url, *_READ_HEARTBEAT, pooled=False)
     with storage_errors(url.shown, url.password):
         summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
