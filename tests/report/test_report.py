@@ -510,3 +510,22 @@ def test_a_study_holding_nan_or_negative_figures_is_data_not_a_raw_error(write_c
     assert "Error" not in done.stderr
     report = (out / "report.md").read_text()
     assert "bad_output: study.db's record of trial 1 is not a measurement: rate = nan" in report
+
+
+def test_a_repeat_that_failed_is_named_with_its_reason():
+    """The knee's repeat crashed, the defaults' repeat completed: the report names the crashed one, its run and its
+    reason, beside the runs that make the spread (it adds nothing to it)."""
+    from tests.conftest import measurement
+
+    rows = rows_from_measurements(
+        [
+            measurement(0, "end_to_end", "train", 700, num_workers=4),
+            measurement(1, "end_to_end", "train", 300),
+            measurement(2, "end_to_end", "train", None, status="failed", num_workers=4, run=1, reason="exit 1"),
+            measurement(3, "end_to_end", "train", 310, run=1),
+        ]
+    )
+    md = report_md(summarize(config.from_dict(sleepy_config()), rows, strategy="staged"), [], {})
+    assert "Measured again in alternation on this machine: 0 workers" in md and "300.0, 310.0" in md
+    line = next(x for x in md.splitlines() if x.startswith("Repeats that did not complete"))
+    assert "4 workers" in line and "(trial 2, run 1): failed, exit 1" in line, line

@@ -98,10 +98,22 @@ def _recommendation(s: RunSummary) -> list[str]:
 
 def repeats_line(s: RunSummary) -> list[str]:
     """The configs measured more than once (``selection.repeats``): each one's runs, and the run-to-run spread they
-    show, which the band and the gains' intervals include."""
+    show, which the band and the gains' intervals include; then each repeat that did not complete, with its
+    reason (it adds nothing to the spread, ``analysis.pooled``)."""
     repeated = [r for r in pooled(s.rows) if len(r.runs) > 1]
+    lost = [r for r in s.rows if r.run and not r.ok and r.status != "skipped"]
+    lines = (
+        [
+            "Repeats that did not complete, so that they add nothing to the run-to-run spread: "
+            + "; ".join(f"{r.knobs.describe()} (trial {r.number}, run {r.run}): {r.status}, {r.reason}" for r in lost)
+            + ".",
+            "",
+        ]
+        if lost
+        else []
+    )
     if not repeated:
-        return []
+        return lines
     each = "; ".join(
         f"{r.knobs.describe()} (trial {r.number} and its repeats): "
         + ", ".join(f"{x:,.1f}" for x in r.runs)
@@ -113,6 +125,7 @@ def repeats_line(s: RunSummary) -> list[str]:
         f"Measured again in alternation on this machine: {each}. Their run-to-run spread, "
         f"{rules.run_spread(repeated):.1%}, is part of the band and of every gain's interval.",
         "",
+        *lines,
     ]
 
 
