@@ -256,3 +256,32 @@ def test_a_trial_whose_node_stops_beating_is_queued_again_under_its_number(postg
         time.sleep(FLEET["grace_s"] + 1.5)
         other.fail_stale()
     assert other.in_flight() == [(Stage.end_to_end, Mode.train, knobs, 0)]
+
+
+def test_a_trial_whose_node_died_before_its_first_beat_is_queued_again(postgres: Server):  # noqa: F811
+    """A node killed between asking for its trial and recording its first heartbeat leaves a running trial optuna
+    never finds stale (it has no heartbeat): after twice the grace period another node fails it and queues it again,
+    while a claimed trial that beats is left running."""
+    url = postgres.database()
+    cfg = config.from_dict(_config())
+    runs = _open(cfg, url)
+    knobs = Knobs(num_workers=2, prefetch_factor=2, batch_size=8)
+
+    def killed(trial_id: int) -> None:
+        raise SystemExit("killed before its first beat")
+
+    runs.storage.record_heartbeat = killed
+    with pytest.raises(SystemExit):
+        runs.claim(cfg, Stage.end_to_end, Mode.train, knobs, 0)
+    other = _open(cfg, url)
+    live = other.claim(cfg, Stage.end_to_end, Mode.train, Knobs(num_workers=4, prefetch_factor=2, batch_size=8), 0)
+    assert live is not None
+    with other.beating(live):
+        other.fail_stale()
+        assert other.waiting() == 0  # not yet: it may still be about to beat
+        time.sleep(2 * FLEET["grace_s"] + 1.5)
+        other.fail_stale()
+        assert other.waiting() == 1
+        again = other.pop_waiting(cfg)
+    assert again is not None and (again.stage, again.knobs, again.run) == (Stage.end_to_end, knobs, 0)
+    assert sorted(k.num_workers for _, _, k, _ in other.in_flight()) == [2, 4]

@@ -18,9 +18,11 @@ while no other run writes the database meanwhile.
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,9 @@ REQUEST = "request"
 trials of one request are one trial run twice."""
 SKIP = "skip"
 """A shared run's trial's user attribute: the plan's skip reason and bound, when it is skipped."""
+BEATING = "beating"
+"""A shared run's trial's user attribute: its own trial id, set once its node recorded its first heartbeat (a copy
+queued again carries its predecessor's id, so the mark is its own only once it beats)."""
 _FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 
 
@@ -149,6 +154,7 @@ class SharedRun(RunStore):
             study.tell(trial, state=TrialState.FAIL)
             return None
         self.storage.record_heartbeat(trial._trial_id)  # from now on a dead node's trial is seen as stale
+        trial.set_user_attr(BEATING, trial._trial_id)
         knobs = Knobs.of(**request["knobs"])
         number = trial.user_attrs.get("number")
         retried = number
@@ -197,10 +203,31 @@ class SharedRun(RunStore):
 
     @_guarded
     def fail_stale(self) -> None:
-        """Fail the trials whose node stopped beating; optuna's retry callback enqueues each again."""
+        """Fail the trials whose node stopped beating; optuna's retry callback enqueues each again. A trial whose
+        node died between asking for it and its first heartbeat has no heartbeat for optuna to find stale: it is
+        failed and queued again once it has run twice the grace period (by its start, on this node's clock)
+        without beating."""
         with quiet_optuna():
             for study in self._studies():
                 optuna.storages.fail_stale_trials(study)
+                self._fail_unbeaten(study)
+
+    def _fail_unbeaten(self, study: optuna.Study) -> None:
+        grace = self.storage.grace_period or 2 * (self.storage.heartbeat_interval or self.heartbeat_s)
+        now = datetime.now()
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if t.user_attrs.get(BEATING) == t._trial_id or t.datetime_start is None:
+                continue
+            if (now - t.datetime_start).total_seconds() <= 2 * grace:
+                continue
+            try:
+                if not self.storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                    continue
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue  # another node failed it first
+            again = self.storage.get_heartbeat_stale_trial_callback()
+            if again is not None:
+                again(study, copy.deepcopy(self.storage.get_trial(t._trial_id)))
 
     def recover_running(self) -> list[int]:
         """A resumed node leaves the other nodes' trials running: only those whose node stopped beating are failed
