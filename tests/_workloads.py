@@ -142,6 +142,29 @@ def settling_model(step_s: float = 0.02, slow_s: float = 0.04, fast_after: int =
     return _SettlingModel(step_s, slow_s, fast_after)
 
 
+class _CyclingModel(torch.nn.Module):
+    """A linear model whose steps take the times of ``pattern`` in turn: one slow step in six, and windows of three
+    steps (``MIN_WINDOW_STEPS``, when three fast ones outlast ``window_s``) hold it in turn, so that consecutive
+    windows' rates differ about 2x however they fall."""
+
+    def __init__(self, pattern: tuple[float, ...]):
+        super().__init__()
+        self.fc = torch.nn.Linear(192, 10)
+        self.pattern, self.calls = pattern, 0
+
+    def forward(self, x):
+        import time
+
+        time.sleep(self.pattern[self.calls % len(self.pattern)])
+        self.calls += 1
+        return self.fc(x.flatten(1).float())
+
+
+def cycling_model(pattern: tuple[float, ...] = (0.05, 0.05, 0.05, 0.05, 0.05, 0.2)):
+    torch.set_num_threads(1)
+    return _CyclingModel(tuple(pattern))
+
+
 _BUILDS = []
 """Models built in this process: a trial that finds one already built ran in a process another trial used."""
 

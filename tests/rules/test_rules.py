@@ -42,6 +42,14 @@ def test_window_rules_leave_out_only_windows_that_are_still_settling():
     assert rules.window_stop(*one_second(192, 204), 3, 8, 0.03, needed=270) is None  # 198 + 38 %: 274
     assert rules.window_stop(*one_second(192), 3, 8, 0.03, needed=2200) is None  # one window: no interval
     assert rules.window_stop(*one_second(100, 100.5), 3, 8, 0.03) is None  # precise, but under the minimum
+    # a baseline (what every gain is over) misses as clearly, but two windows 12 % apart have an interval of 75 %:
+    # it measures on until its interval is within CLAIM_PRECISION (10 %), here at the fourth
+    assert rules.window_stop(*one_second(528, 469), 3, 8, 0.03, needed=3500) == "below_band"
+    assert rules.window_stop(*one_second(528, 469), 3, 8, 0.03, needed=3500, baseline=True) is None
+    steady = one_second(528, 469, 505, 490)
+    assert rules.rate_interval(*steady) <= rules.CLAIM_PRECISION < rules.rate_interval(*one_second(528, 469, 505))
+    assert rules.window_stop(*steady, 3, 8, 0.03, needed=3500, baseline=True) == "below_band"
+    assert rules.window_stop(*one_second(528, 469, 505), 3, 8, 0.03, needed=3500, baseline=True) is None
 
 
 def test_a_trial_rate_weighs_every_second_once():

@@ -352,6 +352,32 @@ def test_a_trial_clearly_below_the_band_stops_measuring(tmp_path: Path):
     assert full.stop_reason == "max_windows" and full.windows_measured == 5
 
 
+def test_a_baseline_below_the_band_measures_on_until_its_figure_can_carry_a_gain(tmp_path: Path):
+    """Windows 2x apart (a slow step in every other), needed far above: a trial of the walk stops after
+    two windows, whose interval says nothing; PyTorch's defaults, what every gain is over, measure on until their
+    interval is within rules.CLAIM_PRECISION, here never, so to max_windows."""
+    from tunekit import rules
+
+    cfg = sleepy_config(
+        **{
+            "workload.model": "tests._workloads:cycling_model",
+            "workload.model_args": {},
+            "workload.dataset_args": {"sample_wait_s": 0.0},
+            "trial.window_s": 0.1,
+            "trial.precision": 1e-6,
+            "trial.max_windows": 5,
+        }
+    )
+    walk = dataclasses.replace(_spec(cfg, num_workers=0, batch_size=8), stage="end_to_end", needed=1e9)
+    assert walk.baseline and not _spec(cfg, num_workers=0, batch_size=8).baseline  # ``tunekit trial`` is no baseline
+    defaults = run_trial(walk, tmp_path / "defaults", 60)
+    assert defaults.status == "ok", defaults
+    assert defaults.rate_interval > rules.CLAIM_PRECISION and defaults.stop_reason == "max_windows", defaults
+    unpinned = dataclasses.replace(walk, number=1, knobs=Knobs(num_workers=1, prefetch_factor=2, batch_size=8))
+    raced = run_trial(unpinned, tmp_path / "raced", 60)
+    assert raced.stop_reason == "below_band" and raced.windows_measured == 2, raced
+
+
 def test_precision_measures_until_the_interval_is_tight_leaving_out_settling_windows(tmp_path: Path):
     """The first window runs at half speed (the pipeline still settling): with trial.precision the trial measures
     on, leaves that window out, and reports the steady rate; without, the slow window drags the median down."""

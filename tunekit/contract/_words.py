@@ -48,8 +48,9 @@ class Stage(_Word):
     def raced(self) -> bool:
         """Whether its trials stop measuring once clearly below the band of the best knee candidate so far: every
         knee stage but ``accumulation``, whose trials are judged among themselves, against the target effective
-        batch; and a script's own baseline, which a staged sweep runs after the start of its end-to-end walk (its
-        gain is a ratio, which a few windows' noise hardly moves, as for the PyTorch defaults)."""
+        batch; and a script's own baseline, which a staged sweep runs after the start of its end-to-end walk (as the
+        PyTorch defaults are; a baseline stops below the band only once its figure can carry a gain,
+        ``TrialSpec.baseline``)."""
         return (self.knee and self is not Stage.accumulation) or self is Stage.baseline
 
 

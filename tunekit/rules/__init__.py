@@ -67,7 +67,14 @@ from tunekit.rules._environment import (
     busy_host,
     other_cpu_share,
 )
-from tunekit.rules._measurement import epoch_rate, rate_interval, settling, window_rate, window_stop
+from tunekit.rules._measurement import (
+    CLAIM_PRECISION,
+    epoch_rate,
+    rate_interval,
+    settling,
+    window_rate,
+    window_stop,
+)
 from tunekit.rules._selection import (
     KNEE_STAGES,
     MIN_POINTS,
@@ -95,6 +102,7 @@ __all__ = [
     "NO_WAIT",
     "STREAM_FULL",
     "NOISY_CV",
+    "CLAIM_PRECISION",
     "changes_result",
     "CPU_SATURATED",
     "CPU_BUSY",

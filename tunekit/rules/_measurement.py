@@ -8,6 +8,11 @@ from collections.abc import Sequence
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
 """Student's t, two-sided 95 %, for 1 ... 15 degrees of freedom (1.96 beyond)."""
 
+CLAIM_PRECISION = 0.10
+"""The interval a baseline (PyTorch's defaults, a script's own settings: what every gain is over) reaches before it
+stops below the band: each gain's interval carries the baseline's, and two windows' (Student's t of 12.7) made a
+3.99x gain read 1.17-6.80x."""
+
 
 def window_rate(items: Sequence[float], seconds: Sequence[float]) -> float:
     """A trial's throughput: its windows' items over their time. The windows are contiguous and close at the end
@@ -73,13 +78,14 @@ def window_stop(
     max_windows: int,
     precision: float | None,
     needed: float | None = None,
+    baseline: bool = False,
 ) -> str | None:
     """Why a trial stops measuring after these windows (items and seconds of each), or None to measure another:
     ``fixed`` (no precision asked, ``min_windows`` done), ``below_band`` (the settled windows' interval lies wholly
     below ``needed``, the rate that would bring the trial within the band of the best so far: more windows cannot
     make it the knee; judged from two windows on, the t-interval of so few being wide enough to hold only a clear
-    miss), ``precise`` (``min_windows`` done and the settled windows' interval within ``precision``),
-    ``max_windows``."""
+    miss; a ``baseline``, what the gains are over, only once its interval is within ``CLAIM_PRECISION`` too),
+    ``precise`` (``min_windows`` done and the settled windows' interval within ``precision``), ``max_windows``."""
     n = len(items)
     if precision is None:
         return "fixed" if n >= min_windows else None
@@ -88,7 +94,8 @@ def window_stop(
     drop = settling([s / t if t > 0 else 0.0 for s, t in zip(items, seconds, strict=True)], min_windows, precision)
     kept, kept_s = items[drop:], seconds[drop:]
     interval = rate_interval(kept, kept_s)
-    if needed is not None and window_rate(kept, kept_s) * (1.0 + interval) < needed:
+    claimable = not baseline or interval <= CLAIM_PRECISION
+    if needed is not None and claimable and window_rate(kept, kept_s) * (1.0 + interval) < needed:
         return "below_band"
     if n < min_windows:
         return None

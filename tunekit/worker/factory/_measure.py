@@ -67,6 +67,7 @@ def _settings(spec: TrialSpec, setup: Setup, queued: int) -> MeterSettings:
         round_batches=max(1, workers),
         fill=fill,
         needed=spec.needed / knobs.ranks if spec.needed is not None else None,  # each rank's share
+        baseline=spec.baseline,
         epoch_batches=epochs,
         boundary_wait_s=t.timeout_s / 3 if epochs else 0.0,
     )

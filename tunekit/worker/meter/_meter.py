@@ -254,6 +254,7 @@ class Meter:
                 s.max_windows,
                 s.precision,
                 s.needed,
+                s.baseline,
             )
             if not self._ranks.any(reason is None or self._boundary_near(windows)):
                 break

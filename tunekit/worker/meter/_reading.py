@@ -96,6 +96,9 @@ class MeterSettings:
     takes no more."""
     needed: float | None = None
     """The rate (this process's share) the trial must reach to matter; its interval wholly below stops it."""
+    baseline: bool = False
+    """The trial is one every gain is over (``TrialSpec.baseline``): below ``needed`` it stops only once its
+    interval is within ``rules.CLAIM_PRECISION``."""
     boundary_wait_s: float = 0.0
     """Epoch-aware: how long the windows may go on, past their stop, to see one epoch boundary (0: never)."""
     boundary_patience: float = BOUNDARY_WAIT
@@ -104,7 +107,7 @@ class MeterSettings:
     @classmethod
     def from_trial(cls, trial: TrialSettings, **shape: Any) -> MeterSettings:
         """The config's ``trial`` settings, with the pipeline's shape (``compiling``, ``grad_accum``,
-        ``round_batches``, ``epoch_batches``, ``fill``, ``needed``)."""
+        ``round_batches``, ``epoch_batches``, ``fill``, ``needed``, ``baseline``)."""
         return cls(
             window_s=trial.window_s,
             measure_windows=trial.measure_windows,

@@ -217,6 +217,7 @@ class Session:
             round_batches=max(1, workers),
             fill=fill,
             needed=needed,
+            baseline=self.spec.baseline,
             epoch_batches=epoch,
             boundary_wait_s=trial.timeout_s / 3 if aware else 0.0,
             boundary_patience=math.inf if self.spec.stage == "baseline" else BOUNDARY_WAIT,
