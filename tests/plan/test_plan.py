@@ -567,6 +567,33 @@ def test_a_walk_down_that_climbs_is_not_cut_by_the_first_count_out_of_the_band()
     assert "below 16 workers (trial 13, 3590.0)" in nxt.skip
 
 
+def test_a_count_within_noise_of_the_one_above_says_nothing_of_fewer_workers():
+    """Pinned 32 and 24 workers read 2700 and 2695 (0.2 % apart, within the band), both out of the band of the best
+    (24 unpinned, 3010): which way the pinned curve runs is noise, so 16 workers pinned are measured, not skipped."""
+    cfg = _cfg(
+        **{
+            "search.num_workers": [0, 16, 24, 32],
+            "search.batch_size": [8],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2],
+        }
+    )
+    ms = [_m(0, "compute", "compute", 10000), _m(1, "loader", "loader", 4000, num_workers=32, pin_memory=True)]
+    ms += [
+        _m(2, "loader", "loader", None, status="skipped", num_workers=w, pin_memory=True, reason="below the ceiling")
+        for w in (0, 16, 24)
+    ]
+    ms += [
+        _m(10, "end_to_end", "train", 2700, num_workers=32, pin_memory=True),
+        _m(11, "end_to_end", "train", 3000, num_workers=32),
+        _m(12, "end_to_end", "train", 500),
+        _m(13, "end_to_end", "train", 2695, num_workers=24, pin_memory=True),
+        _m(14, "end_to_end", "train", 3010, num_workers=24),
+    ]
+    (nxt,) = plan.next_requests(cfg, rows_from_measurements(ms), strategy="staged", cuda=True)
+    assert (nxt.knobs.num_workers, nxt.knobs.pin_memory, nxt.skip) == (16, True, None)
+
+
 def test_loader_bisection_finds_the_fewest_workers_that_reach_the_compute_ceiling():
     """Loader ceilings of 100/s per worker against a 400/s model: the most workers reach it, so the stage bisects the
     counts, measuring 16, then 4, 2 and 3 (log2 of the counts), and skips the rest with the start it found."""

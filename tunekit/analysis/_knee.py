@@ -256,12 +256,8 @@ def defaults_trial(rows: list[TrialRow], knee: TrialRow | None) -> TrialRow | No
         for r in rows
         if r.ok
         and r.mode == Mode.train
-        and r.knobs.loader_defaults
-        and r.knobs.compile == "none"
+        and r.knobs.pytorch_defaults
         and r.knobs.ranks == ranks
-        and not r.knobs.extra
-        and r.knobs.threads is None
-        and r.knobs.worker_threads is None
         and r.stage != Stage.baseline
     ]
     if knee is not None:

@@ -73,6 +73,19 @@ class Knobs:
         """PyTorch's DataLoader defaults: loading in the main process, no pinned memory."""
         return self.num_workers == 0 and not self.pin_memory
 
+    @property
+    def pytorch_defaults(self) -> bool:
+        """PyTorch's defaults for the job's own pipeline: the loader's (:attr:`loader_defaults`), eager, no user knob
+        set and no thread count (a 0-worker trial of another decode path is another pipeline): what every report's
+        speed-up over the defaults is over (``analysis.defaults_trial``)."""
+        return (
+            self.loader_defaults
+            and self.compile == "none"
+            and not self.extra
+            and self.threads is None
+            and self.worker_threads is None
+        )
+
     def describe(self) -> str:
         """The knobs in words, e.g. ``8 workers, prefetch 2, pinned, batch 256``."""
         parts = [

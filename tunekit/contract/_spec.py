@@ -41,10 +41,10 @@ class TrialSpec:
     @property
     def baseline(self) -> bool:
         """A sweep's trial every gain is measured against: a script's own settings (stage ``baseline``) or PyTorch's
-        DataLoader defaults trained in a raced stage (``Knobs.loader_defaults``: the end-to-end walk's, a grid's);
+        defaults trained in a raced stage (``Knobs.pytorch_defaults``: the end-to-end walk's, a grid's);
         it races the band only to a precise enough figure (``rules.window_stop``)."""
         return self.stage == Stage.baseline or (
-            self.stage.raced and self.mode == Mode.train and self.knobs.loader_defaults
+            self.stage.raced and self.mode == Mode.train and self.knobs.pytorch_defaults
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -63,12 +63,13 @@ def _end_to_end(s: _Finished) -> list[Request] | None:
 
 
 def _below_band(s: _Finished, batch: int, workers: int, fewer: list[int]) -> dict[bool, Skips]:
-    """Walking down: once a worker count falls out of the band of the best with one pin setting, and is slower than
-    the nearest count measured above it with that setting, fewer workers with it will not climb back into the band.
+    """Walking down: once a worker count falls out of the band of the best with one pin setting, and out of the band
+    of the nearest count measured above it with that setting (slower beyond noise), fewer workers with it will not
+    climb back into the band.
     Per pin setting measured at ``workers`` (and fitting), the requests at ``fewer`` counts to skip with that
-    evidence, or none. A count faster than the one above it, or with none measured above it (the walk's first, at
-    the most workers), is no such evidence: with more workers than the CPUs can run, fewer workers contend less and
-    can deliver more."""
+    evidence, or none. A count within the band of the one above it (or faster), or with none measured above it (the
+    walk's first, at the most workers), is no such evidence: with more workers than the CPUs can run, fewer workers
+    contend less and can deliver more."""
     fitting = [r for r in s.done(Stage.end_to_end) if r.ok and rules.fits(r, s.selection)]
     if not fitting:
         return {}
@@ -82,8 +83,10 @@ def _below_band(s: _Finished, batch: int, workers: int, fewer: list[int]) -> dic
         pin = req.knobs.pin_memory
         found[pin] = {}
         above = _nearest_above(s, batch, workers, pin)
-        if not fewer or here.rate >= rules.needed(best, allowed) or above is None or here.rate >= above.rate:
+        if not fewer or here.rate >= rules.needed(best, allowed) or above is None:
             continue
+        if here.rate >= rules.needed(above, allowed):
+            continue  # not slower than the count above beyond the band: which way the curve runs is noise
         pinned = ("pinned " if pin else "unpinned ") if len(pins(s.cfg, s.cuda)) > 1 else ""
         reason = (
             f"{workers} workers {pinned}(trial {here.number}, {here.rate:.1f} {here.unit}/s) already fell out "

@@ -104,8 +104,12 @@ def repeats_line(s: RunSummary) -> list[str]:
     lost = [r for r in s.rows if r.run and not r.ok and r.status != "skipped"]
     lines = (
         [
-            "Repeats that did not complete, so that they add nothing to the run-to-run spread: "
-            + "; ".join(f"{r.knobs.describe()} (trial {r.number}, run {r.run}): {r.status}, {r.reason}" for r in lost)
+            "Repeats that did not complete, so they add nothing to the run-to-run spread: "
+            + "; ".join(
+                f"{r.knobs.describe()} (trial {r.number}, run {r.run}): {r.status}"
+                + (f", {r.reason}" if r.reason else "")
+                for r in lost
+            )
             + ".",
             "",
         ]

@@ -20,9 +20,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,8 @@ class SharedRun(RunStore):
         self.url = url
         self.storage = storage
         self.heartbeat_s = heartbeat_s
+        self._unbeaten: dict[int, float] = {}
+        """Running trials without their ``BEATING`` mark: when this node first saw each (``time.monotonic``)."""
 
     @property
     def where(self) -> str:
@@ -205,8 +207,8 @@ class SharedRun(RunStore):
     def fail_stale(self) -> None:
         """Fail the trials whose node stopped beating; optuna's retry callback enqueues each again. A trial whose
         node died between asking for it and its first heartbeat has no heartbeat for optuna to find stale: it is
-        failed and queued again once it has run twice the grace period (by its start, on this node's clock)
-        without beating."""
+        failed and queued again once this node has seen it unmarked for twice the grace period (on its own clock:
+        the trial's start is the popping node's, whose clock may differ)."""
         with quiet_optuna():
             for study in self._studies():
                 optuna.storages.fail_stale_trials(study)
@@ -214,11 +216,12 @@ class SharedRun(RunStore):
 
     def _fail_unbeaten(self, study: optuna.Study) -> None:
         grace = self.storage.grace_period or 2 * (self.storage.heartbeat_interval or self.heartbeat_s)
-        now = datetime.now()
+        now = time.monotonic()
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if t.user_attrs.get(BEATING) == t._trial_id or t.datetime_start is None:
+            if t.user_attrs.get(BEATING) == t._trial_id:
+                self._unbeaten.pop(t._trial_id, None)
                 continue
-            if (now - t.datetime_start).total_seconds() <= 2 * grace:
+            if now - self._unbeaten.setdefault(t._trial_id, now) <= 2 * grace:
                 continue
             try:
                 if not self.storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
@@ -226,7 +229,7 @@ class SharedRun(RunStore):
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue  # another node failed it first
             again = self.storage.get_heartbeat_stale_trial_callback()
-            if again is not None:
+            if again is not None and REQUEST in t.user_attrs:  # a trial asked for without a request is no work
                 again(study, copy.deepcopy(self.storage.get_trial(t._trial_id)))
 
     def recover_running(self) -> list[int]:
