@@ -285,6 +285,8 @@ def test_trial_cli_usage_errors(write_config):
     ranks = _cli("trial", path, "--set", "ranks=2")  # the config launches no ranks
     assert ranks.returncode == 2 and "ranks=2:" in ranks.stderr and "launches 1 rank(s)" in ranks.stderr
     assert "Traceback" not in ranks.stderr
+    twice = _cli("trial", path, "--set", "num_workers=2", "--set", "trial.window_s=1", "--set", "num_workers=4")
+    assert twice.returncode == 2 and "--set num_workers: given twice (2 and 4); give each key once" in twice.stderr
 
 
 def test_sweep_takes_set_overrides(write_config, tmp_path: Path):

@@ -42,14 +42,19 @@ def print_outcome(summary: Any, run_dir: Path) -> None:
 
 def split_sets(sets: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``--set`` items, the same in every subcommand: knobs (``num_workers=4``, checked as ``tunekit.trial``
-    checks them) and dotted config keys (``trial.window_s=5``), each value read as YAML."""
+    checks them) and dotted config keys (``trial.window_s=5``), each value read as YAML; a key given twice is an
+    error (which one was meant cannot be told)."""
     knobs: dict[str, Any] = {}
     overrides: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for item in sets:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
             raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set num_workers=4 or --set trial.window_s=5")
+        if key in given:
+            raise UsageError(f"--set {key}: given twice ({given[key]} and {value.strip()}); give each key once")
+        given[key] = value.strip()
         if key in config_mod.KNOB_HELP:
             knobs[key] = config_mod.parse_knob(key, value.strip())
         elif "." in key or key in config_mod.TOP_LEVEL_KEYS:
