@@ -247,6 +247,12 @@ def test_the_knees_rate_over_the_scripts_real_epoch_length():
         "Over your real epochs of 1,281,167 samples (script.epoch_items), the same boundary between them: "
         f"{1_281_167 / (1_281_167 / 4549 + 1.76):,.0f} samples/s" in md
     ), md
+    assert "samples: the figure the knee is chosen by." in md
+    # the knee measured again: its parts are its first run's, and its figure the runs' mean, said so
+    again = measurement(2, "end_to_end", "train", 4000.0, num_workers=16, batch_size=128, run=1)
+    md = report_md(summarize(config.from_dict(raw), rows + rows_from_measurements([again]), strategy="staged"), [], {})
+    mean = (parts["rate_whole_epoch"] + 4000.0) / 2
+    assert f"samples: its first run's; the knee is chosen by its 2 runs' mean, {mean:,.0f} samples/s." in md, md
 
 
 def _script_run(own: float, *rates: float):
