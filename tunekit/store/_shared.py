@@ -209,19 +209,21 @@ class SharedRun(RunStore):
         node died between asking for it and its first heartbeat has no heartbeat for optuna to find stale: it is
         failed and queued again once this node has seen it unmarked for twice the grace period (on its own clock:
         the trial's start is the popping node's, whose clock may differ)."""
+        unbeaten: dict[int, float] = {}
         with quiet_optuna():
             for study in self._studies():
                 optuna.storages.fail_stale_trials(study)
-                self._fail_unbeaten(study)
+                self._fail_unbeaten(study, unbeaten)
+        self._unbeaten = unbeaten  # the trials still running unmarked: those finished since are forgotten
 
-    def _fail_unbeaten(self, study: optuna.Study) -> None:
+    def _fail_unbeaten(self, study: optuna.Study, unbeaten: dict[int, float]) -> None:
         grace = self.storage.grace_period or 2 * (self.storage.heartbeat_interval or self.heartbeat_s)
         now = time.monotonic()
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if t.user_attrs.get(BEATING) == t._trial_id:
-                self._unbeaten.pop(t._trial_id, None)
                 continue
-            if now - self._unbeaten.setdefault(t._trial_id, now) <= 2 * grace:
+            first = unbeaten[t._trial_id] = self._unbeaten.get(t._trial_id, now)
+            if now - first <= 2 * grace:
                 continue
             try:
                 if not self.storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
