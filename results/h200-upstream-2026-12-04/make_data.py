@@ -1,6 +1,8 @@
 """Synthetic JPEGs in ImageFolder layout for torchvision's reference train.py: DIR/train and DIR/val, 10 classes
-(its top-5 accuracy needs at least 5), 256 x 256 noise at quality 90. Usage: make_data.py DIR TRAIN VAL"""
+(its top-5 accuracy needs at least 5), 256 x 256 noise at quality 90; DIR/train and DIR/val are emptied first, so
+that they hold exactly the counts asked for. Usage: make_data.py DIR TRAIN VAL"""
 import os
+import shutil
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
@@ -20,6 +22,7 @@ def main() -> None:
     root, counts = sys.argv[1], {"train": int(sys.argv[2]), "val": int(sys.argv[3])}
     jobs = []
     for split, count in counts.items():
+        shutil.rmtree(os.path.join(root, split), ignore_errors=True)  # a larger earlier set would stay behind
         for c in range(CLASSES):
             os.makedirs(os.path.join(root, split, f"c{c}"), exist_ok=True)
         jobs += [(os.path.join(root, split, f"c{i % CLASSES}"), i + (0 if split == "train" else 10**6))
