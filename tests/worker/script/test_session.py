@@ -4,6 +4,7 @@ them measured."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -410,3 +411,42 @@ def test_a_loader_built_anew_each_epoch_is_followed(tmp_path: Path):
     m = _trial(tmp_path, raw, num_workers=2, prefetch_factor=2, batch_size=8)
     assert m.status == "ok", m.reason
     assert m.epochs_ended >= 2 and m.loader_measured["rebuilt"] >= 2, m.loader_measured
+
+
+CYCLING_SCRIPT = """
+import itertools, time, torch
+from torch.utils.data import DataLoader
+from tunekit.workloads.synthetic import sleepy_dataset
+
+model = torch.nn.Linear(192, 10)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+pace = itertools.cycle([0.05] * 5 + [0.2])  # one slow step in six: three-step windows 2x apart in turn
+train = DataLoader(sleepy_dataset(sample_wait_s=0.0), batch_size=8)
+for epoch in range(1000):
+    for x, y in train:
+        time.sleep(next(pace))
+        loss = torch.nn.functional.cross_entropy(model(x.flatten(1)), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_scripts_own_settings_below_the_band_measure_on_until_a_gain_can_rest_on_them(tmp_path: Path):
+    """The script's own settings are what a script's gain is over: far below the band (needed), with windows 2x
+    apart, they measure to max_windows where a trial of the walk stops after two windows (rules.CLAIM_PRECISION)."""
+    from tunekit import rules
+
+    script = tmp_path / "train.py"
+    script.write_text(CYCLING_SCRIPT)
+    raw = _script_config(tmp_path, [sys.executable, str(script)], num_workers=[0, 1])
+    raw["trial"] = {**QUICK, "window_s": 0.1, "precision": 1e-6, "max_windows": 5}
+    cfg = config.from_dict(raw, source=str(tmp_path / "cfg.yaml")).to_dict()
+    own = TrialSpec(number=0, stage="baseline", mode="train", knobs=Knobs(batch_size=8), config=cfg, needed=1e9)
+    m = run_trial(own, tmp_path / "own", 120)
+    assert m.status == "ok", m.reason
+    assert m.stop_reason == "max_windows" and m.rate_interval > rules.CLAIM_PRECISION, (m.stop_reason, m.rate_windows)
+    walk = dataclasses.replace(own, number=1, stage="end_to_end", knobs=Knobs(num_workers=1, batch_size=8))
+    raced = run_trial(walk, tmp_path / "walk", 120)
+    assert raced.status == "ok", raced.reason
+    assert raced.stop_reason == "below_band" and raced.windows_measured == 2, (raced.stop_reason, raced.rate_windows)
