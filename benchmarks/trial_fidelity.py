@@ -69,6 +69,15 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+def _merged(*lists: list[str]) -> list[str]:
+    """KEY=VALUE items with each key once, a later list's value winning (``tunekit trial`` refuses a key twice)."""
+    items: dict[str, str] = {}
+    for item in (i for part in lists for i in part):
+        key, _, value = item.partition("=")
+        items[key.strip()] = value
+    return [f"{key}={value}" for key, value in items.items()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config")
@@ -82,17 +91,13 @@ def main() -> None:
     out = Path(args.out)
     rows = []
     for workers in args.workers:
-        base = [
-            f"num_workers={workers}",
-            f"batch_size={args.batch}",
-            f"pin_memory={str(workers > 0).lower()}",
-            *args.sets,
-        ]
+        base = [f"num_workers={workers}", f"batch_size={args.batch}", f"pin_memory={str(workers > 0).lower()}"]
         # the reference: windows --factor times longer, exactly measure_windows of them (no precision stop)
+        longer = [f"trial.window_s={window * args.factor}", "trial.precision=null"]
         runs = {
-            f"w{workers}": base,
-            f"w{workers}-long": [*base, f"trial.window_s={window * args.factor}", "trial.precision=null"],
-            f"w{workers}-after": base,
+            f"w{workers}": _merged(base, args.sets),
+            f"w{workers}-long": _merged(base, args.sets, longer),
+            f"w{workers}-after": _merged(base, args.sets),
         }
         done = [_measured(out / name) for name in runs]
         if any(m is None for m in done):  # the three back to back, or the drift between them means nothing

@@ -126,6 +126,16 @@ def test_fidelity_compares_the_long_run_with_the_short_trials_on_either_side_of_
     assert failed["ratio"] is None and failed["drift"] is None
 
 
+def test_fidelity_gives_each_key_once_with_the_users_value():
+    """The showcase's step 3 passes --set pin_memory=false over the benchmark's own pin_memory=true: each trial's
+    --set list names the key once (tunekit trial refuses it twice), the user's value winning, the long run's last."""
+    merged = _load("trial_fidelity")._merged
+    base = ["num_workers=16", "batch_size=512", "pin_memory=true"]
+    assert merged(base, ["pin_memory=false"]) == ["num_workers=16", "batch_size=512", "pin_memory=false"]
+    long = merged(base, ["pin_memory=false", "trial.window_s=3"], ["trial.window_s=30"])
+    assert long == ["num_workers=16", "batch_size=512", "pin_memory=false", "trial.window_s=30"]
+
+
 def test_the_plan_replay_answers_from_the_recorded_trials_and_cuts_a_clear_miss_where_the_rule_now_stops(tmp_path):
     """A recorded run (written here as the plan asked, 8 windows each): the replay asks the same plan and gets
     every answer from the record; each trial is cut where the window rule stops it now, its time losing the cut

@@ -594,6 +594,36 @@ def test_a_count_within_noise_of_the_one_above_says_nothing_of_fewer_workers():
     assert (nxt.knobs.num_workers, nxt.knobs.pin_memory, nxt.skip) == (16, True, None)
 
 
+def test_a_slow_decline_is_cut_once_out_of_the_band_of_its_peak():
+    """2 % lost at each step down from 16 workers (1000, 980, 960 samples/s): 10 workers lie within the band of 12,
+    the count just above, but out of the band of 16, the fastest above and the best: 8 and fewer are skipped."""
+    cfg = _cfg(
+        **{
+            "search.num_workers": [0, 6, 8, 10, 12, 16],
+            "search.batch_size": [8],
+            "search.pin_memory": [False],
+            "search.compile": ["none"],
+            "search.prefetch_factor": [2],
+            "selection.tolerance": 0.03,
+        }
+    )
+    ms = [_m(0, "compute", "compute", 10000), _m(1, "loader", "loader", 1200, num_workers=16)]
+    ms += [
+        _m(2, "loader", "loader", None, status="skipped", num_workers=w, reason="below the ceiling")
+        for w in (0, 6, 8, 10, 12)
+    ]
+    ms += [
+        _m(10, "end_to_end", "train", 1000, num_workers=16),
+        _m(11, "end_to_end", "train", 300),
+        _m(12, "end_to_end", "train", 980, num_workers=12),
+        _m(13, "end_to_end", "train", 960, num_workers=10),
+    ]
+    (nxt,) = plan.next_requests(cfg, rows_from_measurements(ms), strategy="staged", cuda=False)
+    assert nxt.knobs.num_workers == 8
+    assert nxt.skip and "10 workers (trial 13, 960.0 samples/s) already fell out" in nxt.skip
+    assert "below 16 workers (trial 10, 1000.0)" in nxt.skip
+
+
 def test_loader_bisection_finds_the_fewest_workers_that_reach_the_compute_ceiling():
     """Loader ceilings of 100/s per worker against a 400/s model: the most workers reach it, so the stage bisects the
     counts, measuring 16, then 4, 2 and 3 (log2 of the counts), and skips the rest with the start it found."""

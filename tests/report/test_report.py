@@ -252,7 +252,9 @@ def test_the_knees_rate_over_the_scripts_real_epoch_length():
     again = measurement(2, "end_to_end", "train", 4000.0, num_workers=16, batch_size=128, run=1)
     md = report_md(summarize(config.from_dict(raw), rows + rows_from_measurements([again]), strategy="staged"), [], {})
     mean = (parts["rate_whole_epoch"] + 4000.0) / 2
-    assert f"samples: its first run's; the knee is chosen by its 2 runs' mean, {mean:,.0f} samples/s." in md, md
+    assert (
+        f"samples: its first completed run's; the knee is chosen by its 2 runs' mean, {mean:,.0f} samples/s." in md
+    ), md
 
 
 def _script_run(own: float, *rates: float):

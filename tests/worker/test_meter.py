@@ -373,8 +373,8 @@ def test_a_baseline_below_the_band_measures_on_until_its_figure_can_carry_a_gain
     defaults = run_trial(walk, tmp_path / "defaults", 60)
     assert defaults.status == "ok", defaults
     assert defaults.rate_interval > rules.CLAIM_PRECISION and defaults.stop_reason == "max_windows", defaults
-    unpinned = dataclasses.replace(walk, number=1, knobs=Knobs(num_workers=1, prefetch_factor=2, batch_size=8))
-    raced = run_trial(unpinned, tmp_path / "raced", 60)
+    one_worker = dataclasses.replace(walk, number=1, knobs=Knobs(num_workers=1, prefetch_factor=2, batch_size=8))
+    raced = run_trial(one_worker, tmp_path / "raced", 60)
     assert raced.stop_reason == "below_band" and raced.windows_measured == 2, raced
 
 

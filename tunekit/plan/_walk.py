@@ -64,12 +64,13 @@ def _end_to_end(s: _Finished) -> list[Request] | None:
 
 def _below_band(s: _Finished, batch: int, workers: int, fewer: list[int]) -> dict[bool, Skips]:
     """Walking down: once a worker count falls out of the band of the best with one pin setting, and out of the band
-    of the nearest count measured above it with that setting (slower beyond noise), fewer workers with it will not
-    climb back into the band.
+    of the fastest count measured above it with that setting (past that count's peak, beyond noise), fewer workers
+    with it will not climb back into the band.
     Per pin setting measured at ``workers`` (and fitting), the requests at ``fewer`` counts to skip with that
-    evidence, or none. A count within the band of the one above it (or faster), or with none measured above it (the
-    walk's first, at the most workers), is no such evidence: with more workers than the CPUs can run, fewer workers
-    contend less and can deliver more."""
+    evidence, or none. A count within the band of the counts above it (or faster), or with none measured above it
+    (the walk's first, at the most workers), is no such evidence: with more workers than the CPUs can run, fewer
+    workers contend less and can deliver more. Against the fastest above, not the nearest, a slow decline within
+    the band at each step is still cut once it has fallen out of the band of its peak."""
     fitting = [r for r in s.done(Stage.end_to_end) if r.ok and rules.fits(r, s.selection)]
     if not fitting:
         return {}
@@ -82,11 +83,11 @@ def _below_band(s: _Finished, batch: int, workers: int, fewer: list[int]) -> dic
             continue  # not measured, or failed: the counts above still speak for those below
         pin = req.knobs.pin_memory
         found[pin] = {}
-        above = _nearest_above(s, batch, workers, pin)
+        above = _fastest_above(s, batch, workers, pin)
         if not fewer or here.rate >= rules.needed(best, allowed) or above is None:
             continue
         if here.rate >= rules.needed(above, allowed):
-            continue  # not slower than the count above beyond the band: which way the curve runs is noise
+            continue  # not slower than the counts above beyond the band: which way the curve runs is noise
         pinned = ("pinned " if pin else "unpinned ") if len(pins(s.cfg, s.cuda)) > 1 else ""
         reason = (
             f"{workers} workers {pinned}(trial {here.number}, {here.rate:.1f} {here.unit}/s) already fell out "
@@ -103,8 +104,8 @@ def _below_band(s: _Finished, batch: int, workers: int, fewer: list[int]) -> dic
     return found
 
 
-def _nearest_above(s: _Finished, batch: int, workers: int, pin: bool) -> TrialRow | None:
-    """The fitting end-to-end trial at the fewest workers above ``workers`` with the same pin setting and batch."""
+def _fastest_above(s: _Finished, batch: int, workers: int, pin: bool) -> TrialRow | None:
+    """The fastest fitting end-to-end trial with more workers than ``workers``, the same pin setting and batch."""
     above = [
         r
         for r in s.done(Stage.end_to_end)
@@ -114,7 +115,7 @@ def _nearest_above(s: _Finished, batch: int, workers: int, pin: bool) -> TrialRo
         and r.knobs.batch_size == batch
         and rules.fits(r, s.selection)
     ]
-    return min(above, key=lambda r: r.knobs.num_workers, default=None)
+    return max(above, key=lambda r: r.rate, default=None)
 
 
 def _at_count(s: _Finished, batch: int, workers: int) -> list[Request]:

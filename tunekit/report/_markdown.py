@@ -136,8 +136,8 @@ def repeats_line(s: RunSummary) -> list[str]:
 def epoch_parts(row: TrialRow, real_epoch: int | None = None) -> list[str]:
     """A trial measured in its two parts (script mode): the steady rate inside an epoch, what each epoch boundary
     costs, and the rate over whole epochs, which is its figure; with ``real_epoch`` (``script.epoch_items``), the
-    rate over epochs of the script's real length as well. A config measured more than once shows its first run's
-    parts, and says that its figure is its runs' mean (``analysis.pooled``)."""
+    rate over epochs of the script's real length as well. A config measured more than once shows its first
+    completed run's parts, and says that its figure is its runs' mean (``analysis.pooled``)."""
     m = row.measurement
     if m.rate_whole_epoch is None or m.rate_in_epoch is None or m.boundary_s is None:
         return []
@@ -150,7 +150,10 @@ def epoch_parts(row: TrialRow, real_epoch: int | None = None) -> list[str]:
     figure = (
         "the figure the knee is chosen by"
         if len(row.runs) < 2
-        else f"its first run's; the knee is chosen by its {len(row.runs)} runs' mean, {row.rate:,.0f} {row.unit}/s"
+        else (
+            f"its first completed run's; the knee is chosen by its {len(row.runs)} runs' mean, "
+            f"{row.rate:,.0f} {row.unit}/s"
+        )
     )
     return [
         f"Over whole epochs: {m.rate_in_epoch:,.0f} {row.unit}/s inside an epoch, {m.boundary_s:.1f} s between "
