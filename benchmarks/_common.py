@@ -35,6 +35,16 @@ def run_trial(
     return Measurement.from_dict(read_json(made[0] / "measurement.json")), made[0]
 
 
+def merged_sets(*lists: list[str]) -> list[str]:
+    """KEY=VALUE items for ``--set``, each key once, a later list's value winning (``tunekit trial`` refuses a key
+    given twice)."""
+    items: dict[str, str] = {}
+    for item in (i for part in lists for i in part):
+        key, _, value = item.partition("=")
+        items[key.strip()] = value
+    return [f"{key}={value}" for key, value in items.items()]
+
+
 _CLOCK = Path(__file__).resolve().parent / "_plain_clock"
 
 

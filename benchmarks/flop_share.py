@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from _common import run_trial, write_csv
+from _common import merged_sets, run_trial, write_csv
 
 from tunekit import config
 
@@ -43,7 +43,10 @@ def main() -> None:
     for batch in args.batch:
         for mode in args.compile:
             m, _ = run_trial(
-                args.config, args.out, [*args.sets, f"batch_size={batch}", f"compile={mode}"], mode="compute"
+                args.config,
+                args.out,
+                merged_sets(args.sets, [f"batch_size={batch}", f"compile={mode}"]),
+                mode="compute",
             )
             share = (
                 m.rate * m.flops_per_item / peak["matmul_peak_flops"]

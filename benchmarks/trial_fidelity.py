@@ -21,7 +21,7 @@ import argparse
 from pathlib import Path
 
 import yaml
-from _common import run_trial, write_csv
+from _common import merged_sets, run_trial, write_csv
 
 from tunekit._files import read_json
 from tunekit.contract import Measurement
@@ -69,15 +69,6 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
-def _merged(*lists: list[str]) -> list[str]:
-    """KEY=VALUE items with each key once, a later list's value winning (``tunekit trial`` refuses a key twice)."""
-    items: dict[str, str] = {}
-    for item in (i for part in lists for i in part):
-        key, _, value = item.partition("=")
-        items[key.strip()] = value
-    return [f"{key}={value}" for key, value in items.items()]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config")
@@ -95,9 +86,9 @@ def main() -> None:
         # the reference: windows --factor times longer, exactly measure_windows of them (no precision stop)
         longer = [f"trial.window_s={window * args.factor}", "trial.precision=null"]
         runs = {
-            f"w{workers}": _merged(base, args.sets),
-            f"w{workers}-long": _merged(base, args.sets, longer),
-            f"w{workers}-after": _merged(base, args.sets),
+            f"w{workers}": merged_sets(base, args.sets),
+            f"w{workers}-long": merged_sets(base, args.sets, longer),
+            f"w{workers}-after": merged_sets(base, args.sets),
         }
         done = [_measured(out / name) for name in runs]
         if any(m is None for m in done):  # the three back to back, or the drift between them means nothing

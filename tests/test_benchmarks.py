@@ -126,10 +126,10 @@ def test_fidelity_compares_the_long_run_with_the_short_trials_on_either_side_of_
     assert failed["ratio"] is None and failed["drift"] is None
 
 
-def test_fidelity_gives_each_key_once_with_the_users_value():
+def test_the_benchmarks_give_each_set_key_once_with_the_later_value():
     """The showcase's step 3 passes --set pin_memory=false over the benchmark's own pin_memory=true: each trial's
     --set list names the key once (tunekit trial refuses it twice), the user's value winning, the long run's last."""
-    merged = _load("trial_fidelity")._merged
+    merged = _load("_common").merged_sets
     base = ["num_workers=16", "batch_size=512", "pin_memory=true"]
     assert merged(base, ["pin_memory=false"]) == ["num_workers=16", "batch_size=512", "pin_memory=false"]
     long = merged(base, ["pin_memory=false", "trial.window_s=3"], ["trial.window_s=30"])
