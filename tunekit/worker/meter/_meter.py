@@ -247,14 +247,9 @@ class Meter:
                 self._restart, dropped_s = False, dropped_s + sum(w.wall_s + w.boundary_s for w in windows)
                 windows.clear()
                 continue
+            items, seconds = [w.items for w in windows], [w.wall_s for w in windows]
             reason = rules.window_stop(
-                [w.items for w in windows],
-                [w.wall_s for w in windows],
-                s.measure_windows,
-                s.max_windows,
-                s.precision,
-                s.needed,
-                s.baseline,
+                items, seconds, s.measure_windows, s.max_windows, s.precision, s.needed, s.baseline
             )
             if not self._ranks.any(reason is None or self._boundary_near(windows)):
                 break
