@@ -36,10 +36,23 @@ class TrialRow:
     run: int = 0
     """0 for a config's first measurement, k for its k-th repeat (``Measurement.run``)."""
     interval: float | None = field(default=None, compare=False)
-    """Relative half-width of the rate's 95 % interval: the trial's windows' (``rate_interval``), or for a config
-    measured more than once (``analysis.pooled``) the runs' (``rules.runs_interval``)."""
+    """Relative half-width of the rate's 95 % interval: the trial's windows' (``rate_interval``) as measured; once
+    read by the decisions (``analysis.pooled``), that of the config's mean rate with the run-to-run spread in it
+    (``rules.mean_interval``)."""
+    window_interval: float | None = field(default=None, compare=False)
+    """The windows' own 95 % half-width (``rate_interval``; for pooled runs, theirs combined): what one trial's
+    windows vary by, without the runs' spread."""
     runs: tuple[float, ...] = field(default=(), compare=False)
     """The rate of each run pooled into this row (``analysis.pooled``); empty for a single trial."""
+    blocks: tuple[int, ...] = field(default=(), compare=False)
+    """The run index (``run``) of each of ``runs``: the block it ran in, where a paired comparison meets it."""
+    collapsed: tuple[tuple[int, float], ...] = field(default=(), compare=False)
+    """Runs set aside as collapsed (``rules.collapsed``), as (run, rate): measured again, never pooled."""
+
+    @property
+    def by_run(self) -> dict[int, float]:
+        """This config's rate in each block it ran in: its pooled runs, or this trial alone."""
+        return dict(zip(self.blocks, self.runs)) if self.runs else {self.run: self.rate}
 
     def __post_init__(self) -> None:
         # the words a file holds: a stage or mode no plan has (a typo, an edited file) is an error, not a row
@@ -90,6 +103,7 @@ class TrialRow:
             compile_s=float(m.compile_s or 0.0),
             run=int(m.run or 0),
             interval=m.rate_interval,
+            window_interval=m.rate_interval,
             measurement=m,
         )
 

@@ -20,8 +20,9 @@ from tunekit.analysis._knee import (
     select,
     select_knee,
     single_gpu_twin,
+    working_knee,
 )
-from tunekit.analysis._runs import pooled
+from tunekit.analysis._runs import Evidence, pooled
 
 __all__ = [
     "Choice",
@@ -33,6 +34,8 @@ __all__ = [
     "single_gpu_twin",
     "trials_frame",
     "pooled",
+    "Evidence",
+    "working_knee",
     "TypeRun",
     "TypeFigures",
     "Cheapest",

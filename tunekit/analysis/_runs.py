@@ -1,52 +1,112 @@
-"""Configs measured more than once: their runs pooled into one row each, with the run-to-run spread they show."""
+"""Configs measured more than once: their runs pooled into one row each, and the evidence the decisions read from
+them (the run-to-run spreads, one config's rate over another's)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from dataclasses import dataclass
 from statistics import fmean
 from typing import Any
 
 from tunekit import rules
-from tunekit.contract import Mode
+from tunekit.contract import Mode, Stage
 from tunekit.records import TrialRow
 
 
+def _config(r: TrialRow) -> tuple[Any, ...]:
+    return (r.stage, r.mode, r.knobs)
+
+
 def pooled(rows: Iterable[TrialRow]) -> list[TrialRow]:
-    """The trials as the decisions read them: each end-to-end config measured more than once (its repeats, ``run``
-    1, 2 ...) as one row, its first run's, whose rate is the mean of its completed runs' rates and whose interval is
-    the wider of the runs' (Student's t over the run-to-run spread pooled across every repeated config,
-    ``rules.runs_interval``, from two degrees of freedom on: with one, t is 12.7 and the spread enters the band
-    alone) and the windows' own (their intervals over the runs, in quadrature). A repeat that failed adds nothing;
-    every other trial is kept as it is."""
+    """The trials as the decisions read them: each completed end-to-end config as one row, its first run's, whose
+    rate is the mean of its runs' rates (a collapsed run, ``rules.collapsed``, set aside in ``collapsed``) and whose
+    ``interval`` is that of the mean with the run-to-run spread in it (``rules.mean_interval``: the candidates'
+    spread for a candidate, every repeated config's for the script's own settings; the prior where the repeats
+    give too few degrees of freedom; never narrower than the windows'). A repeat that failed adds nothing; every
+    other trial is kept as it is."""
     rows = list(rows)
-    runs: dict[tuple[Any, ...], list[TrialRow]] = {}
+    groups: dict[tuple[Any, ...], list[TrialRow]] = {}
     for r in rows:
         if r.ok and r.mode == Mode.train:
-            runs.setdefault((r.stage, r.mode, r.knobs), []).append(r)
-    merged = {key: _merged(group) for key, group in runs.items() if len(group) > 1}
-    if not merged:
-        return [r for r in rows if not r.run]
-    spread = rules.run_spread(merged.values())
-    df = sum(len(r.runs) - 1 for r in merged.values())
+            groups.setdefault(_config(r), []).append(r)
+    merged = {key: _merged(group) for key, group in groups.items()}
+    evidence = Evidence.of(merged.values())
     out = []
     for r in rows:
-        key = (r.stage, r.mode, r.knobs)
-        if key in merged and r is runs[key][0]:
-            row = merged[key]
-            between = rules.runs_interval(len(row.runs), spread, df) if df >= 2 else 0.0
-            out.append(dataclasses.replace(row, interval=max(between, row.interval or 0.0)))
-        elif key not in merged and not r.run:
+        key = _config(r)
+        if key in merged:
+            if r is groups[key][0]:
+                row = merged[key]
+                runs = len(row.runs) or 1
+                interval = rules.mean_interval(runs, evidence.spread_for(row), row.window_interval)
+                out.append(dataclasses.replace(row, interval=interval))
+        elif not r.run:
             out.append(r)
     return out
 
 
 def _merged(group: list[TrialRow]) -> TrialRow:
-    """The runs of one config as one row: the first run's identity, the runs' mean rate and window noise, and the
-    windows' intervals combined (the mean of n rates: their quadrature sum over n)."""
-    rates = tuple(r.rate for r in group)
-    intervals = [r.interval for r in group]
-    windows = None if any(i is None for i in intervals) else sum(i**2 for i in intervals) ** 0.5 / len(group)  # type: ignore[operator]
+    """The runs of one config as one row: the first run's identity, the mean rate and window noise of the runs that
+    did not collapse, and their windows' intervals combined (the mean of n rates: their quadrature sum over n)."""
+    group = sorted(group, key=lambda r: r.run)
+    down = set(rules.collapsed([r.rate for r in group]))
+    kept = [r for i, r in enumerate(group) if i not in down]
+    intervals = [r.window_interval for r in kept]
+    windows = None if any(i is None for i in intervals) else sum(i**2 for i in intervals) ** 0.5 / len(kept)  # type: ignore[operator]
+    first = next(r for r in group if r.run == min(k.run for k in group))
     return dataclasses.replace(
-        group[0], rate=fmean(rates), noise_cv=fmean(r.noise_cv for r in group), runs=rates, interval=windows
+        first,
+        rate=fmean(r.rate for r in kept),
+        noise_cv=fmean(r.noise_cv for r in kept),
+        runs=tuple(r.rate for r in kept) if len(kept) > 1 else (),
+        blocks=tuple(r.run for r in kept) if len(kept) > 1 else (),
+        collapsed=tuple((group[i].run, group[i].rate) for i in sorted(down)),
+        interval=windows,
+        window_interval=windows,
     )
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the decisions compare with: the run-to-run spreads of a run's repeated configs and the ratio of one
+    config's rate over another's (``rules.ratio``). Each side of a ratio brings its own spread: a candidate the
+    candidates' pooled one (one-way for a whole run, blocked for a paired one), the script's own settings their own
+    runs' (often starved and erratic: the prior blended in where their repeats give too few degrees of freedom,
+    and never less than the candidates'), so their spread enters only the comparisons with them."""
+
+    candidates: rules.Spread
+    """One-way spread over the repeated configs other than the script's own settings."""
+    candidates_blocked: rules.Spread
+    """The paired (config + block) spread over the candidates."""
+    own: rules.Spread
+    """The script's own settings' runs' spread."""
+
+    @classmethod
+    def of(cls, rows: Iterable[TrialRow]) -> Evidence:
+        """The evidence of pooled rows (:func:`pooled`)."""
+        repeated = [r for r in rows if r.ok and r.mode == Mode.train and r.runs]
+        picks = [r for r in repeated if r.stage != Stage.baseline]
+        candidates = rules.spread(r.runs for r in picks)
+        own = rules.spread(r.runs for r in repeated if r.stage == Stage.baseline)
+        if own.sd < candidates.sd:
+            own = dataclasses.replace(own, sd=candidates.sd)
+        return cls(candidates, rules.blocked_spread({_config(r): r.by_run for r in picks}), own)
+
+    def spread_for(self, row: TrialRow) -> rules.Spread:
+        """What one run of ``row``'s config varies by."""
+        return self.own if row.stage == Stage.baseline else self.candidates
+
+    def _paired(self, row: TrialRow) -> rules.Spread:
+        return self.own if row.stage == Stage.baseline else self.candidates_blocked
+
+    def ratio(self, a: TrialRow, b: TrialRow) -> rules.Ratio:
+        """``a``'s rate over ``b``'s at 95 %, paired over their shared blocks where they have any."""
+        return rules.ratio(
+            a.by_run,
+            b.by_run,
+            paired=(self._paired(a), self._paired(b)),
+            unpaired=(self.spread_for(a), self.spread_for(b)),
+            a_windows=a.window_interval,
+            b_windows=b.window_interval,
+        )

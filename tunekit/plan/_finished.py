@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tunekit import rules
-from tunekit.analysis import choose_batch, pooled, select_knee
+from tunekit.analysis import choose_batch, pooled, working_knee
 from tunekit.config import Config, Selection
 from tunekit.contract import Stage
 from tunekit.plan._request import Request, base_knobs
@@ -47,10 +47,9 @@ class _Finished:
         """The knee of the knee stages that run before ``before`` (of all of them for None; the best config while
         there is no knee yet: a single config can still be refined)."""
         if before not in self._knees:
-            found = select_knee(
+            self._knees[before] = working_knee(
                 [r for r in self.done(*rules.knee_stages(before)) if not rules.changes_result(r)], self.selection
             )
-            self._knees[before] = found.knee or found.best
         return self._knees[before]
 
 
@@ -87,7 +86,8 @@ def band_target(rows: list[TrialRow], selection: Selection) -> float | None:
     fitting = [r for r in rows if r.ok and r.stage.knee and rules.fits(r, selection) and not rules.changes_result(r)]
     if not fitting:
         return None
-    return rules.needed(max(fitting, key=lambda r: r.rate), rules.band(fitting, selection, rules.run_spread(rows)))
+    spread = rules.run_spread(r for r in rows if r.stage != Stage.baseline)  # the candidates' repeats alone
+    return rules.needed(max(fitting, key=lambda r: r.rate), rules.band(fitting, selection, spread))
 
 
 def reach_rate(compute: TrialRow, selection: Selection) -> float:

@@ -10,7 +10,7 @@ from tunekit.plan._final import _repeats, _scaling
 from tunekit.plan._finished import StagePlan, _Finished
 from tunekit.plan._refine import _accumulation, _compile, _extra, _prefetch, _smaller_batches
 from tunekit.plan._request import Request, pending, pins
-from tunekit.plan._walk import _defaults, _end_to_end, _script_baseline
+from tunekit.plan._walk import _defaults_owed, _end_to_end, _script_baseline
 from tunekit.records import TrialRow
 
 
@@ -22,7 +22,7 @@ def baseline_request(cfg: Config, rows: list[TrialRow], cuda: bool) -> Request |
     batch = s.batch if _compute(s) == [] else None  # the compute stage over: the batch is final
     if batch is None:
         return None
-    found = _script_baseline(s) or pending([_defaults(s, batch)], rows)
+    found = _script_baseline(s) or _defaults_owed(s, batch)
     return found[0] if found else None
 
 

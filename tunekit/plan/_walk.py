@@ -22,6 +22,15 @@ def _defaults(s: _Finished, batch: int) -> Request:
     )
 
 
+def _defaults_owed(s: _Finished, batch: int) -> list[Request]:
+    """The defaults trial while it is owed: not when the script's own settings completed as PyTorch's defaults at
+    this batch (one config is one figure: that trial serves both, ``analysis.defaults_trial``)."""
+    own = next((r for r in s.raw if r.stage == Stage.baseline and r.ok and r.mode == Mode.train), None)
+    if own is not None and own.knobs.pytorch_defaults and (own.knobs.batch_size, own.knobs.grad_accum) == (batch, 1):
+        return []
+    return pending([_defaults(s, batch)], s.raw)
+
+
 def _end_to_end(s: _Finished) -> list[Request] | None:
     """Workers x pin_memory at the chosen batch, planned from the ceilings: the fewest workers whose loader ceiling
     reaches the compute ceiling (the most workers when none does); in script mode then the script's own settings
@@ -43,9 +52,9 @@ def _end_to_end(s: _Finished) -> list[Request] | None:
     own = _script_baseline(s)
     if own:
         return own
-    defaults = _defaults(s, batch)
-    if pending([defaults], s.raw):
-        return [defaults]
+    defaults = _defaults_owed(s, batch)
+    if defaults:
+        return defaults
     below = sorted((c for c in counts if c < start), reverse=True)
     up, plateau = _climb(s, batch, counts, start)
     band: dict[bool, Skips] = {}  # per pin setting: what the lowest count measured with it says of fewer

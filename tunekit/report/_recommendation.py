@@ -90,8 +90,8 @@ def _interval(s: RunSummary, against: Any) -> list[float] | None:
     """The knee's gain over ``against`` at 95 % (rules.gain_interval), as [low, high]."""
     if s.choice.knee is None or against is None or not against.ok:
         return None
-    interval = rules.gain_interval(s.choice.knee, against)
-    return [round(interval[0], 3), round(interval[1], 3)] if interval else None
+    gain = s.gain(against)
+    return [round(gain.low, 3), round(gain.high, 3)] if gain else None
 
 
 def _rounded(value: float | None, digits: int) -> float | None:

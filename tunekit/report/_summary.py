@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from tunekit import rules
-from tunekit.analysis import Choice, defaults_trial, pooled, select, select_knee, single_gpu_twin
+from tunekit.analysis import Choice, Evidence, defaults_trial, pooled, select, select_knee, single_gpu_twin
 from tunekit.command import set_on_loader
 from tunekit.config import Config, ExtraKnob, Selection, extra_knobs
 from tunekit.contract import Measurement, Mode, Stage
@@ -146,13 +146,22 @@ class RunSummary:
                 )
         return tuple(out)
 
+    def gain(self, against: TrialRow | None) -> rules.Ratio | None:
+        """The knee's rate over ``against``'s at 95 % (``analysis.Evidence.ratio``: paired over the blocks of
+        alternated runs both ran in, the run that chose the knee left out where others exist); None without
+        either."""
+        knee = self.choice.knee
+        if knee is None or against is None or not against.ok or not against.rate:
+            return None
+        if knee.key == against.key:
+            return None
+        return Evidence.of(pooled(self.rows)).ratio(knee, against)
+
     @property
     def speedup_vs_script(self) -> float | None:
-        """The knee over the script's own settings."""
-        base = self.script_baseline
-        if self.choice.knee is None or base is None or not base.ok or not base.rate:
-            return None
-        return self.choice.knee.rate / base.rate
+        """The knee over the script's own settings (the gain's figure)."""
+        gain = self.gain(self.script_baseline)
+        return gain.value if gain else None
 
     @property
     def failed(self) -> int:
@@ -169,19 +178,24 @@ class RunSummary:
 
     @property
     def speedup_vs_defaults(self) -> float | None:
-        if self.choice.knee is None or self.defaults is None or not self.defaults.rate:
-            return None
-        return self.choice.knee.rate / self.defaults.rate
+        gain = self.gain(self.defaults)
+        return gain.value if gain else None
 
     def gain_text(self, against: TrialRow | None) -> str:
-        """The knee's gain over ``against`` with its 95 % interval ("1.90x, 1.80-2.01x at 95 %"), or its figure
-        alone when an interval is unknown; "" without either."""
-        knee = self.choice.knee
-        if knee is None or against is None or not against.ok or not against.rate:
+        """The knee's gain over ``against`` with its 95 % interval and what it rests on ("1.90x, 1.80-2.01x at
+        95 %, paired over 2 blocks"); "" without one."""
+        gain = self.gain(against)
+        if gain is None:
             return ""
-        interval = rules.gain_interval(knee, against)
-        gain = f"{knee.rate / against.rate:.2f}x"
-        return gain + (f", {interval[0]:.2f}-{interval[1]:.2f}x at 95 %" if interval else "")
+        if gain.paired:
+            basis = f"paired over {gain.blocks} block(s) of alternated runs"
+        else:
+            basis = "one run each, unpaired" if not gain.spread.measured_df else "unpaired"
+        if not gain.spread.measured:
+            basis += f", run-to-run spread {rules.RUN_SPREAD_PRIOR:.0%} assumed"
+        if gain.selected:
+            basis += ", on the runs that chose the knee"
+        return f"{gain.value:.2f}x, {gain.low:.2f}-{gain.high:.2f}x at 95 % ({basis})"
 
 
 def summarize(

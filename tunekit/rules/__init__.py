@@ -14,7 +14,8 @@ Two kinds of noise appear here and nowhere else:
 * a **trial's margin**, ``max(tolerance, the trials' own window CVs)``: how much one or two single measurements may
   be off, used where one trial is compared with another (a ceiling's upper bound, pinned against unpinned).
 
-By concept: ``_selection`` (the knee's band, gains, what a trial must reach), ``_measurement`` (a trial's rate,
+By concept: ``_selection`` (the plan's band, what a trial must reach), ``_evidence`` (the run-to-run spread and
+its prior, a config's interval, paired gains, the knee's test, a collapsed run, the check's test), ``_measurement`` (a trial's rate,
 its interval, its windows' stop and settling), ``_environment`` (a busy host, warnings), ``_diagnosis`` (the
 verdicts' thresholds and predicates, FLOPs, scaling) and ``_check`` (a committed recommendation against a fresh
 trial). Import them from here: ``from tunekit import rules; rules.band(...)``.
@@ -57,6 +58,26 @@ from tunekit.rules._diagnosis import (
     waits_on_data,
     worker_core_share,
 )
+from tunekit.rules._evidence import (
+    CHECK_TOLERANCE,
+    COLLAPSED,
+    DECIDING_RUNS,
+    MIN_SPREAD_DF,
+    PRIOR_DF,
+    RUN_SPREAD_PRIOR,
+    CheckTest,
+    Ratio,
+    Spread,
+    beats,
+    blocked_spread,
+    check_test,
+    collapsed,
+    mean_interval,
+    ratio,
+    spread,
+    t_quantile,
+    within_tolerance,
+)
 from tunekit.rules._environment import (
     BENIGN_THROTTLE,
     BUSY_HOST,
@@ -82,14 +103,11 @@ from tunekit.rules._selection import (
     can_reach,
     changes_result,
     fits,
-    gain_interval,
-    gain_margin,
     knee_stages,
     needed,
     past_memory_limit,
     run_noise,
     run_spread,
-    runs_interval,
     trial_margin,
 )
 
@@ -116,10 +134,7 @@ __all__ = [
     "past_memory_limit",
     "run_noise",
     "run_spread",
-    "runs_interval",
     "band",
-    "gain_margin",
-    "gain_interval",
     "needed",
     "trial_margin",
     "can_reach",
@@ -156,4 +171,22 @@ __all__ = [
     "machine_changes",
     "check_margin",
     "rate_check",
+    "RUN_SPREAD_PRIOR",
+    "PRIOR_DF",
+    "MIN_SPREAD_DF",
+    "COLLAPSED",
+    "DECIDING_RUNS",
+    "CHECK_TOLERANCE",
+    "Spread",
+    "Ratio",
+    "CheckTest",
+    "t_quantile",
+    "spread",
+    "blocked_spread",
+    "collapsed",
+    "mean_interval",
+    "ratio",
+    "within_tolerance",
+    "beats",
+    "check_test",
 ]

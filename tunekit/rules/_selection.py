@@ -10,7 +10,6 @@ from statistics import mean, median
 from tunekit.config import Selection
 from tunekit.contract import Stage
 from tunekit.records import TrialRow
-from tunekit.rules._measurement import _T975
 
 KNEE_STAGES: tuple[Stage, ...] = tuple(s for s in Stage if s.knee)
 """The stages whose trials run end to end and may be chosen as the knee (``Stage.knee``), in the order the staged
@@ -64,36 +63,13 @@ def run_spread(rows: Iterable[TrialRow]) -> float:
     return math.sqrt(squares / df)
 
 
-def runs_interval(runs: int, spread: float, df: int) -> float:
-    """Relative half-width of the 95 % interval of the mean of ``runs`` runs of a config, from the run-to-run
-    ``spread`` pooled over ``df`` degrees of freedom (Student's t)."""
-    t = _T975[df - 1] if 0 < df <= len(_T975) else 1.96
-    return t * spread / math.sqrt(runs) if df > 0 else math.inf
-
-
 def band(rows: Iterable[TrialRow], selection: Selection, spread: float | None = None) -> float:
     """The run's band: max(tolerance, run noise of ``rows``, the run-to-run spread: ``spread`` when given (measured
-    over every repeated config of the run, the script's own settings too), else their repeats')."""
+    over the run's repeated candidates: never the script's own settings, which are no candidate), else their
+    repeats'). The plan steers by it (what is still worth measuring); the knee itself is chosen by a test
+    (``within_tolerance``)."""
     rows = list(rows)
     return max(selection.tolerance, run_noise(rows), run_spread(rows) if spread is None else spread)
-
-
-def gain_margin(band: float, *rows: TrialRow) -> float:
-    """How much one config must beat another by to be faster beyond doubt: the run's band, or the sum of the two
-    rates' interval half-widths (``TrialRow.interval``: the windows', or the repeated runs'; each at most 100 %)
-    when wider."""
-    intervals = sum(min(1.0, r.interval or 0.0) for r in rows)
-    return max(band, intervals)
-
-
-def gain_interval(a: TrialRow, b: TrialRow) -> tuple[float, float] | None:
-    """The 95 % interval of ``a``'s rate over ``b``'s, from their rates' relative half-widths (``TrialRow.interval``:
-    the windows', or the repeated runs'; combined in quadrature); None when either is unknown."""
-    ia, ib = a.interval, b.interval
-    if ia is None or ib is None or not math.isfinite(ia) or not math.isfinite(ib) or not b.rate:
-        return None
-    ratio, half = a.rate / b.rate, math.hypot(ia, ib)
-    return ratio * max(0.0, 1.0 - half), ratio * (1.0 + half)
 
 
 def needed(best: TrialRow, allowed: float) -> float:
