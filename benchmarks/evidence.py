@@ -240,7 +240,9 @@ def check_rates(s: Scenario, checks: int, runs: int = 1, seed: int = 2) -> Check
         for slower, counter in ((1.0, "same"), (0.9, "slow")):
             rates, wins = [], []
             for _ in range(runs):
-                _, windows = sw.host.trial(truth * slower / sw.drift_mid * (1 + s.drift * sw.host.t) ** 0, knee.stage == "baseline")
+                _, windows = sw.host.trial(
+                    truth * slower / sw.drift_mid * (1 + s.drift * sw.host.t) ** 0, knee.stage == "baseline"
+                )
                 rates.append(rules.window_rate(windows, [1.0] * len(windows)))
                 wins.append(rules.rate_interval(windows, [1.0] * len(windows)))
             window = math.sqrt(sum(w * w for w in wins)) / len(wins)
@@ -259,8 +261,10 @@ def main() -> None:
     parser.add_argument("--checks", type=int, default=400)
     parser.add_argument("--runs", type=int, default=1, help="fresh runs per check (tunekit check --runs)")
     args = parser.parse_args()
-    print("| scenario | knee rate covered | gain over own covered | gain over defaults covered | knee ≥ 5 % below best "
-          "| undecided | trials per sweep | check: false regressed | check: 10 % caught | check: inconclusive |")
+    print(
+        "| scenario | knee rate covered | gain over own covered | gain over defaults covered | knee ≥ 5 % below best "
+        "| undecided | trials per sweep | check: false regressed | check: 10 % caught | check: inconclusive |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for s in SCENARIOS:
         r = coverage(s, args.sweeps)

@@ -52,9 +52,9 @@ def _config(**more: Any) -> dict[str, Any]:
             "workload.model_args.step_wait_s": 0.0533,
             "search.num_workers": [0, 1, 2, 3, 4],
             "trial": QUICK,
-            # a band of 15 %: the answers lie a third apart, and a one-process sweep run beside three nodes on a
-            # loaded 2-core box measured 1 worker 5-10 % low once (its knee 2 workers under a 5 % band)
-            "selection.tolerance": 0.15,
+            # a tolerance of 25 %: the answers lie a third apart, and without repeats the knee's test reads
+            # single runs with the 5 % prior spread, so 1 worker is shown within the tolerance of 2 only so wide
+            "selection.tolerance": 0.25,
             "fleet": FLEET,
             **more,
         }

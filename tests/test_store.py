@@ -228,9 +228,9 @@ KNOWN = {
     "workload.model_args.step_wait_s": 0.0533,
     "search.num_workers": [0, 1, 2],
     "trial": {"warmup_steps": 1, "measure_windows": 3, "window_s": 0.3, "precision": 0.05, "max_windows": 5},
-    # a band of 15 %: the answers lie a third apart, and on a loaded 2-core box one of two sweeps measured 1 worker
-    # 5-10 % low once (its knee 2 workers under a 5 % band)
-    "selection.tolerance": 0.15,
+    # a tolerance of 25 %: the answers lie a third apart, and without repeats the knee's test reads single runs
+    # with the 5 % prior spread, so 1 worker is shown within the tolerance of 2 only when it is that wide
+    "selection.tolerance": 0.25,
 }
 """test_check's known answer (150 samples/s at most a step, 200 a worker): the knee is 1 worker, every answer a
 third from the next."""

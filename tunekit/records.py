@@ -52,7 +52,7 @@ class TrialRow:
     @property
     def by_run(self) -> dict[int, float]:
         """This config's rate in each block it ran in: its pooled runs, or this trial alone."""
-        return dict(zip(self.blocks, self.runs)) if self.runs else {self.run: self.rate}
+        return dict(zip(self.blocks, self.runs, strict=True)) if self.runs else {self.run: self.rate}
 
     def __post_init__(self) -> None:
         # the words a file holds: a stage or mode no plan has (a typo, an edited file) is an error, not a row

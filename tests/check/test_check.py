@@ -68,6 +68,10 @@ def _edited(rec: Path, to: Path, **machine: Any) -> Path:
     return to
 
 
+CHECK_ON = "selection.tolerance=0.1"
+"""The tolerance the checks decide against: a third slower is far beyond it."""
+
+
 @pytest.fixture(scope="module")
 def committed(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """The sweep whose recommended.yaml is committed: the known-answer job, a staged sweep of 0 ... 4 workers."""
@@ -84,12 +88,13 @@ def committed(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
                     "search.num_workers": [0, 1, 2, 3, 4],
                     "search.prefetch_factor": [2, 4],
                     "trial": QUICK,
-                    "selection.tolerance": 0.15,
+                    "selection.tolerance": 0.25,
                 }
             )
         )
-    )  # the answers lie a third apart: a 15 % floor keeps a loaded box quiet (under 5 %, 1 worker measured 5 % low
-    # beside the suite's other files once, and the knee moved to 2)
+    )  # the answers lie a third apart: without repeats the knee's test reads single runs with the 5 % prior
+    # spread, so 1 worker is shown within the tolerance of 2 only when it is this wide; the checks below decide
+    # against 10 % (CHECK_ON)
     with pytest.MonkeyPatch.context() as mp:  # as conftest's autouse fixtures do for each test
         mp.chdir(REPO)
         real = _start.child_env
@@ -122,6 +127,8 @@ def slower(committed: SimpleNamespace) -> SimpleNamespace:
             str(committed.cfg),
             "--set",
             SLOWER,
+            "--set",
+            CHECK_ON,
             "--retune",
             "--quiet",
             "--junit",
@@ -132,25 +139,35 @@ def slower(committed: SimpleNamespace) -> SimpleNamespace:
     return SimpleNamespace(code=code, out=out, err=err, junit=junit, run=committed.root / "slower" / "retune")
 
 
+@pytest.mark.alone
 def test_the_committed_recommendation_holds(committed: SimpleNamespace):
-    """A fresh trial of the committed knee lies within the recorded noise of its figure: exit 0, one line (--json:
-    one object on stdout, the machine the same one it was tuned on)."""
+    """Two fresh trials of the unchanged committed knee: never "regressed" (exit 1); the one-sided bounds hold the
+    change and the outcome is the one they give against the tolerance (holds: the lower bound within it;
+    inconclusive, exit 4: they straddle it). --json: one object on stdout, the machine the same one."""
     recorded = yaml.safe_load(committed.rec.read_text())["evidence"]
     assert recorded["machine"]["cpus"] and recorded["machine"]["memory_bytes"] and recorded["rate_interval"] > 0
     assert recorded["run"]["trials_run"] == committed.trials_run
+    assert recorded["run_spread"] >= 0.05 and recorded["spread_df"] >= 4  # no repeats: the prior, stated
     code, out, err = _cli(
-        "check", str(committed.rec), "--config", str(committed.cfg), "--json", "--out", str(committed.root / "holds")
-    )
-    assert code == 0, out + err
+        "check", str(committed.rec), "--config", str(committed.cfg), "--json", "--runs", "2", "--set", CHECK_ON,
+        "--out", str(committed.root / "holds"),
+    )  # fmt: skip
     result = json.loads(out)  # stdout holds the object alone
-    assert result["status"] in ("holds", "faster") and result["line"].startswith("holds")
-    assert result["line"] in err and "recorded" in result["line"] and "band" in result["line"]
-    assert abs(result["change"]) <= result["margin"] or result["status"] == "faster"
-    assert result["margin"] >= max(recorded["band"], result["measured"]["noise_cv"])
+    assert code == {"holds": 0, "faster": 0, "inconclusive": 4}[result["status"]], out + err
+    assert result["line"] in err and "recorded" in result["line"] and "over 2 runs" in result["line"]
+    low, high = result["bounds"]
+    assert len(result["rates"]) == 2 and low <= result["change"] <= high
+    tolerance = result["tolerance"]
+    assert tolerance == 0.10  # the config's, wider than rules.CHECK_TOLERANCE
+    if result["status"] == "holds":
+        assert low >= -tolerance and result["line"].startswith("holds")
+    elif result["status"] == "inconclusive":
+        assert low < -tolerance <= high and "--runs 4" in result["line"]
     assert result["machine"]["same"] and not result["machine"]["software"]
     assert result["knobs"]["num_workers"] == 1
 
 
+@pytest.mark.alone
 def test_a_slower_job_is_caught_with_its_likely_cause(committed: SimpleNamespace, slower: SimpleNamespace):
     """Per-sample latency doubled: the knee's 1 worker gives a third less. Exit 1 (--retune keeps the check's
     code), the line names both figures and the trial's verdict; JUnit has a failure on the throughput case."""
@@ -170,6 +187,7 @@ def test_a_slower_job_is_caught_with_its_likely_cause(committed: SimpleNamespace
     assert cases["throughput"].find("failure").get("type") == "regressed" and cases["machine"].find("failure") is None
 
 
+@pytest.mark.alone
 def test_retune_moves_the_knee_in_fewer_trials_than_the_sweep(committed: SimpleNamespace, slower: SimpleNamespace):
     """The narrowed sweep, seeded with the check's trial and the sweep's ceilings (same machine, a knee that got no
     faster), finds the knee that doubled latency moved to, 2 workers (4 when a busy box makes 2 read low: more
@@ -233,6 +251,7 @@ def test_another_machine_exits_3_without_a_trial(committed: SimpleNamespace):
     assert cases["throughput"].find("skipped") is not None
 
 
+@pytest.mark.alone
 def test_a_script_is_checked_and_an_upgrade_named(committed: SimpleNamespace):
     """--script: the same job as a plain training script is measured at the committed knee and compared with the
     factory sweep's figure; the torch it was tuned with differs from this one (the fingerprint edited), which the
@@ -251,14 +270,12 @@ def test_a_script_is_checked_and_an_upgrade_named(committed: SimpleNamespace):
         "--out",
         str(committed.root / "script"),
     )
-    # the script's loop against the factory's figure: the two agree within noise, and a loaded box can push one
-    # trial past the band, so both answers are accepted; either names the upgrade and, when regressed, its cause
+    # the script's loop against the factory's figure: the two agree within noise, so the check holds or, its
+    # one run against a figure of single runs, is inconclusive; never regressed; either names the upgrade
     (line,) = out.splitlines()
-    assert code in (0, 1), out + err
-    assert line.startswith("holds" if code == 0 else "regressed: "), line
+    assert code in (0, 4), out + err
+    assert line.startswith("holds" if code == 0 else "inconclusive: "), line
     assert "; since the sweep: torch 2.3.0 → " in line
-    if code == 1:
-        assert "beyond the" in line and "band): " in line
     measured = json.loads(next((committed.root / "script" / "trials").glob("*/measurement.json")).read_text())
     assert measured["loader_measured"]["num_workers"] == 1  # the script's own loop, at the committed knee
 

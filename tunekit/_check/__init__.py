@@ -1,7 +1,7 @@
 """``tunekit check``: keep a committed recommended.yaml true as the pipeline, the code and the machine change.
 
 One full-fidelity trial of the committed config, through :func:`tunekit.trial` (the path of ``tunekit trial``),
-compared with the figures the file records (``rules.check_margin``, ``rules.rate_check``); the machine it was
+compared with the figures the file records by a one-sided test (``rules.check_test``); the machine it was
 tuned on compared with this one first (``env.machine_fingerprint``, ``rules.machine_changes``): on another machine
 the recorded figure does not apply, and no trial runs. ``retune``: a sweep on a search narrowed around the
 committed knee (``plan.retune_search``), seeded with the check's own trial and, on the same machine, the ceilings
@@ -31,9 +31,11 @@ from tunekit.records import TrialRow
 
 __all__ = ["check", "CheckOutcome", "MachineCheck", "RetuneOutcome", "EXIT_CODES"]
 
-EXIT_CODES = {"holds": 0, "faster": 0, "regressed": 1, "failed": 1, "other_machine": 3}
+EXIT_CODES = {"holds": 0, "faster": 0, "regressed": 1, "failed": 1, "other_machine": 3, "inconclusive": 4}
 """The exit code of each outcome: the recommendation holds (or the job got faster), it regressed beyond the
-noise or its trial did not complete, or it was recorded on another machine (the figure does not apply)."""
+noise or its trial did not complete, it was recorded on another machine (the figure does not apply), or the
+evidence decides neither way (the interval straddles the tolerance, or other processes kept the CPUs busy during
+the check: measure again, on a quiet machine or with more ``--runs``)."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ class CheckOutcome:
     """One check of a committed recommendation: what it found, the figures behind it, and its one line."""
 
     status: str
-    """``holds``, ``faster``, ``regressed``, ``failed`` (the trial did not complete) or ``other_machine``."""
+    """``holds``, ``faster``, ``regressed``, ``inconclusive``, ``failed`` (a trial did not complete) or
+    ``other_machine``."""
     line: str
     recommended: Path
     unit: str
@@ -68,9 +71,13 @@ class CheckOutcome:
     measurement: Measurement | None = None
     trial_dir: Path | None = None
     change: float | None = None
-    """The trial's rate over the recorded one, less 1."""
+    """The runs' mean rate over the recorded one, less 1."""
     margin: float | None = None
-    """How far it may lie from the recorded figure and hold (``rules.check_margin``)."""
+    """The tolerance the test decides against (``rules.CHECK_TOLERANCE``, or the config's when wider)."""
+    test: rules.CheckTest | None = None
+    """The one-sided test the outcome comes from (``rules.check_test``)."""
+    rates: tuple[float, ...] = ()
+    """Each check run's rate."""
     verdict: Verdict | None = None
     retune: RetuneOutcome | None = None
 
@@ -94,6 +101,7 @@ def check(
     retune: bool = False,
     quiet: bool = True,
     on_start: Callable[[int, Any, Any], None] | None = None,
+    runs: int = 1,
 ) -> CheckOutcome:
     """Re-measure a committed recommendation on this machine and compare it with what it records.
 
@@ -106,7 +114,8 @@ def check(
         retune: also run a sweep narrowed around the committed knee and write recommended.retuned.yaml beside the
             committed file.
         quiet: no progress bar or trial log for the retune.
-        on_start: called as ``on_start(number, knobs, config)`` when the check's trial starts.
+        on_start: called as ``on_start(number, knobs, config)`` when each of the check's trials starts.
+        runs: trials of the committed config to measure (more evidence: each narrows the test's interval).
 
     Raises:
         ConfigError, UsageError: a bad recommendation, config, knob value or folder (one line each).
@@ -126,10 +135,21 @@ def check(
         outcome = CheckOutcome("other_machine", _other_machine_line(recorded, machine), machine=machine, **base)
     else:
         overrides_r = {**(overrides or {}), **plan.knee_values(cfg, rec.config)}
-        trial = _api.trial(
-            config, knobs=run_knobs, mode=Mode.train.value, out=out_dir, overrides=overrides_r, on_start=on_start
-        )
-        outcome = _measured(base, trial, env, tuned_on, cfg)
+        trials = []
+        for _ in range(runs):
+            trials.append(
+                _api.trial(
+                    config,
+                    knobs=run_knobs,
+                    mode=Mode.train.value,
+                    out=out_dir,
+                    overrides=overrides_r,
+                    on_start=on_start,
+                )  # fmt: skip
+            )
+            if not trials[-1].ok:
+                break
+        outcome = _measured(base, trials, env, tuned_on, cfg)
     return _with_retune(outcome, rec, config, cfg, overrides, knobs, out_dir, quiet) if retune else outcome
 
 
@@ -148,10 +168,11 @@ def _tuned_config(config: Any, overrides: dict[str, Any] | None, unit: str, rec_
 
 
 def _measured(
-    base: dict[str, Any], trial: Any, env: dict[str, Any], tuned_on: dict[str, Any], cfg: config_mod.Config
+    base: dict[str, Any], trials: list[Any], env: dict[str, Any], tuned_on: dict[str, Any], cfg: config_mod.Config
 ) -> CheckOutcome:
-    """The check's outcome once its trial ran: another machine after all (its device), a failure, or the
+    """The check's outcome once its trials ran: another machine after all (its device), a failure, or the
     comparison with the recorded figures."""
+    trial = trials[-1]
     m, recorded = trial.measurement, base["recorded"]
     current = machine_fingerprint(
         env, device=m.device_name, cpus=m.cpu_count, memory_bytes=m.host_mem_total_bytes, versions=m.versions
@@ -165,7 +186,7 @@ def _measured(
         return CheckOutcome(
             "failed", f"failed: the committed config did not complete here: {m.status} — {m.reason}", **base
         )
-    return _compared(base, recorded, m, _ceilings(base["recommended"], machine), cfg)
+    return _compared(base, recorded, [t.measurement for t in trials], _ceilings(base["recommended"], machine), cfg)
 
 
 # --- the recorded side ---------------------------------------------------------------------------------------
@@ -194,6 +215,8 @@ def _recorded(rec: Recommended, path: Path) -> dict[str, Any]:
         "band": _number(ev, "band", path) or 0.0,
         "noise_cv": _number(ev, "noise_cv", path),
         "rate_interval": _number(ev, "rate_interval", path),
+        "run_spread": _number(ev, "run_spread", path),
+        "spread_df": _number(ev, "spread_df", path),
         "disturbed": bool(ev.get("disturbed")),
     }
 
@@ -225,35 +248,72 @@ def _recorded_machine(rec: Recommended, path: Path) -> dict[str, Any]:
 # --- the comparison ------------------------------------------------------------------------------------------
 
 
+def _recorded_spread(recorded: dict[str, Any]) -> rules.Spread:
+    """The run-to-run spread the recorded figure rests on; for a file that records none, the prior (and never
+    less than the prior when it records only a prior's degrees of freedom)."""
+    sd, df = recorded["run_spread"], recorded["spread_df"]
+    if sd is None or not df:
+        return rules.Spread(rules.RUN_SPREAD_PRIOR, rules.PRIOR_DF)
+    return rules.Spread(sd, int(df), int(df) if df >= rules.MIN_SPREAD_DF else 0)
+
+
 def _compared(
-    base: dict[str, Any], recorded: dict[str, Any], m: Measurement, ceilings: list[TrialRow], cfg: config_mod.Config
+    base: dict[str, Any],
+    recorded: dict[str, Any],
+    ms: list[Measurement],
+    ceilings: list[TrialRow],
+    cfg: config_mod.Config,
 ) -> CheckOutcome:
-    rate = float(m.rate or 0.0)
-    band = max(recorded["band"], cfg.selection.tolerance)
-    margin = rules.check_margin(band, recorded["noise_cv"], recorded["rate_interval"], m.noise_cv, m.rate_interval)
-    status = rules.rate_check(recorded["rate"], rate, margin)
-    change = rate / recorded["rate"] - 1.0
+    """The runs against the recorded figure by ``rules.check_test``; a run on a busy host
+    (``rules.busy_host``) makes the check inconclusive whatever its figure."""
+    m = ms[-1]
+    rates = [float(x.rate or 0.0) for x in ms]
+    windows = [x.rate_interval for x in ms]
+    window = None if any(w is None for w in windows) else sum(w * w for w in windows) ** 0.5 / len(windows)  # type: ignore[operator]
+    tolerance = max(rules.CHECK_TOLERANCE, cfg.selection.tolerance)
+    test = rules.check_test(recorded["rate"], recorded["rate_interval"], _recorded_spread(recorded), rates, window,
+                            tolerance)  # fmt: skip
+    busy = [x for x in ms if rules.busy_host(TrialRow.from_measurement(x))]
+    status = "inconclusive" if busy else test.status
+    rate = sum(rates) / len(rates)
+    change = test.change
     verdict = _verdict(m, ceilings, cfg)
     unit = base["unit"]
-    figures = f"{rate:.1f} {unit}/s against {recorded['rate']:.1f} recorded, {_pct(change, 1, sign=True)}"
-    if status == "holds":
-        line = f"holds: {figures}, within the {_pct(margin)} band"
+    runs = f" over {len(rates)} runs" if len(rates) > 1 else ""
+    bounds = f"{_pct(test.lower, 1, sign=True)} to {_pct(test.upper, 1, sign=True)} at 95 %"
+    figures = f"{rate:.1f} {unit}/s{runs} against {recorded['rate']:.1f} recorded, {_pct(change, 1, sign=True)}"
+    if busy:
+        worst = max(busy, key=lambda x: x.other_cpu_cores or 0.0)
+        line = (
+            f"inconclusive: {figures}, but other processes kept {worst.other_cpu_cores:.1f} of "
+            f"{worst.cpu_count} usable CPUs busy during the check: its figure is disturbed; check again on a quiet "
+            "machine"
+        )
+    elif status == "holds":
+        line = f"holds: {figures} ({bounds}), within the {_pct(tolerance)} tolerance"
     elif status == "faster":
         line = (
-            f"holds, faster: {figures}, beyond the {_pct(margin)} band: the job got faster, so a cheaper config "
-            "may now do as well (--retune finds it)"
+            f"holds, faster: {figures} ({bounds}), beyond the {_pct(tolerance)} tolerance: the job got faster, so a "
+            "cheaper config may now do as well (--retune finds it)"
+        )
+    elif status == "inconclusive":
+        line = (
+            f"inconclusive: {figures} ({bounds}) straddles the {_pct(tolerance)} tolerance; --runs "
+            f"{max(2, 2 * len(rates))} measures more evidence"
         )
     else:
         line = (
             f"regressed: {rate:.1f} against {recorded['rate']:.1f} {unit}/s recorded ({_pct(change, 0, sign=True)}"
-            f", beyond the {_pct(margin)} band): {_cause(verdict)}"
+            f", {bounds}, beyond the {_pct(tolerance)} tolerance): {_cause(verdict)}"
         )
     software = base["machine"].software
     if software:
         line += "; since the sweep: " + ", ".join(f"{key} {old} → {new}" for key, old, new in software)
     if recorded["disturbed"]:  # recommended.yaml says its own figures were disturbed: the comparison is weaker
         line += "; the recorded figures were disturbed when tuned (see the file's DISTURBED lines)"
-    return CheckOutcome(status, line, change=change, margin=margin, verdict=verdict, **base)
+    return CheckOutcome(
+        status, line, change=change, margin=tolerance, verdict=verdict, test=test, rates=tuple(rates), **base
+    )
 
 
 def _verdict(m: Measurement, ceilings: list[TrialRow], cfg: config_mod.Config) -> Verdict | None:

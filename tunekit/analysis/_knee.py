@@ -336,9 +336,7 @@ def defaults_trial(rows: list[TrialRow], knee: TrialRow | None) -> TrialRow | No
     swept batch). A script's own settings that are PyTorch's defaults serve as it when no other trial measured
     them (one config, one figure: the plan then runs no second trial of it)."""
     ranks = knee.knobs.ranks if knee is not None else max((r.knobs.ranks for r in rows), default=1)
-    found = [
-        r for r in rows if r.ok and r.mode == Mode.train and r.knobs.pytorch_defaults and r.knobs.ranks == ranks
-    ]
+    found = [r for r in rows if r.ok and r.mode == Mode.train and r.knobs.pytorch_defaults and r.knobs.ranks == ranks]
     if knee is not None:
         same = [
             r

@@ -81,6 +81,9 @@ class Evidence:
     """The paired (config + block) spread over the candidates."""
     own: rules.Spread
     """The script's own settings' runs' spread."""
+    own_blocked: rules.Spread
+    """What is left of the script's own settings' runs once each block's common shift is out (their own
+    residuals in the additive model over every repeated config)."""
 
     @classmethod
     def of(cls, rows: Iterable[TrialRow]) -> Evidence:
@@ -91,14 +94,19 @@ class Evidence:
         own = rules.spread(r.runs for r in repeated if r.stage == Stage.baseline)
         if own.sd < candidates.sd:
             own = dataclasses.replace(own, sd=candidates.sd)
-        return cls(candidates, rules.blocked_spread({_config(r): r.by_run for r in picks}), own)
+        blocked = rules.blocked_spread({_config(r): r.by_run for r in picks})
+        mine = next((_config(r) for r in repeated if r.stage == Stage.baseline), None)
+        own_blocked = rules.blocked_spread({_config(r): r.by_run for r in repeated}, of=mine) if mine else own
+        if own_blocked.sd < blocked.sd:
+            own_blocked = dataclasses.replace(own_blocked, sd=blocked.sd)
+        return cls(candidates, blocked, own, own_blocked)
 
     def spread_for(self, row: TrialRow) -> rules.Spread:
         """What one run of ``row``'s config varies by."""
         return self.own if row.stage == Stage.baseline else self.candidates
 
     def _paired(self, row: TrialRow) -> rules.Spread:
-        return self.own if row.stage == Stage.baseline else self.candidates_blocked
+        return self.own_blocked if row.stage == Stage.baseline else self.candidates_blocked
 
     def ratio(self, a: TrialRow, b: TrialRow) -> rules.Ratio:
         """``a``'s rate over ``b``'s at 95 %, paired over their shared blocks where they have any."""

@@ -1,6 +1,7 @@
 """``tunekit check RECOMMENDED.yaml (--config CONFIG | --script COMMAND)``: one line (or ``--json``, ``--junit``) and
 the exit code a CI job reads: 0 it holds, 1 it regressed (or its trial did not complete), 2 bad usage or config,
-3 it was tuned on another machine, 130 interrupted."""
+3 it was tuned on another machine, 4 inconclusive (the evidence decides neither way, or the host was busy), 130
+interrupted."""
 
 from __future__ import annotations
 
@@ -66,6 +67,14 @@ from tunekit.errors import TunekitError, UsageError
     help="Also write JUnit XML here: one test case per check (machine, throughput).",
 )
 @click.option("--quiet", is_flag=True, help="No progress bar or trial log for the retune.")
+@click.option(
+    "--runs",
+    type=click.IntRange(1, 20),
+    default=1,
+    show_default=True,
+    help="Trials of the committed config to measure: more runs narrow the test's interval (an inconclusive check "
+    "says how many).",
+)
 def check(
     recommended: str,
     config_path: str | None,
@@ -77,9 +86,11 @@ def check(
     as_json: bool,
     junit_path: str | None,
     quiet: bool,
+    runs: int,
 ) -> None:
-    """Re-measure a committed recommended.yaml with one full-fidelity trial and compare it with what it records:
-    exit 0 it holds, 1 it regressed (with the likely cause), 3 it was tuned on another machine."""
+    """Re-measure a committed recommended.yaml with full-fidelity trials and test them against what it records:
+    exit 0 it holds, 1 it regressed (with the likely cause), 3 it was tuned on another machine, 4 inconclusive
+    (the interval straddles the tolerance, or the host was busy)."""
     from tunekit import _check
     from tunekit.driver import interrupts_as_keyboard_interrupt
 
@@ -101,6 +112,7 @@ def check(
             retune=retune,
             quiet=quiet or as_json,
             on_start=started,
+            runs=runs,
         )
     lines = [outcome.line, *_retune_lines(outcome.retune)]
     if as_json:
@@ -172,6 +184,9 @@ def _as_json(o: Any) -> dict[str, Any]:
         "knobs": o.knobs,
         "change": o.change,
         "margin": o.margin,
+        "tolerance": o.margin,
+        "bounds": None if o.test is None else [o.test.lower, o.test.upper],
+        "rates": list(o.rates),
         "measured": None
         if m is None
         else {
@@ -230,6 +245,8 @@ def _junit(o: Any) -> str:
         ET.SubElement(throughput, "failure", message=o.line, type="regressed").text = o.line
     elif o.status == "failed":
         ET.SubElement(throughput, "error", message=o.line, type="failed").text = o.line
+    elif o.status == "inconclusive":
+        ET.SubElement(throughput, "skipped", message=o.line)
     ET.SubElement(throughput, "system-out").text = o.line
     cases.append(throughput)
     counts = {

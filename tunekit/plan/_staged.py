@@ -9,7 +9,7 @@ from tunekit.plan._ceilings import _compute, _loader
 from tunekit.plan._final import _repeats, _scaling
 from tunekit.plan._finished import StagePlan, _Finished
 from tunekit.plan._refine import _accumulation, _compile, _extra, _prefetch, _smaller_batches
-from tunekit.plan._request import Request, pending, pins
+from tunekit.plan._request import Request, pins
 from tunekit.plan._walk import _defaults_owed, _end_to_end, _script_baseline
 from tunekit.records import TrialRow
 

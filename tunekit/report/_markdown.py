@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunekit import rules
-from tunekit.analysis import pooled
+from tunekit.analysis import Evidence, pooled
 from tunekit.contract import Mode, Stage
 from tunekit.records import TrialRow
 from tunekit.report._evidence import (
@@ -125,9 +125,23 @@ def repeats_line(s: RunSummary) -> list[str]:
         f"± {r.interval or 0:.1%}"
         for r in repeated
     )
+    evidence = Evidence.of(pooled(s.rows))
+    collapsed = [f"{r.knobs.describe()} run {k} at {x:,.1f} {s.unit}/s" for r in pooled(s.rows) for k, x in r.collapsed]
     return [
-        f"Measured again in alternation on this machine: {each}. Their run-to-run spread, "
-        f"{rules.run_spread(repeated):.1%}, is part of the band and of every gain's interval.",
+        f"Measured again in alternation on this machine: {each}. The candidates' run-to-run spread, "
+        f"{evidence.candidates.describe()}, is in every interval of a rate and of a gain (each at 95 %)"
+        + (
+            f"; the script's own settings': {evidence.own.describe()}"
+            if any(r.stage == Stage.baseline for r in repeated)
+            else ""
+        )
+        + "."
+        + (
+            f" Set aside as collapsed (below {rules.COLLAPSED:.0%} of the config's fastest other run) and measured "
+            f"again: {'; '.join(collapsed)}."
+            if collapsed
+            else ""
+        ),
         "",
         *lines,
     ]

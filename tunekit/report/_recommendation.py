@@ -5,7 +5,7 @@ from typing import Any
 import yaml
 
 from tunekit import rules
-from tunekit.analysis import pooled
+from tunekit.analysis import Evidence, pooled
 from tunekit.recommended import recommendation_dict
 from tunekit.records import compute_ceiling
 from tunekit.report._summary import RunSummary
@@ -71,18 +71,23 @@ def _gains(s: RunSummary) -> dict[str, Any]:
 
 
 def _noise(s: RunSummary) -> dict[str, Any]:
-    """The knee's window noise and interval (what ``tunekit check`` compares with), its runs and their interval,
-    the run-to-run spread and the band the knee was chosen in."""
+    """The knee's figures ``tunekit check`` compares with: its window noise, its rate's 95 % interval (that of its
+    runs' mean with the run-to-run spread in it, ``analysis.pooled``), its windows' own interval, its runs, the
+    run-to-run spread its interval rests on with its degrees of freedom (``rules.Spread``: measured, or the prior),
+    the band the plan steered by, and the configs still undecided against the knee."""
     knee = s.choice.knee
     assert knee is not None
-    interval = knee.measurement.rate_interval
+    spread = Evidence.of(pooled(s.rows)).spread_for(knee)
     return {
         "noise_cv": round(knee.noise_cv, 4),
-        "rate_interval": round(interval, 4) if interval is not None else None,
+        "rate_interval": round(knee.interval, 4) if knee.interval is not None else None,
+        "window_interval": round(knee.window_interval, 4) if knee.window_interval is not None else None,
         "runs": [round(r, 2) for r in knee.runs] or None,
-        "runs_interval": round(knee.interval, 4) if knee.runs and knee.interval is not None else None,
-        "run_spread": round(rules.run_spread(pooled(s.rows)), 4) or None,
+        "run_spread": round(spread.sd, 4),
+        "spread_df": spread.df,
+        "spread_measured": spread.measured,
         "band": round(float(s.choice.band or 0), 4),
+        "undecided": [r.knobs.describe() for r in s.choice.undecided] or None,
     }
 
 

@@ -15,19 +15,17 @@ Two kinds of noise appear here and nowhere else:
   be off, used where one trial is compared with another (a ceiling's upper bound, pinned against unpinned).
 
 By concept: ``_selection`` (the plan's band, what a trial must reach), ``_evidence`` (the run-to-run spread and
-its prior, a config's interval, paired gains, the knee's test, a collapsed run, the check's test), ``_measurement`` (a trial's rate,
-its interval, its windows' stop and settling), ``_environment`` (a busy host, warnings), ``_diagnosis`` (the
-verdicts' thresholds and predicates, FLOPs, scaling) and ``_check`` (a committed recommendation against a fresh
-trial). Import them from here: ``from tunekit import rules; rules.band(...)``.
+its prior, a config's interval, paired gains, the knee's test, a collapsed run, the check's test),
+``_measurement`` (a trial's rate, its interval, its windows' stop and settling), ``_environment`` (a busy host,
+warnings), ``_diagnosis`` (the verdicts' thresholds and predicates, FLOPs, scaling) and ``_check`` (a committed
+recommendation against a fresh trial). Import them from here: ``from tunekit import rules; rules.band(...)``.
 """
 
 from tunekit.rules._check import (
     MACHINE_HARDWARE,
     MACHINE_SOFTWARE,
     SAME_MEMORY,
-    check_margin,
     machine_changes,
-    rate_check,
 )
 from tunekit.rules._diagnosis import (
     CPU_BUSY,
@@ -58,6 +56,16 @@ from tunekit.rules._diagnosis import (
     waits_on_data,
     worker_core_share,
 )
+from tunekit.rules._environment import (
+    BENIGN_THROTTLE,
+    BUSY_HOST,
+    DISTURBED_BAND,
+    HOST_MEMORY_WARN,
+    HOT_GPU_C,
+    SHM_WARN,
+    busy_host,
+    other_cpu_share,
+)
 from tunekit.rules._evidence import (
     CHECK_TOLERANCE,
     COLLAPSED,
@@ -77,16 +85,6 @@ from tunekit.rules._evidence import (
     spread,
     t_quantile,
     within_tolerance,
-)
-from tunekit.rules._environment import (
-    BENIGN_THROTTLE,
-    BUSY_HOST,
-    DISTURBED_BAND,
-    HOST_MEMORY_WARN,
-    HOT_GPU_C,
-    SHM_WARN,
-    busy_host,
-    other_cpu_share,
 )
 from tunekit.rules._measurement import (
     CLAIM_PRECISION,
@@ -169,8 +167,6 @@ __all__ = [
     "MACHINE_HARDWARE",
     "MACHINE_SOFTWARE",
     "machine_changes",
-    "check_margin",
-    "rate_check",
     "RUN_SPREAD_PRIOR",
     "PRIOR_DF",
     "MIN_SPREAD_DF",

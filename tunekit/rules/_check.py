@@ -1,9 +1,8 @@
-"""``tunekit check``: a committed recommendation against a fresh trial of it: what changed on the machine, the
-margin, the outcome."""
+"""``tunekit check``: what changed on the machine a committed recommendation was tuned on (the test of its figure is
+``rules.check_test``, with the other evidence rules)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,28 +41,3 @@ def machine_changes(
         [(k, recorded.get(k), current.get(k)) for k in MACHINE_HARDWARE if differs(k)],
         [(k, recorded.get(k), current.get(k)) for k in MACHINE_SOFTWARE if differs(k)],
     )
-
-
-def check_margin(
-    band: float,
-    recorded_noise: float | None,
-    recorded_interval: float | None,
-    noise: float | None,
-    interval: float | None,
-) -> float:
-    """How far a fresh trial of the committed config may lie from the recorded figure and still hold: the widest of
-    the recorded band (``max(tolerance, the run's noise)``), either trial's own window CV (as ``trial_margin``
-    widens a comparison of single trials) and the two trials' 95 % intervals combined (``sqrt(a² + b²)``, the
-    interval of their ratio; an older recommendation records no interval, and then only this trial's counts)."""
-    intervals = [i for i in (recorded_interval, interval) if i is not None]
-    combined = math.sqrt(sum(i * i for i in intervals)) if intervals else 0.0
-    return max(band, recorded_noise or 0.0, noise or 0.0, combined)
-
-
-def rate_check(recorded: float, rate: float, margin: float) -> str:
-    """``regressed`` when ``rate`` lies more than ``margin`` below the recorded figure, ``faster`` when more than
-    ``margin`` above it (the recommendation still holds; a cheaper config may now do), else ``holds``."""
-    change = rate / recorded - 1.0
-    if change < -margin:
-        return "regressed"
-    return "faster" if change > margin else "holds"

@@ -57,10 +57,16 @@ fails a CI job must not trip on the 2-3 % a quiet machine drifts by between runs
 
 # --- Student's t ---------------------------------------------------------------------------------------------
 
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
-_T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761, 1.753,
-        1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697)  # fmt: skip
+# fmt: off
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+    2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)
+_T95 = (
+    6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761, 1.753,
+    1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697,
+)
+# fmt: on
 
 
 def t_quantile(df: float, two_sided: bool = True) -> float:
@@ -94,10 +100,11 @@ class Spread:
         return self.measured_df >= MIN_SPREAD_DF
 
     def describe(self) -> str:
-        """"3.1 % between runs (6 degrees of freedom)", or the prior said as one."""
+        """ "3.1 % between runs (6 degrees of freedom)", or the prior said as one."""
         if self.measured:
             return f"{self.sd:.1%} between runs ({self.measured_df} degrees of freedom)"
-        return f"{self.sd:.1%} between runs assumed (the prior; the repeats gave {self.measured_df} degree(s) of freedom)"
+        gave = self.measured_df
+        return f"{self.sd:.1%} between runs assumed (the prior; the repeats gave {gave} degree(s) of freedom)"
 
 
 def _from(squares: float, df: int) -> Spread:
@@ -123,11 +130,12 @@ def spread(groups: Iterable[Sequence[float]]) -> Spread:
     return _from(squares, df)
 
 
-def blocked_spread(table: Mapping[Hashable, Mapping[int, float]]) -> Spread:
+def blocked_spread(table: Mapping[Hashable, Mapping[int, float]], of: Hashable | None = None) -> Spread:
     """The spread left once each block's common shift is taken out: the residual of the additive model
     ``log rate = config + block`` over the blocks in which at least two configs ran (``table``: config → run → rate),
     fitted by alternating means; degrees of freedom cells − configs − blocks + 1. This is what a paired ratio
-    varies by (each ratio's variance is twice it)."""
+    varies by (each side's variance one run's). With ``of``, that config's own residuals over its share of the
+    degrees of freedom (a config noisier than the rest, the script's own settings, is not diluted by them)."""
     blocks: dict[int, int] = {}
     for runs in table.values():
         for k in runs:
@@ -147,8 +155,12 @@ def blocked_spread(table: Mapping[Hashable, Mapping[int, float]]) -> Spread:
             ks = [v - mu[c] for (c, kk), v in cells.items() if kk == k]
             beta[k] = sum(ks) / len(ks)
     df = len(cells) - len(configs) - len(shared) + 1
-    squares = sum((v - mu[c] - beta[k]) ** 2 for (c, k), v in cells.items())
-    return _from(squares, max(df, 0))
+    residuals = {(c, k): v - mu[c] - beta[k] for (c, k), v in cells.items()}
+    if of is None:
+        return _from(sum(e * e for e in residuals.values()), max(df, 0))
+    mine = [e for (c, _), e in residuals.items() if c == of]
+    share = max(df, 0) * len(mine) / len(cells)
+    return _from(sum(e * e for e in mine), int(share)) if share >= 1 else _from(sum(e * e for e in mine), 0)
 
 
 def collapsed(rates: Sequence[float]) -> list[int]:
@@ -213,10 +225,11 @@ def ratio(
     b_windows: float | None = None,
 ) -> Ratio:
     """``a``'s rate over ``b``'s (each: run → rate), each side with its own spread (``paired``: what is left of a
-    run once its block's common shift is out; ``unpaired``: a whole run's). Paired over the blocks both ran in other
-    than run 0 when there are any (the log ratio's mean over those blocks, its variance the two sides' over their
-    number); else the two configs' mean rates unpaired (each mean's variance its spread over its runs). Neither is
-    narrower than the two windows' intervals (``a_windows``, ``b_windows``: each mean's half-width, combined)."""
+        run once its block's common shift is out; ``unpaired``: a whole run's). Paired over the blocks both ran in other
+        than run 0 when there are any (the log ratio's mean over those blocks, its variance the two sides' over their
+        number); else the two configs' mean rates unpaired (each side's runs after its first when it has any: the first
+    chose it; each mean's variance its spread over its runs). Neither is
+        narrower than the two windows' intervals (``a_windows``, ``b_windows``: each mean's half-width, combined)."""
     fresh = sorted(k for k in a if k in b and k >= 1 and a[k] > 0 and b[k] > 0)
     floor = math.hypot(_sd(a_windows), _sd(b_windows))
     if fresh:
@@ -224,7 +237,8 @@ def ratio(
         centre = sum(logs) / len(logs)
         used = _combined(*paired)
         se = max(used.sd * math.sqrt(2.0 / len(fresh)), floor)
-    else:
+    else:  # each side's runs after the one that chose it, where it has any
+        a, b = _later(a), _later(b)
         ra, rb = sum(a.values()) / len(a), sum(b.values()) / len(b)
         centre = math.log(ra / rb)
         used = _combined(*unpaired)
@@ -241,6 +255,12 @@ def ratio(
         selected,
         used,
     )
+
+
+def _later(runs: Mapping[int, float]) -> Mapping[int, float]:
+    """A config's runs after its first (the stages' run, which chose it) when it has any, else all of them."""
+    later = {k: v for k, v in runs.items() if k >= 1}
+    return later or runs
 
 
 def within_tolerance(r: Ratio, tolerance: float) -> bool | None:
