@@ -95,6 +95,21 @@ def measurement(
     return {**base, **extra}
 
 
+def repeated(ms: list[dict[str, Any]], runs: int = 3, jitter: float = 0.002) -> list[dict[str, Any]]:
+    """``ms`` with each completed end-to-end trial measured ``runs`` times in all, in alternated blocks (run k of
+    every config back to back), run k of each ``jitter`` above, then below, its first: the repeats then measure a
+    small spread between runs, every block moves every config alike, and each config's mean is its first rate, so a
+    decision reads the rates as written (for tests of what is decided, not of the evidence)."""
+    out, number = list(ms), max(m["number"] for m in ms) + 1
+    for run in range(1, runs):
+        shift = jitter if run % 2 else -jitter
+        for m in ms:
+            if m["mode"] == "train" and m.get("status", "ok") == "ok" and m.get("rate"):
+                out.append({**m, "number": number, "run": run, "rate": m["rate"] * (1 + shift)})
+                number += 1
+    return out
+
+
 def trial_number(trial: Any) -> int:
     """A stored trial's run-wide number (its trials/<n>/ folder)."""
     return trial.user_attrs.get("number", trial.number)

@@ -1,6 +1,7 @@
 """tunekit compare's rendering on a saved run (tests/fixtures/run-h200, the ResNet-50 sweep on an H200) set against
 itself as another machine type: the table's cells, compare.md, the JSON fields, the plot's data and its PNG. The
-run predates rate intervals, so every figure here says its interval is unknown instead of making one up."""
+run predates rate intervals and repeats, so each knee's interval is the one the stated run-to-run prior gives a single
+run (rules.RUN_SPREAD_PRIOR), said as such, never narrower."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tunekit import store
+from tunekit import rules, store
 from tunekit.analysis import Comparison, compare
 from tunekit.config import from_dict
 from tunekit.report import cheapest_text, compare_json, compare_md, type_run, write_compare
@@ -48,22 +49,26 @@ def test_the_saved_run_priced_twice(comparison: Comparison):
     assert h200.priced_by == "--per-hour" and h200.per_money == pytest.approx(KNEE_RATE * 3600 / 4.5)
     ch = comparison.cheapest
     assert ch is not None and ch.type is a100 and ch.ratio == pytest.approx(3.0)
-    assert ch.overlap is None and not ch.settled  # no interval recorded: nothing is settled
+    assert ch.overlap is False and ch.settled  # 3x apart: beyond the prior's ±15 % of a single run
     text = cheapest_text(comparison)
     assert text.startswith("Cheapest per sample: runs/a100") and "3.00x runs/h200's" in text
-    assert "not known" in text
+    assert "do not overlap" in text
 
 
 def test_compare_json_and_md(comparison: Comparison):
     data = compare_json(comparison)
     assert [t["type"] for t in data["types"]] == ["runs/h200", "runs/a100"]
     first = data["types"][0]
-    assert first["knee"]["num_workers"] == 16 and first["rate_interval"] is None
+    low, high = first["rate_interval"]
+    half = rules.mean_interval(1, rules.spread([]))  # one run, the prior
+    assert first["knee"]["num_workers"] == 16 and (low, high) == pytest.approx(
+        (KNEE_RATE * (1 - half), KNEE_RATE * (1 + half)), rel=1e-3
+    )
     assert first["items_per_hour"] == pytest.approx(KNEE_RATE * 3600) and first["machine"]["gpu"] == "NVIDIA H200"
-    cheapest = {"type": "runs/a100", "next": "runs/h200", "ratio": pytest.approx(3.0), "overlap": None}
-    assert data["cheapest"] == {**cheapest, "settled": False}
+    cheapest = {"type": "runs/a100", "next": "runs/h200", "ratio": pytest.approx(3.0), "overlap": False}
+    assert data["cheapest"] == {**cheapest, "settled": True}
     md = compare_md(comparison, "compare.png")
-    assert "| runs/a100 | 1x NVIDIA A100-SXM4-80GB" in md and "(interval unknown)" in md
+    assert "| runs/a100 | 1x NVIDIA A100-SXM4-80GB" in md and "(interval unknown)" not in md
     assert "![samples/s and samples per unit of money per machine type](compare.png)" in md
 
 
@@ -72,7 +77,7 @@ def test_the_plot_data_and_its_png(comparison: Comparison, tmp_path: Path):
     assert [b.label for b in plot.rates] == ["runs/h200", "runs/a100"]
     assert [b.cheapest for b in plot.per_money] == [False, True]
     assert plot.per_money[1].value == pytest.approx(3 * plot.per_money[0].value)
-    assert plot.rates[0].low is None and plot.note == "cheaper not settled: an interval is unknown"
+    assert plot.rates[0].low < KNEE_RATE < plot.rates[0].high
     md, png = write_compare(tmp_path / "out", comparison)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "(compare.png)" in md.read_text()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["compare.md", "compare.png"]  # no temporaries

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import tunekit
-from tests.conftest import sleepy_config
+from tests.conftest import repeated, sleepy_config
 from tests.diagnosis.test_diagnosis import FLOPS, _run
 from tests.plan.test_plan import _m
 from tunekit import config
@@ -18,6 +18,11 @@ from tunekit.records import rows_from_measurements
 from tunekit.report import flop_summary, money_summary, summarize
 from tunekit.report._markdown import _costs, report_md
 from tunekit.report._recommendation import recommendation_yaml
+
+
+def repeated_rows(rows: list) -> list:
+    """``rows`` with each end-to-end config measured three times in alternated blocks (``tests.conftest.repeated``)."""
+    return rows_from_measurements(repeated([r.measurement.to_dict() for r in rows]))
 
 
 def _cfg():
@@ -90,9 +95,9 @@ def test_the_defaults_baseline_is_the_jobs_own_pipeline_not_a_user_knobs_zero_wo
             _m(6, "extra", "train", 570, batch_size=32, extra=fast),
         ]
     )
-    s = summarize(cfg, rows, strategy="staged")
+    s = summarize(cfg, repeated_rows(rows), strategy="staged")
     assert s.choice.knee.number == 6 and s.defaults.number == 2
-    assert s.speedup_vs_defaults == 570 / 80
+    assert s.speedup_vs_defaults == pytest.approx(570 / 80)
 
 
 def test_the_report_sets_the_knees_costs_beside_the_best_the_knee_before_the_knobs_and_the_defaults():
@@ -127,7 +132,7 @@ def test_the_report_sets_the_knees_costs_beside_the_best_the_knee_before_the_kno
             _m(4, "extra", "train", 580, batch_size=32, extra=fast, cpu_util_cores=1.2, pinned_peak_bytes=1),
         ]
     )
-    s = summarize(cfg, rows, strategy="staged")
+    s = summarize(cfg, repeated_rows(rows), strategy="staged")
     assert (s.choice.knee.number, s.choice.best.number, s.knee_before_extra.number, s.defaults.number) == (4, 3, 2, 1)
     table = _costs(s)
     assert [line.split(" | ")[0] for line in table[2:-1]] == [
@@ -257,9 +262,10 @@ def test_the_knees_rate_over_the_scripts_real_epoch_length():
     ), md
 
 
-def _script_run(own: float, *rates: float):
+def _script_run(own: float, *rates: float, runs: bool = False):
     """A script sweep: the script's own settings (2 workers, batch 32) at ``own``, and end-to-end configs of 4, 8,
-    ... workers at ``rates``, each rate known within 2 % (its 95 % interval)."""
+    ... workers at ``rates``, each rate known within 2 % (its windows' 95 % interval); with ``runs``, each measured
+    three times in alternated blocks."""
     from tests.conftest import measurement
 
     raw = {
@@ -277,7 +283,7 @@ def _script_run(own: float, *rates: float):
             ),
         ]
     )
-    return summarize(config.from_dict(raw), rows, strategy="staged")
+    return summarize(config.from_dict(raw), repeated_rows(rows) if runs else rows, strategy="staged")
 
 
 def test_keep_your_settings_when_no_config_beats_them_beyond_doubt():
@@ -299,11 +305,13 @@ def test_keep_your_settings_when_no_config_beats_them_beyond_doubt():
 
 
 def test_a_gain_beyond_doubt_is_recommended_and_one_config_is_compared_with_the_scripts_own():
-    twice = _script_run(500, 1000, 1010)
+    twice = _script_run(500, 1000, 600, runs=True)  # 4 workers the best and the knee, twice the own settings
     assert not twice.choice.kept and twice.choice.knee.knobs.num_workers == 4
-    assert twice.speedup_vs_script == 2.0
-    # the gain with its interval: the two rates' 2 % half-widths in quadrature, 2.83 %
-    assert twice.gain_text(twice.script_baseline) == "2.00x, 1.94-2.06x at 95 %"
+    assert twice.speedup_vs_script == pytest.approx(2.0)
+    # the gain with its interval and what it rests on: the two blocks after the first, paired
+    gain = twice.gain(twice.script_baseline)
+    assert gain.low < 2.0 < gain.high and gain.blocks == 2
+    assert twice.gain_text(twice.script_baseline).startswith(f"2.00x, {gain.low:.2f}-{gain.high:.2f}x at 95 % (paired")
     one = _script_run(500, 1000)  # a sweep cut short: one config measured end to end, besides the script's own
     assert one.choice.knee is not None and one.choice.knee.knobs.num_workers == 4 and not one.choice.kept
     assert "runs 2.00x theirs" in one.choice.reason
@@ -333,7 +341,7 @@ def test_the_scripts_batch_is_kept_where_the_step_is_not_the_bound():
                 measurement(4, "end_to_end", "train", 1010, num_workers=8, batch_size=16, rate_interval=0.01),
             ]
         )
-        return summarize(config.from_dict(raw), rows, strategy="staged").choice
+        return summarize(config.from_dict(raw), repeated_rows(rows), strategy="staged").choice
 
     input_bound = run(3000.0)
     assert (input_bound.knee.knobs.num_workers, input_bound.knee.knobs.batch_size) == (8, 32), input_bound.reason

@@ -114,7 +114,7 @@ def select_knee(rows: list[TrialRow], selection: Selection, evidence: Evidence |
     if knee is best:
         reason = f"The best config, {best.knobs.describe()} ({best.rate:.1f} {best.unit}/s), is the knee: "
         reason += (
-            f"no cheaper config is shown to be within {tolerance} of it ({spread})."
+            f"no cheaper config is shown to be within {tolerance} of it; {spread}."
             if len(fitting) > 1
             else "the only config."
         )
