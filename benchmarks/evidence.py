@@ -236,16 +236,14 @@ def check_rates(s: Scenario, checks: int, runs: int = 1, seed: int = 2) -> Check
         else:
             truth = TRUTH[knee.knobs.num_workers]
         spread = analysis.Evidence.of(analysis.pooled(sw.rows)).spread_for(knee)
-        tolerance = max(rules.CHECK_TOLERANCE, 0.03)
+        tolerance = max(rules.CHECK_TOLERANCE, cfg.selection.tolerance)  # as tunekit check takes it
         for slower, counter in ((1.0, "same"), (0.9, "slow")):
             rates, wins = [], []
             for _ in range(runs):
-                _, windows = sw.host.trial(
-                    truth * slower / sw.drift_mid * (1 + s.drift * sw.host.t) ** 0, knee.stage == "baseline"
-                )
+                _, windows = sw.host.trial(truth * slower, own=knee.stage == "baseline")  # right after the sweep
                 rates.append(rules.window_rate(windows, [1.0] * len(windows)))
                 wins.append(rules.rate_interval(windows, [1.0] * len(windows)))
-            window = math.sqrt(sum(w * w for w in wins)) / len(wins)
+            window = rules.mean_windows(wins)
             test = rules.check_test(knee.rate, knee.interval, spread, rates, window, tolerance)
             if counter == "same":
                 alarms += test.status == "regressed"

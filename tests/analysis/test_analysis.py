@@ -216,7 +216,7 @@ def test_a_collapsed_run_is_set_aside_not_pooled_and_measured_again():
 
     rows = pooled(_blocks((2, [143.8, 17.5]), (4, [150.0, 151.0])))
     two = next(r for r in rows if r.knobs.num_workers == 2)
-    assert two.rate == pytest.approx(143.8) and two.collapsed == ((1, 17.5),) and not two.runs
+    assert two.rate == pytest.approx(143.8) and two.collapsed == ((1, 17.5),) and two.runs == (143.8,)
     assert two.interval < 0.5
 
 

@@ -194,7 +194,7 @@ def test_retune_moves_the_knee_in_fewer_trials_than_the_sweep(committed: SimpleN
     workers either way), and writes it beside the committed file; it runs fewer trials than the sweep that wrote
     the file did."""
     retune = next(ln for ln in slower.out.splitlines() if ln.startswith("retune: "))
-    moved = re.search(r"the knee moved: num_workers 1 → (\d+) ", retune)
+    moved = re.search(r"the knee moved: num_workers 1 → (\d+)[ ,]", retune)  # prefetch may move too: single runs
     assert moved and int(moved[1]) in (2, 4), slower.out
     retuned = tunekit.load_recommended(committed.rec.with_name("recommended.retuned.yaml"))
     assert retuned.num_workers == int(moved[1]) and retuned.batch_size == 8

@@ -72,7 +72,7 @@ class CheckOutcome:
     trial_dir: Path | None = None
     change: float | None = None
     """The runs' mean rate over the recorded one, less 1."""
-    margin: float | None = None
+    tolerance: float | None = None
     """The tolerance the test decides against (``rules.CHECK_TOLERANCE``, or the config's when wider)."""
     test: rules.CheckTest | None = None
     """The one-sided test the outcome comes from (``rules.check_test``)."""
@@ -135,22 +135,26 @@ def check(
         outcome = CheckOutcome("other_machine", _other_machine_line(recorded, machine), machine=machine, **base)
     else:
         overrides_r = {**(overrides or {}), **plan.knee_values(cfg, rec.config)}
-        trials = []
-        for _ in range(runs):
-            trials.append(
-                _api.trial(
-                    config,
-                    knobs=run_knobs,
-                    mode=Mode.train.value,
-                    out=out_dir,
-                    overrides=overrides_r,
-                    on_start=on_start,
-                )  # fmt: skip
-            )
-            if not trials[-1].ok:
-                break
+        trials = _trials(config, run_knobs, out_dir, overrides_r, on_start, runs)
         outcome = _measured(base, trials, env, tuned_on, cfg)
     return _with_retune(outcome, rec, config, cfg, overrides, knobs, out_dir, quiet) if retune else outcome
+
+
+def _trials(
+    config: Any,
+    knobs: dict[str, Any],
+    out_dir: Path,
+    overrides: dict[str, Any],
+    on_start: Callable[[int, Any, Any], None] | None,
+    runs: int,
+) -> list[Any]:
+    """``runs`` trials of the committed config, one after another (``_api.trial``), until one does not complete."""
+    trials: list[Any] = []
+    while len(trials) < runs and (not trials or trials[-1].ok):
+        trials.append(
+            _api.trial(config, knobs=knobs, mode=Mode.train.value, out=out_dir, overrides=overrides, on_start=on_start)
+        )
+    return trials
 
 
 def _tuned_config(config: Any, overrides: dict[str, Any] | None, unit: str, rec_path: Path) -> config_mod.Config:
@@ -268,51 +272,60 @@ def _compared(
     (``rules.busy_host``) makes the check inconclusive whatever its figure."""
     m = ms[-1]
     rates = [float(x.rate or 0.0) for x in ms]
-    windows = [x.rate_interval for x in ms]
-    window = None if any(w is None for w in windows) else sum(w * w for w in windows) ** 0.5 / len(windows)  # type: ignore[operator]
+    window = rules.mean_windows([x.rate_interval for x in ms])
     tolerance = max(rules.CHECK_TOLERANCE, cfg.selection.tolerance)
     test = rules.check_test(recorded["rate"], recorded["rate_interval"], _recorded_spread(recorded), rates, window,
                             tolerance)  # fmt: skip
     busy = [x for x in ms if rules.busy_host(TrialRow.from_measurement(x))]
     status = "inconclusive" if busy else test.status
-    rate = sum(rates) / len(rates)
-    change = test.change
     verdict = _verdict(m, ceilings, cfg)
-    unit = base["unit"]
-    runs = f" over {len(rates)} runs" if len(rates) > 1 else ""
-    bounds = f"{_pct(test.lower, 1, sign=True)} to {_pct(test.upper, 1, sign=True)} at 95 %"
-    figures = f"{rate:.1f} {unit}/s{runs} against {recorded['rate']:.1f} recorded, {_pct(change, 1, sign=True)}"
-    if busy:
-        worst = max(busy, key=lambda x: x.other_cpu_cores or 0.0)
-        line = (
-            f"inconclusive: {figures}, but other processes kept {worst.other_cpu_cores:.1f} of "
-            f"{worst.cpu_count} usable CPUs busy during the check: its figure is disturbed; check again on a quiet "
-            "machine"
-        )
-    elif status == "holds":
-        line = f"holds: {figures} ({bounds}), within the {_pct(tolerance)} tolerance"
-    elif status == "faster":
-        line = (
-            f"holds, faster: {figures} ({bounds}), beyond the {_pct(tolerance)} tolerance: the job got faster, so a "
-            "cheaper config may now do as well (--retune finds it)"
-        )
-    elif status == "inconclusive":
-        line = (
-            f"inconclusive: {figures} ({bounds}) straddles the {_pct(tolerance)} tolerance; --runs "
-            f"{max(2, 2 * len(rates))} measures more evidence"
-        )
-    else:
-        line = (
-            f"regressed: {rate:.1f} against {recorded['rate']:.1f} {unit}/s recorded ({_pct(change, 0, sign=True)}"
-            f", {bounds}, beyond the {_pct(tolerance)} tolerance): {_cause(verdict)}"
-        )
+    line = _test_line(status, test, rates, recorded["rate"], base["unit"], busy, verdict)
     software = base["machine"].software
     if software:
         line += "; since the sweep: " + ", ".join(f"{key} {old} → {new}" for key, old, new in software)
     if recorded["disturbed"]:  # recommended.yaml says its own figures were disturbed: the comparison is weaker
         line += "; the recorded figures were disturbed when tuned (see the file's DISTURBED lines)"
     return CheckOutcome(
-        status, line, change=change, margin=tolerance, verdict=verdict, test=test, rates=tuple(rates), **base
+        status, line, change=test.change, tolerance=tolerance, verdict=verdict, test=test, rates=tuple(rates), **base
+    )
+
+
+def _test_line(
+    status: str,
+    test: rules.CheckTest,
+    rates: list[float],
+    recorded: float,
+    unit: str,
+    busy: list[Measurement],
+    verdict: Verdict | None,
+) -> str:
+    """The check's one line: the runs' figure against the recorded one, the test's bounds and what it decided."""
+    rate, tolerance = sum(rates) / len(rates), _pct(test.tolerance)
+    runs = f" over {len(rates)} runs" if len(rates) > 1 else ""
+    bounds = f"{_pct(test.lower, 1, sign=True)} to {_pct(test.upper, 1, sign=True)} at 95 %"
+    figures = f"{rate:.1f} {unit}/s{runs} against {recorded:.1f} recorded, {_pct(test.change, 1, sign=True)}"
+    if busy:
+        worst = max(busy, key=lambda x: x.other_cpu_cores or 0.0)
+        return (
+            f"inconclusive: {figures}, but other processes kept {worst.other_cpu_cores:.1f} of "
+            f"{worst.cpu_count} usable CPUs busy during the check: its figure is disturbed; check again on a quiet "
+            "machine"
+        )
+    if status == "holds":
+        return f"holds: {figures} ({bounds}), within the {tolerance} tolerance"
+    if status == "faster":
+        return (
+            f"holds, faster: {figures} ({bounds}), beyond the {tolerance} tolerance: the job got faster, so a "
+            "cheaper config may now do as well (--retune finds it)"
+        )
+    if status == "inconclusive":
+        return (
+            f"inconclusive: {figures} ({bounds}) straddles the {tolerance} tolerance; --runs "
+            f"{max(2, 2 * len(rates))} measures more evidence"
+        )
+    return (
+        f"regressed: {rate:.1f} against {recorded:.1f} {unit}/s recorded ({_pct(test.change, 0, sign=True)}, "
+        f"{bounds}, beyond the {tolerance} tolerance): {_cause(verdict)}"
     )
 
 

@@ -45,13 +45,12 @@ def cost_key(row: TrialRow) -> tuple[Any, ...]:
     return (k.num_workers, k.prefetch_factor or 0, k.pin_memory, round(row.compile_s, 1), k.batch_size, k.grad_accum)
 
 
-def _no_knee(rows: list[TrialRow], selection: Selection) -> Choice | None:
+def _no_knee(
+    rows: list[TrialRow], fitting: list[TrialRow], too_tight: tuple[TrialRow, ...], selection: Selection
+) -> Choice | None:
     """The choice when there is nothing to choose from (no completed config, or fewer than ``MIN_POINTS`` that
     fit), else None."""
-    completed = [r for r in rows if r.ok and r.mode == Mode.train]
-    fitting = [r for r in completed if rules.fits(r, selection)]
-    too_tight = tuple(r for r in completed if not rules.fits(r, selection))
-    if not completed:
+    if not fitting and not too_tight:
         failed = [r for r in rows if not r.ok]
         why = f"all {len(failed)} trials failed" if failed else "no end-to-end trial has run"
         return Choice(None, None, None, None, f"No recommendation: {why}.")
@@ -88,15 +87,14 @@ def select_knee(rows: list[TrialRow], selection: Selection, evidence: Evidence |
     of its rate over the best's at least 1 - tolerance (``rules.within_tolerance``, on ``evidence``: the whole
     run's, when the rows are only some of its trials). Cheaper configs whose bound straddles the tolerance are
     ``undecided``; the best itself always qualifies."""
-    none = _no_knee(rows, selection)
-    if none is not None:
-        return none
     completed = [r for r in rows if r.ok and r.mode == Mode.train]
     fitting = [r for r in completed if rules.fits(r, selection)]
     too_tight = tuple(r for r in completed if not rules.fits(r, selection))
+    none = _no_knee(rows, fitting, too_tight, selection)
+    if none is not None:
+        return none
     evidence = evidence or Evidence.of(fitting)
     best = max(fitting, key=lambda r: r.rate)
-    allowed = rules.band(fitting, selection, evidence.candidates.sd if evidence.candidates.measured else 0.0)
     undecided: list[TrialRow] = []
     knee, test = best, None
     for row in sorted(fitting, key=cost_key):
@@ -109,38 +107,36 @@ def select_knee(rows: list[TrialRow], selection: Selection, evidence: Evidence |
             break
         if verdict is None:
             undecided.append(row)
-    tolerance = f"{selection.tolerance:.1%}"
-    spread = evidence.candidates.describe()
-    if knee is best:
-        reason = f"The best config, {best.knobs.describe()} ({best.rate:.1f} {best.unit}/s), is the knee: "
-        reason += (
-            f"no cheaper config is shown to be within {tolerance} of it; {spread}."
-            if len(fitting) > 1
-            else "the only config."
-        )
-    else:
-        assert test is not None
-        reason = (
-            f"Knee: {knee.knobs.describe()} reaches {test.value:.1%} of the best ({knee.rate:.1f} vs "
-            f"{best.rate:.1f} {best.unit}/s; at least {test.lower:.1%} at 95 %, {_basis(test)}), within the "
-            f"{tolerance} tolerance, and it is cheaper than {best.knobs.describe()}."
-        )
+    allowed = rules.band(fitting, selection, evidence.candidates.sd if evidence.candidates.measured else 0.0)
+    reason = _knee_reason(knee, best, test, len(fitting), selection, evidence)
     if undecided:
-        cheapest = undecided[0]
-        r = evidence.ratio(cheapest, best)
+        r = evidence.ratio(undecided[0], best)
         reason += (
-            f" Undecided between {cheapest.knobs.describe()} ({r.value:.1%} of the best, "
-            f"{r.low:.1%}-{r.high:.1%} at 95 %) and {knee.knobs.describe()}: more runs may show the cheaper one "
-            f"within {tolerance}."
+            f" Undecided between {undecided[0].knobs.describe()} ({r.value:.1%} of the best, {r.low:.1%}-"
+            f"{r.high:.1%} at 95 %) and {knee.knobs.describe()}: more runs may show the cheaper one within "
+            f"{selection.tolerance:.1%}."
         )
     return Choice(knee, best, knee.rate / best.rate, allowed, reason, too_tight, undecided=tuple(undecided))
 
 
-def _basis(r: rules.Ratio) -> str:
-    """What a ratio rests on, in words."""
-    if r.paired:
-        return f"paired over {r.blocks} block(s) of alternated runs"
-    return "one run each" if not r.spread.measured_df else "unpaired"
+def _knee_reason(
+    knee: TrialRow, best: TrialRow, test: rules.Ratio | None, configs: int, selection: Selection, evidence: Evidence
+) -> str:
+    """Why ``knee`` is the knee: the best with no cheaper config shown within the tolerance, or a cheaper one that
+    is (``test``: its ratio to the best)."""
+    tolerance = f"{selection.tolerance:.1%}"
+    if test is None:
+        why = (
+            f"no cheaper config is shown to be within {tolerance} of it; {evidence.candidates.describe()}."
+            if configs > 1
+            else "the only config."
+        )
+        return f"The best config, {best.knobs.describe()} ({best.rate:.1f} {best.unit}/s), is the knee: {why}"
+    return (
+        f"Knee: {knee.knobs.describe()} reaches {test.value:.1%} of the best ({knee.rate:.1f} vs "
+        f"{best.rate:.1f} {best.unit}/s; at least {test.lower:.1%} at 95 %, {test.basis()}), within the "
+        f"{tolerance} tolerance, and it is cheaper than {best.knobs.describe()}."
+    )
 
 
 def select(cfg: Config, rows: list[TrialRow]) -> Choice:

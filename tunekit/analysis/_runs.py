@@ -48,19 +48,19 @@ def pooled(rows: Iterable[TrialRow]) -> list[TrialRow]:
 
 def _merged(group: list[TrialRow]) -> TrialRow:
     """The runs of one config as one row: the first run's identity, the mean rate and window noise of the runs that
-    did not collapse, and their windows' intervals combined (the mean of n rates: their quadrature sum over n)."""
+    did not collapse (each with the block it ran in, for a config measured more than once), and their windows'
+    intervals combined (``rules.mean_windows``)."""
     group = sorted(group, key=lambda r: r.run)
     down = set(rules.collapsed([r.rate for r in group]))
     kept = [r for i, r in enumerate(group) if i not in down]
-    intervals = [r.window_interval for r in kept]
-    windows = None if any(i is None for i in intervals) else sum(i**2 for i in intervals) ** 0.5 / len(kept)  # type: ignore[operator]
-    first = next(r for r in group if r.run == min(k.run for k in group))
+    windows = rules.mean_windows([r.window_interval for r in kept])
+    repeated = len(group) > 1
     return dataclasses.replace(
-        first,
+        group[0],
         rate=fmean(r.rate for r in kept),
         noise_cv=fmean(r.noise_cv for r in kept),
-        runs=tuple(r.rate for r in kept) if len(kept) > 1 else (),
-        blocks=tuple(r.run for r in kept) if len(kept) > 1 else (),
+        runs=tuple(r.rate for r in kept) if repeated else (),
+        blocks=tuple(r.run for r in kept) if repeated else (),
         collapsed=tuple((group[i].run, group[i].rate) for i in sorted(down)),
         interval=windows,
         window_interval=windows,

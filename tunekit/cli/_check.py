@@ -99,21 +99,11 @@ def check(
     knobs, overrides = split_sets(sets)
     source = config_source(config_path, script, name, "search.batch_size" in overrides or "batch_size" in knobs)
 
-    def started(number: int, run: Any, cfg: Any) -> None:
-        click.echo(f"check: trial {number}: {run.describe()} on {cfg.device} ...", err=True)
-
     with interrupts_as_keyboard_interrupt():
         outcome = _check.check(
-            recommended,
-            source,
-            knobs=knobs,
-            overrides=overrides,
-            out=out_dir,
-            retune=retune,
-            quiet=quiet or as_json,
-            on_start=started,
-            runs=runs,
-        )
+            recommended, source, knobs=knobs, overrides=overrides, out=out_dir, retune=retune,
+            quiet=quiet or as_json, on_start=_started, runs=runs,
+        )  # fmt: skip
     lines = [outcome.line, *_retune_lines(outcome.retune)]
     if as_json:
         click.echo("\n".join(lines), err=True)
@@ -126,6 +116,10 @@ def check(
         except TunekitError as exc:  # the report is lost, the check's answer is not: its exit code stands
             click.echo(f"tunekit: warning: --junit: {exc}; the exit code is the check's", err=True)
     sys.exit(outcome.exit_code)
+
+
+def _started(number: int, run: Any, cfg: Any) -> None:
+    click.echo(f"check: trial {number}: {run.describe()} on {cfg.device} ...", err=True)
 
 
 def _writable(path: str) -> None:
@@ -172,8 +166,26 @@ def _changes(changes: Any) -> list[dict[str, Any]]:
     return [{"key": key, "recorded": old, "current": new} for key, old, new in changes]
 
 
+def _measured_json(o: Any) -> dict[str, Any] | None:
+    """The last check trial's figures and verdict."""
+    m, v = o.measurement, o.verdict
+    if m is None:
+        return None
+    return {
+        "status": m.status,
+        "reason": m.reason,
+        "rate": m.rate,
+        "noise_cv": m.noise_cv,
+        "rate_interval": m.rate_interval,
+        "data_wait_frac": m.data_wait_frac,
+        "trial_dir": str(o.trial_dir),
+        "verdict": v.name if v else None,
+        "verdict_evidence": v.evidence if v else None,
+    }
+
+
 def _as_json(o: Any) -> dict[str, Any]:
-    m, v, r = o.measurement, o.verdict, o.retune
+    r = o.retune
     return {
         "status": o.status,
         "exit_code": o.exit_code,
@@ -183,23 +195,10 @@ def _as_json(o: Any) -> dict[str, Any]:
         "recorded": o.recorded,
         "knobs": o.knobs,
         "change": o.change,
-        "margin": o.margin,
-        "tolerance": o.margin,
+        "tolerance": o.tolerance,
         "bounds": None if o.test is None else [o.test.lower, o.test.upper],
         "rates": list(o.rates),
-        "measured": None
-        if m is None
-        else {
-            "status": m.status,
-            "reason": m.reason,
-            "rate": m.rate,
-            "noise_cv": m.noise_cv,
-            "rate_interval": m.rate_interval,
-            "data_wait_frac": m.data_wait_frac,
-            "trial_dir": str(o.trial_dir),
-            "verdict": v.name if v else None,
-            "verdict_evidence": v.evidence if v else None,
-        },
+        "measured": _measured_json(o),
         "machine": {
             "same": o.machine.same,
             "recorded": o.machine.recorded,

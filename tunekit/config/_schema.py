@@ -172,13 +172,15 @@ class Selection:
     """How the knee is chosen."""
 
     tolerance: float = field(default=0.03, metadata=_meta(min=0, lt=1))
-    """Relative throughput loss accepted for a cheaper config (raised to the measured noise)."""
+    """Relative throughput loss accepted for a cheaper config: the knee is the cheapest config shown (at 95 %) to be
+    within it of the best; also ``tunekit check``'s tolerance when wider than 5 %."""
     min_headroom: float = field(default=0.10, metadata=_meta(min=0, lt=1))
     """Smallest share of device memory that must stay free at the peak."""
     repeats: int = field(default=1, metadata=_meta(min=0, lt=10))
-    """Further runs of each config a decision rests on (the knee, the best, the script's own settings), in
-    alternation at the sweep's end: their spread is the run-to-run noise, which widens the band and every gain's
-    interval. 0: none (the band and intervals then rest on each trial's windows alone)."""
+    """Further runs of each config a decision rests on (the script's own settings, the cheapest config still
+    undecided, the knee, the best), in alternated blocks at the sweep's end: they measure the run-to-run spread every
+    interval carries and pair the gains; while a cheaper config stays undecided, further blocks of it and the best
+    follow (``rules.DECIDING_RUNS``). 0: none (every interval then rests on the stated 5 % prior between runs)."""
 
 
 @dataclass(kw_only=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunekit import rules
-from tunekit.analysis import Evidence, pooled
+from tunekit.analysis import pooled
 from tunekit.contract import Mode, Stage
 from tunekit.records import TrialRow
 from tunekit.report._evidence import (
@@ -125,7 +125,7 @@ def repeats_line(s: RunSummary) -> list[str]:
         f"± {r.interval or 0:.1%}"
         for r in repeated
     )
-    evidence = Evidence.of(pooled(s.rows))
+    evidence = s.evidence
     collapsed = [f"{r.knobs.describe()} run {k} at {x:,.1f} {s.unit}/s" for r in pooled(s.rows) for k, x in r.collapsed]
     return [
         f"Measured again in alternation on this machine: {each}. The candidates' run-to-run spread, "

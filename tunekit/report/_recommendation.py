@@ -5,7 +5,6 @@ from typing import Any
 import yaml
 
 from tunekit import rules
-from tunekit.analysis import Evidence, pooled
 from tunekit.recommended import recommendation_dict
 from tunekit.records import compute_ceiling
 from tunekit.report._summary import RunSummary
@@ -77,7 +76,7 @@ def _noise(s: RunSummary) -> dict[str, Any]:
     the band the plan steered by, and the configs still undecided against the knee."""
     knee = s.choice.knee
     assert knee is not None
-    spread = Evidence.of(pooled(s.rows)).spread_for(knee)
+    spread = s.evidence.spread_for(knee)
     return {
         "noise_cv": round(knee.noise_cv, 4),
         "rate_interval": round(knee.interval, 4) if knee.interval is not None else None,

@@ -3,6 +3,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, NamedTuple
 
 from tunekit import rules
@@ -155,7 +156,12 @@ class RunSummary:
             return None
         if knee.key == against.key:
             return None
-        return Evidence.of(pooled(self.rows)).ratio(knee, against)
+        return self.evidence.ratio(knee, against)
+
+    @cached_property
+    def evidence(self) -> Evidence:
+        """The run's evidence as the choice read it (its trials pooled, ``analysis.Evidence``), made once."""
+        return Evidence.of(pooled(self.rows))
 
     @property
     def speedup_vs_script(self) -> float | None:
@@ -187,15 +193,7 @@ class RunSummary:
         gain = self.gain(against)
         if gain is None:
             return ""
-        if gain.paired:
-            basis = f"paired over {gain.blocks} block(s) of alternated runs"
-        else:
-            basis = "one run each, unpaired" if not gain.spread.measured_df else "unpaired"
-        if not gain.spread.measured:
-            basis += f", run-to-run spread {rules.RUN_SPREAD_PRIOR:.0%} assumed"
-        if gain.selected:
-            basis += ", on the runs that chose the knee"
-        return f"{gain.value:.2f}x, {gain.low:.2f}-{gain.high:.2f}x at 95 % ({basis})"
+        return f"{gain.value:.2f}x, {gain.low:.2f}-{gain.high:.2f}x at 95 % ({gain.basis()})"
 
 
 def summarize(

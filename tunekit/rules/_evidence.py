@@ -173,6 +173,14 @@ def collapsed(rates: Sequence[float]) -> list[int]:
 # --- a config's rate, and one config over another -------------------------------------------------------------
 
 
+def mean_windows(intervals: Sequence[float | None]) -> float | None:
+    """The windows' 95 % half-width of the mean of several runs' rates: their half-widths in quadrature over their
+    number; None when any run has none."""
+    if not intervals or any(i is None for i in intervals):
+        return None
+    return math.sqrt(sum(i * i for i in intervals)) / len(intervals)  # type: ignore[operator]
+
+
 def mean_interval(runs: int, spread: Spread, windows: float | None = None) -> float:
     """Relative half-width of the 95 % interval of the mean of ``runs`` runs of a config: the run-to-run spread over
     √runs (Student's t of its degrees of freedom), never narrower than the windows' own interval (``windows``: the
@@ -202,6 +210,17 @@ class Ratio:
     @property
     def paired(self) -> bool:
         return self.blocks > 0
+
+    def basis(self) -> str:
+        """What it rests on, in words: "paired over 2 block(s) of alternated runs", "one run each, unpaired, run-to-run
+        spread 5% assumed", "…, on the runs that chose it"."""
+        if self.paired:
+            words = f"paired over {self.blocks} block(s) of alternated runs"
+        else:
+            words = "one run each, unpaired" if not self.spread.measured_df else "unpaired"
+        if not self.spread.measured:
+            words += f", run-to-run spread {RUN_SPREAD_PRIOR:.0%} assumed"
+        return words + (", on the runs that chose it" if self.selected else "")
 
 
 def _sd(half: float | None) -> float:

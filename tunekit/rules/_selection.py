@@ -3,13 +3,13 @@ intervals, and what a trial must reach to matter."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
-from statistics import mean, median
+from statistics import median
 
 from tunekit.config import Selection
 from tunekit.contract import Stage
 from tunekit.records import TrialRow
+from tunekit.rules._evidence import spread
 
 KNEE_STAGES: tuple[Stage, ...] = tuple(s for s in Stage if s.knee)
 """The stages whose trials run end to end and may be chosen as the knee (``Stage.knee``), in the order the staged
@@ -52,15 +52,11 @@ def run_noise(rows: Iterable[TrialRow]) -> float:
 
 
 def run_spread(rows: Iterable[TrialRow]) -> float:
-    """The run-to-run spread the repeats measured: the pooled relative standard deviation of the runs of every
-    config measured more than once (``TrialRow.runs``: each run's rate, the config's runs alternating with the other
-    repeated configs' on the same machine); 0 when no config was."""
-    groups = [r.runs for r in rows if len(r.runs) > 1]
-    df = sum(len(g) - 1 for g in groups)
-    if not df:
-        return 0.0
-    squares = sum(sum((x / mean(g) - 1.0) ** 2 for x in g) for g in groups)
-    return math.sqrt(squares / df)
+    """The run-to-run spread the repeats of ``rows`` measured (``spread``, log scale, pooled over every config
+    measured more than once, ``TrialRow.runs``), or 0 while they give too few degrees of freedom to measure it: the
+    plan's band widens by what was measured, never by the prior."""
+    measured = spread(r.runs for r in rows if len(r.runs) > 1)
+    return measured.sd if measured.measured else 0.0
 
 
 def band(rows: Iterable[TrialRow], selection: Selection, spread: float | None = None) -> float:
